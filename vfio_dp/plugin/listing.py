@@ -1,0 +1,234 @@
+"""Per-resource device lists computed from an :class:`Inventory` and a :class:`Config`.
+
+The unit advertised to the kubelet is the **IOMMU group**: one kubelet device per (group,
+resource), whose ID is the lowest PCI address among that resource's endpoints in the group.
+Allocate hands over ``/dev/vfio/<N>`` for the whole group, so two pods can never share a group
+(the kubelet never gives one device ID to two pods). Trade-off, chosen on purpose: a group with
+two endpoints of one resource counts as ONE device, like KubeVirt's own plugin; users who want
+every function counted separately need ACS-split groups.
+
+Invariants (tested):
+
+- A unit is Healthy only if every one of its endpoints is on a vfio driver, its group exists
+  and is viable (:func:`vfio_dp.model.device.analyse_group`, judged from sysfs only — the
+  daemon never opens ``/dev/vfio/<N>``), and no endpoint of the group belongs to another
+  resource. A group whose endpoints match two resources is a **conflict**: listed under both,
+  Healthy under neither.
+- Stickiness: a device once listed under a resource that leaves vfio-pci stays listed
+  (Unhealthy) until it leaves sysfs or the config would no longer give it that resource even
+  on vfio-pci. Stickiness lives in the daemon's memory (``previous`` listing), so a daemon
+  restart forgets devices that were already off vfio-pci.
+- Bridges are never listed; companions of a group that no selector takes (a GPU's audio
+  function) are not listed but must be vfio/DMA-safe for the group to be viable.
+- Lists are sorted by ID, so equal inventories give equal lists (no spurious updates).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import Config
+from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One kubelet device: the endpoints of one IOMMU group that belong to one resource."""
+
+    id: PciAddress  # lowest address among ``members``; the kubelet's device ID (str form)
+    resource: str
+    members: tuple[PciAddress, ...]  # this resource's endpoints in the group, primary first
+    group: int | None
+    reasons: tuple[str, ...] = ()  # why it is unhealthy; empty = Healthy
+    numa_nodes: tuple[int, ...] = ()  # empty when numa_node is -1 / unknown
+
+    @property
+    def healthy(self) -> bool:
+        return not self.reasons
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.healthy else UNHEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What every resource lists at one moment, plus the inventory it was computed from."""
+
+    inventory: Inventory
+    resources: dict[str, tuple[Unit, ...]] = field(default_factory=dict)
+    #: every listed endpoint → its resource (what stickiness remembers)
+    membership: dict[PciAddress, str] = field(default_factory=dict)
+    #: group number → the resources that claim its endpoints (only groups with >1)
+    conflicts: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def units(self, resource: str) -> tuple[Unit, ...]:
+        return self.resources.get(resource, ())
+
+    def unit(self, resource: str, device_id: str) -> Unit | None:
+        for u in self.resources.get(resource, ()):
+            if str(u.id) == device_id:
+                return u
+        return None
+
+
+def _resource_of(
+    dev: PciDevice, config: Config, previous: Listing | None
+) -> tuple[str | None, bool]:
+    """(resource, sticky) for one endpoint."""
+    name = config.resource_for(dev)
+    if name is not None:
+        return name, False
+    if previous is None or dev.on_vfio:
+        return None, False
+    before = previous.membership.get(dev.address)
+    if before is None:
+        return None, False
+    # It was listed and left vfio-pci: keep it if the config still gives it that resource
+    # were it on vfio-pci (a ``drivers: [vfio-pci]`` selector no longer matches it now).
+    if config.resource_for(replace(dev, driver=VFIO_PCI)) == before:
+        return before, True
+    return None, False
+
+
+def _not_on_vfio(dev: PciDevice, sticky: bool) -> str:
+    if sticky:
+        return (
+            f"{dev.describe()} left vfio-pci; it stays listed Unhealthy until it is bound "
+            f"again (vfioctl bind {dev.address}) or removed"
+        )
+    return f"{dev.describe()} is not on vfio-pci; bind it: vfioctl bind --group {dev.address}"
+
+
+def compute_listing(
+    inventory: Inventory, config: Config, previous: Listing | None = None
+) -> Listing:
+    """Every resource's units from one inventory (see the module docstring for the rules)."""
+    claimed: dict[PciAddress, str] = {}
+    sticky: set[PciAddress] = set()
+    for addr in sorted(inventory.devices):
+        dev = inventory.devices[addr]
+        if dev.is_bridge:
+            continue
+        name, is_sticky = _resource_of(dev, config, previous)
+        if name is None:
+            continue
+        claimed[addr] = name
+        if is_sticky:
+            sticky.add(addr)
+
+    # (resource, group) → endpoints; devices without a group are their own unit.
+    buckets: dict[tuple[str, int | None, PciAddress | None], list[PciAddress]] = defaultdict(list)
+    group_claims: dict[int, set[str]] = defaultdict(set)
+    for addr, name in claimed.items():
+        g = inventory.devices[addr].iommu_group
+        if g is None:
+            buckets[(name, None, addr)].append(addr)
+        else:
+            buckets[(name, g, None)].append(addr)
+            group_claims[g].add(name)
+    conflicts = {g: tuple(sorted(rs)) for g, rs in group_claims.items() if len(rs) > 1}
+
+    resources: dict[str, list[Unit]] = defaultdict(list)
+    for (name, g, _), members in buckets.items():
+        reasons: list[str] = []
+        for addr in members:
+            dev = inventory.devices[addr]
+            if not dev.on_vfio:
+                reasons.append(_not_on_vfio(dev, addr in sticky))
+        if g is None:
+            reasons.append(
+                f"{members[0]} has no IOMMU group (the IOMMU is off or absent); "
+                "VFIO needs intel_iommu=on / amd_iommu=on"
+            )
+        else:
+            group = inventory.groups.get(g)
+            if group is None:
+                reasons.append(f"IOMMU group {g} of {members[0]} is missing from sysfs")
+            elif not group.viable:
+                reasons.extend(
+                    f"IOMMU group {g} is not viable: {p.reason}" for p in group.problems
+                )
+            if g in conflicts:
+                others = ", ".join(
+                    f"{a} → {r}"
+                    for a, r in sorted(claimed.items())
+                    if inventory.devices[a].iommu_group == g
+                )
+                reasons.append(
+                    f"IOMMU group {g} has endpoints of several resources ({others}); one group "
+                    "can only go to one pod: give them one resourceName or select only one"
+                )
+        numa = sorted(
+            {
+                n
+                for a in members
+                if (n := inventory.devices[a].numa_node) is not None and n >= 0
+            }
+        )
+        resources[name].append(
+            Unit(
+                id=min(members),
+                resource=name,
+                members=tuple(primary_first(members)),
+                group=g,
+                reasons=tuple(reasons),
+                numa_nodes=tuple(numa),
+            )
+        )
+    return Listing(
+        inventory=inventory,
+        resources={
+            name: tuple(sorted(units, key=lambda u: u.id))
+            for name, units in sorted(resources.items())
+        },
+        membership=claimed,
+        conflicts=conflicts,
+    )
+
+
+def changes(previous: Listing | None, current: Listing) -> list[str]:
+    """Log lines saying what happened to which device and why, between two listings."""
+    out: list[str] = []
+    before: dict[tuple[str, PciAddress], Unit] = {}
+    if previous is not None:
+        before = {(u.resource, u.id): u for us in previous.resources.values() for u in us}
+    after = {(u.resource, u.id): u for us in current.resources.values() for u in us}
+    for key in sorted(after):
+        u = after[key]
+        old = before.get(key)
+        where = f"{u.resource}: {_describe_unit(u)}"
+        if old is None:
+            out.append(f"{where} listed {u.health}" + _why(u))
+        elif old.healthy != u.healthy or old.reasons != u.reasons or old.members != u.members:
+            out.append(f"{where} now {u.health}" + _why(u))
+        elif old.numa_nodes != u.numa_nodes:
+            out.append(f"{where} NUMA nodes now {list(u.numa_nodes) or 'none'}")
+    for key in sorted(set(before) - set(after)):
+        u = before[key]
+        gone = current.inventory.devices.get(u.id) is None
+        why = "it left sysfs" if gone else "no selector of the configuration takes it any more"
+        out.append(f"{u.resource}: {_describe_unit(u)} withdrawn: {why}")
+    return out
+
+
+def _describe_unit(u: Unit) -> str:
+    group = f"IOMMU group {u.group}" if u.group is not None else "no IOMMU group"
+    others = ", ".join(str(m) for m in u.members if m != u.id)
+    extra = f" with {others}" if others else ""
+    return f"{u.id}{extra} ({group})"
+
+
+def _why(u: Unit) -> str:
+    return "" if u.healthy else ": " + "; ".join(u.reasons)
+
+
+def resource_names(listings: Iterable[Listing]) -> set[str]:
+    """Every resource any of the listings has."""
+    return {name for listing in listings for name in listing.resources}
