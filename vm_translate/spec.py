@@ -1,0 +1,379 @@
+"""Passthrough entries as VM spec authors write them, resolved to resource names (pure).
+
+Two sources, one typed result (:class:`DeviceEntry`):
+
+- KubeVirt ``VirtualMachineInstance`` (``spec.domain.devices``) and ``VirtualMachine``
+  (``spec.template.spec.domain.devices``)::
+
+      hostDevices: [{name: nic1, deviceName: 8086:10d3}]           # vendor:device, either case
+      gpus:        [{name: gpu1, deviceName: devices.kubevirt.io/10de_1eb8}]
+
+- a Pod annotation ``devices.kubevirt.io/passthrough``, a JSON or YAML list::
+
+      [{"name": "gpu", "vendor": "10de", "device": "1eb8", "count": 2},
+       {"name": "nvme", "resource": "example.com/nvme-a"}]
+
+A ``vendor:device`` pair becomes a resource name through the daemon's own configuration
+(:meth:`vfio_dp.model.config.Config.resources_for_ids`), so custom names and domains agree;
+a pair with several candidates is rejected naming them. Names in the configured domain must
+be names the configuration can advertise (a case slip is corrected to the canonical name);
+names of other domains (``nvidia.com/...``) pass untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vfio_dp.model import naming
+from vfio_dp.model.config import Config
+from vm_translate.alias import Kind, alias_for
+from vm_translate.errors import Problem
+
+PASSTHROUGH_ANNOTATION = "devices.kubevirt.io/passthrough"
+CONTAINER_ANNOTATION = "devices.kubevirt.io/passthrough-container"
+APPLIED_ANNOTATION = "devices.kubevirt.io/passthrough-applied"
+
+VMI_KIND = "VirtualMachineInstance"
+VM_KIND = "VirtualMachine"
+POD_KIND = "Pod"
+
+#: (list key in ``domain.devices``, alias kind), in the order KubeVirt's launcher hands out
+#: addresses: generic host devices first, then GPUs.
+DEVICE_LISTS: tuple[tuple[str, Kind], ...] = (("hostDevices", "hostdevice"), ("gpus", "gpu"))
+
+_PAIR = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})")
+_DEFAULT_SHORT = re.compile(r"([0-9a-fA-F]{4})_([0-9a-fA-F]{4})")
+_ENTRY_KEYS = ("name", "vendor", "device", "resource", "count")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """One requested passthrough entry, its resource name resolved.
+
+    ``count`` > 1 only comes from the Pod annotation; KubeVirt lists one entry per device.
+    """
+
+    name: str
+    resource: str
+    kind: Kind = "hostdevice"
+    count: int = 1
+
+    def aliases(self) -> list[str]:
+        """``ua-<kind>-<name>``, or ``ua-<kind>-<name>-<i>`` (i = 0..count-1) when count > 1."""
+        if self.count == 1:
+            return [alias_for(self.kind, self.name)]
+        return [alias_for(self.kind, self.name, i) for i in range(self.count)]
+
+
+class Unresolvable(ValueError):
+    """A device name cannot be resolved; the message says why and the fix."""
+
+
+def resolve_device_name(value: object, config: Config) -> str:
+    """The resource name a ``deviceName`` / ``resource`` value stands for.
+
+    ``10DE:1eb8`` → ``devices.kubevirt.io/10de_1eb8`` (or the configured custom name);
+    ``devices.kubevirt.io/10DE_1EB8`` → ``devices.kubevirt.io/10de_1eb8``;
+    ``nvidia.com/TU104GL_Tesla_T4`` → unchanged. Raises :class:`Unresolvable`.
+    """
+    domain = config.resource_domain
+    example = f"a resource name like {domain}/10de_1eb8 or a vendor:device pair like 10de:1eb8"
+    if not isinstance(value, str) or not value:
+        raise Unresolvable(f"must be {example}")
+    if ":" in value:
+        m = _PAIR.fullmatch(value)
+        if not m:
+            raise Unresolvable(
+                "is not a vendor:device pair: each ID is exactly 4 hex digits, e.g. 10de:1eb8 "
+                "(see `lspci -nn`)"
+            )
+        return _resolve_ids(m.group(1), m.group(2), config)
+    if "/" not in value:
+        qualified = naming.qualify(value, domain)
+        canonical = _known_name(qualified, config)
+        if canonical is None:
+            raise Unresolvable(f"is neither {example}; resource names carry a domain")
+        return canonical
+    why = naming.resource_name_problem(value)
+    if why:
+        raise Unresolvable(f"is not a valid resource name: {why}")
+    if value.partition("/")[0] != domain:
+        return value  # another provider's resource (nvidia.com/...): not ours to judge
+    canonical = _known_name(value, config)
+    if canonical is None:
+        known = ", ".join(config.resource_names) or "none by explicit name"
+        raise Unresolvable(
+            f"unknown resource: the vfio_dp configuration advertises {known}, plus "
+            f"{domain}/<vendor>_<device> for devices it selects by ID; fix the name, use "
+            "vendor:device, or add a selector to the ConfigMap"
+        )
+    return canonical
+
+
+def _resolve_ids(vendor: str, device: str, config: Config) -> str:
+    pair = f"{vendor.lower()}:{device.lower()}"
+    candidates = config.resources_for_ids(vendor, device)
+    if not candidates:
+        raise Unresolvable(
+            f"no selector of the vfio_dp configuration takes {pair}, so no node advertises it; "
+            "add a selector for it to the ConfigMap or name the resource directly"
+        )
+    if len(candidates) > 1:
+        raise Unresolvable(
+            f"{pair} is ambiguous: it may be advertised as any of {', '.join(candidates)}; "
+            "name one of them instead of the pair"
+        )
+    return candidates[0]
+
+
+def _known_name(name: str, config: Config) -> str | None:
+    """The canonical spelling of ``name`` if the configuration can advertise it, else None."""
+    folded = name.lower()
+    for explicit in config.resource_names:
+        if explicit.lower() == folded:
+            return explicit
+    domain, _, short = name.partition("/")
+    m = _DEFAULT_SHORT.fullmatch(short)
+    if m and domain == config.resource_domain:
+        default = naming.default_resource_name(m.group(1), m.group(2), domain)
+        if default in config.resources_for_ids(m.group(1), m.group(2)):
+            return default
+    return None
+
+
+# --------------------------------------------------------------------------- KubeVirt VMs
+
+
+def devices_path(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Key path to ``domain.devices`` for a VMI or VM object, None for other kinds."""
+    kind = obj.get("kind")
+    if kind == VMI_KIND:
+        return ("spec", "domain", "devices")
+    if kind == VM_KIND:
+        return ("spec", "template", "spec", "domain", "devices")
+    return None
+
+
+def dig(obj: object, path: Sequence[str]) -> object:
+    """``obj[path[0]][path[1]]...``, or None when a step is missing or not a mapping."""
+    cur = obj
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+@dataclass(frozen=True, slots=True)
+class VmEntry:
+    """A ``hostDevices[]`` / ``gpus[]`` entry as written, with its place in the object."""
+
+    list_key: str  # "hostDevices" | "gpus"
+    index: int
+    kind: Kind
+    name: object
+    device_name: object
+
+    def where(self, prefix: str) -> str:
+        named = f" (name {self.name!r})" if isinstance(self.name, str) else ""
+        return f"{prefix}.{self.list_key}[{self.index}]{named}"
+
+
+def vm_entries(devices: object, prefix: str) -> tuple[list[VmEntry], list[Problem]]:
+    """The raw entries of ``hostDevices`` then ``gpus`` (KubeVirt's launcher order)."""
+    entries: list[VmEntry] = []
+    problems: list[Problem] = []
+    if devices is None:
+        return entries, problems
+    if not isinstance(devices, Mapping):
+        return entries, [Problem(prefix, devices, "must be a mapping")]
+    for key, kind in DEVICE_LISTS:
+        items = devices.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            problems.append(Problem(f"{prefix}.{key}", items, "must be a list"))
+            continue
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                problems.append(Problem(f"{prefix}.{key}[{i}]", item, "must be a mapping"))
+                continue
+            entries.append(VmEntry(key, i, kind, item.get("name"), item.get("deviceName")))
+    return entries, problems
+
+
+def resolve_vm_entries(
+    entries: Sequence[VmEntry], config: Config, prefix: str
+) -> tuple[list[DeviceEntry], list[Problem]]:
+    """Resolve each entry's ``deviceName``; check names are present and aliases unique."""
+    out: list[DeviceEntry] = []
+    problems: list[Problem] = []
+    for e in entries:
+        where = e.where(prefix)
+        ok = True
+        if not isinstance(e.name, str) or not e.name:
+            problems.append(Problem(f"{where}.name", e.name, "every entry needs a name"))
+            ok = False
+        try:
+            resource = resolve_device_name(e.device_name, config)
+        except Unresolvable as why:
+            problems.append(Problem(f"{where}.deviceName", e.device_name, str(why)))
+            continue
+        if ok:
+            assert isinstance(e.name, str)
+            out.append(DeviceEntry(name=e.name, resource=resource, kind=e.kind))
+    problems.extend(alias_conflicts(out, prefix))
+    return out, problems
+
+
+def alias_conflicts(entries: Sequence[DeviceEntry], where: str) -> list[Problem]:
+    """Entries whose (sanitized) aliases collide — libvirt refuses the same alias twice."""
+    seen: dict[str, str] = {}
+    problems: list[Problem] = []
+    for e in entries:
+        for alias in e.aliases():
+            if alias in seen:
+                problems.append(
+                    Problem(
+                        where,
+                        e.name,
+                        f"name gives libvirt alias {alias!r}, already used by entry "
+                        f"{seen[alias]!r}; names must stay distinct once characters outside "
+                        "[a-zA-Z0-9_-] become '-'; rename one",
+                    )
+                )
+            else:
+                seen[alias] = e.name
+    return problems
+
+
+# --------------------------------------------------------------------------- Pod annotation
+
+
+def parse_passthrough(
+    text: object, config: Config, where: str
+) -> tuple[list[DeviceEntry], list[Problem]]:
+    """Decode and resolve a ``devices.kubevirt.io/passthrough`` annotation value."""
+    if not isinstance(text, str):
+        return [], [Problem(where, text, "must be a string holding a JSON or YAML list")]
+    data: object
+    try:
+        data = json.loads(text)
+    except ValueError:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            return [], [Problem(where, text, f"is neither JSON nor YAML: {e}")]
+    if not isinstance(data, list) or not data:
+        return [], [
+            Problem(
+                where,
+                data,
+                'must be a non-empty list, e.g. [{"name": "gpu", "vendor": "10de", '
+                '"device": "1eb8"}] or [{"name": "nvme", "resource": "example.com/nvme-a"}]',
+            )
+        ]
+    out: list[DeviceEntry] = []
+    problems: list[Problem] = []
+    for i, raw in enumerate(data):
+        entry = _parse_annotation_entry(raw, config, f"{where}[{i}]", problems)
+        if entry is not None:
+            out.append(entry)
+    problems.extend(alias_conflicts(out, where))
+    return out, problems
+
+
+def _parse_annotation_entry(
+    raw: object, config: Config, where: str, problems: list[Problem]
+) -> DeviceEntry | None:
+    if not isinstance(raw, Mapping):
+        problems.append(
+            Problem(where, raw, "must be a mapping with name and vendor/device or resource")
+        )
+        return None
+    before = len(problems)
+    name = raw.get("name")
+    if isinstance(name, str) and name:
+        where = f"{where} (name {name!r})"
+    else:
+        problems.append(Problem(f"{where}.name", name, "every entry needs a non-empty name"))
+    for key in raw:
+        if key not in _ENTRY_KEYS:
+            problems.append(
+                Problem(f"{where}.{key}", raw[key], f"unknown key; known: {list(_ENTRY_KEYS)}")
+            )
+    count = raw.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        problems.append(
+            Problem(f"{where}.count", count, "count must be a whole number >= 1; remove it for 1")
+        )
+    has_ids = "vendor" in raw or "device" in raw
+    resource: str | None = None
+    if has_ids and "resource" in raw:
+        problems.append(
+            Problem(where, dict(raw), "give either vendor+device or resource, not both")
+        )
+    elif has_ids:
+        vendor, device = raw.get("vendor"), raw.get("device")
+        bad = False
+        for key, val in (("vendor", vendor), ("device", device)):
+            if not isinstance(val, str) or not naming.is_valid_id(val):
+                problems.append(
+                    Problem(
+                        f"{where}.{key}",
+                        val,
+                        f"{key} must be 4 hex digits as a string, e.g. '10de'",
+                    )
+                )
+                bad = True
+        if not bad:
+            assert isinstance(vendor, str) and isinstance(device, str)
+            try:
+                resource = _resolve_ids(vendor, device, config)
+            except Unresolvable as why:
+                problems.append(Problem(where, f"{vendor}:{device}", str(why)))
+    elif "resource" in raw:
+        try:
+            resource = resolve_device_name(raw["resource"], config)
+        except Unresolvable as why:
+            problems.append(Problem(f"{where}.resource", raw["resource"], str(why)))
+    else:
+        problems.append(Problem(where, dict(raw), "needs vendor and device, or resource"))
+    if len(problems) != before or resource is None:
+        return None
+    assert isinstance(name, str) and isinstance(count, int)
+    return DeviceEntry(name=name, resource=resource, kind="hostdevice", count=count)
+
+
+# --------------------------------------------------------------------------- any object
+
+
+def entries_of(
+    obj: Mapping[str, Any], config: Config, subject: str
+) -> tuple[list[DeviceEntry], list[Problem]]:
+    """Every passthrough entry of a VMI, VM or annotated Pod, in address-assignment order."""
+    path = devices_path(obj)
+    if path is not None:
+        prefix = ".".join(path)
+        raw, problems = vm_entries(dig(obj, path), prefix)
+        resolved, more = resolve_vm_entries(raw, config, prefix)
+        return resolved, problems + more
+    annotations = dig(obj, ("metadata", "annotations"))
+    if isinstance(annotations, Mapping) and PASSTHROUGH_ANNOTATION in annotations:
+        where = f"metadata.annotations[{PASSTHROUGH_ANNOTATION}]"
+        return parse_passthrough(annotations[PASSTHROUGH_ANNOTATION], config, where)
+    return [], []
+
+
+def describe(obj: Mapping[str, Any]) -> str:
+    """``VirtualMachineInstance default/vm1`` — how errors name the object."""
+    kind = obj.get("kind") or "object"
+    ns = dig(obj, ("metadata", "namespace"))
+    name = dig(obj, ("metadata", "name")) or dig(obj, ("metadata", "generateName")) or "<unnamed>"
+    return f"{kind} {ns}/{name}" if isinstance(ns, str) and ns else f"{kind} {name}"
