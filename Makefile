@@ -1,0 +1,22 @@
+# The README's two commands: `make demo` (set up and run the main job) and `make test`.
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	vfioctl list
+
+test: setup
+	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
+	lint-imports
+
+bench:
+	$(PYTHON) bench/host_bench.py

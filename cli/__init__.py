@@ -1,0 +1,1 @@
+"""vfioctl — thin click commands: parse, call a library function, print. No logic here."""

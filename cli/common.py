@@ -1,0 +1,103 @@
+"""Shared option helpers for every vfioctl command.
+
+Every option ``--x-y`` can also be set with the environment variable ``VFIOCTL_X_Y``
+(:func:`option` derives it), options come after the subcommand, and output is ``-o table``
+for people or ``-o json`` for machines. Exit codes: 0 ok, 1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+
+def envvar_for(flag: str) -> str:
+    """``--kubelet-dir`` → ``VFIOCTL_KUBELET_DIR``."""
+    return "VFIOCTL_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """``click.option`` with the ``VFIOCTL_*`` env var of its long flag."""
+    long_flag = next(d for d in decls if d.startswith("--"))
+    kwargs.setdefault("envvar", envvar_for(long_flag.split("/")[0]))
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, **kwargs)
+
+
+def root_option(f: F) -> F:
+    return option(
+        "--root",
+        default="/",
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="Filesystem root under which sys/, dev/, proc/ and the state dirs are used.",
+    )(f)
+
+
+def output_option(f: F) -> F:
+    return option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="table for people, json for machines.",
+    )(f)
+
+
+def print_json(value: object) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Left-aligned columns; None prints as ``-``."""
+    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    line = "  ".join(h.upper().ljust(widths[i]) for i, h in enumerate(headers))
+    out = [line.rstrip()]
+    for row in cells:
+        out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:
+    """Print ``vfioctl: <message>`` on stderr and exit with ``code``."""
+    click.echo(f"vfioctl: {message}", err=True)
+    sys.exit(code)
+
+
+def run_guarded(fn: Callable[[], int | None]) -> NoReturn:
+    """Run a command body, mapping vfio_dp/vm_translate errors to messages and exit codes."""
+    from vfio_dp.errors import UsageError, VfioError
+
+    try:
+        code = fn()
+    except UsageError as e:
+        fail(str(e), EXIT_USAGE)
+    except VfioError as e:
+        fail(str(e), EXIT_FAIL)
+    except _translate_errors() as e:  # vm_translate's own tree
+        fail(str(e), getattr(e, "exit_code", EXIT_FAIL))
+    sys.exit(code or EXIT_OK)
+
+
+def _translate_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from vm_translate.errors import TranslateError
+    except ImportError:  # pragma: no cover - vm_translate always ships with cli
+        return ()
+    return (TranslateError,)

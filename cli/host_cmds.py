@@ -1,0 +1,291 @@
+"""``vfioctl list | groups | bind | unbind | check`` — the host commands.
+
+Thin: parse addresses, call :class:`vfio_dp.host.Host`, print. Imports nothing heavier than
+the host layer (stdlib only), so they start fast (no gRPC, no Kubernetes client).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from cli.common import (
+    fail,
+    option,
+    output_option,
+    print_json,
+    print_table,
+    root_option,
+    run_guarded,
+)
+
+
+def _parse(addresses: tuple[str, ...]) -> list[Any]:
+    from vfio_dp.model.address import parse_many
+
+    if not addresses:
+        fail("give at least one PCI address, e.g. 0000:65:00.0", 2)
+    return parse_many(addresses)
+
+
+def _host(root: str) -> Any:
+    from vfio_dp.host import Host
+
+    return Host(root)
+
+
+def _config(path: str | None) -> Any:
+    from vfio_dp.model.config import DEFAULT_CONFIG, load_config_text
+
+    if not path:
+        return DEFAULT_CONFIG
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        fail(f"cannot read config {path}: {e.strerror}", 2)
+    return load_config_text(text, path)
+
+
+def device_json(dev: Any, resource: str) -> dict[str, object]:
+    return {
+        "address": str(dev.address),
+        "vendor": dev.vendor,
+        "device": dev.device,
+        "class": dev.class_code,
+        "subsystem_vendor": dev.subsystem_vendor,
+        "subsystem_device": dev.subsystem_device,
+        "vendor_name": dev.vendor_name,
+        "device_name": dev.device_name,
+        "driver": dev.driver,
+        "driver_override": dev.driver_override,
+        "original_driver": dev.original_driver,
+        "iommu_group": dev.iommu_group,
+        "numa_node": dev.numa_node,
+        "physfn": str(dev.physfn) if dev.physfn else None,
+        "sriov_numvfs": dev.sriov_numvfs,
+        "bridge": dev.is_bridge,
+        "resource": resource,
+        "in_use": list(dev.in_use),
+    }
+
+
+@click.command("list")
+@root_option
+@output_option
+@option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Daemon config (YAML) used to compute each device's resource name.",
+)
+def list_cmd(root: str, output: str, config: str | None) -> None:
+    """Every PCI device: IDs, driver, IOMMU group, NUMA node, resource name, host use."""
+
+    def body() -> int:
+        cfg = _config(config)
+        inv = _host(root).scan(names=True)
+        rows = [device_json(d, cfg.would_name(d)) for d in inv.devices.values()]
+        if output == "json":
+            print_json(rows)
+            return 0
+        print_table(
+            ["address", "ids", "class", "driver", "group", "numa", "name", "in use"],
+            [
+                (
+                    r["address"],
+                    f"{r['vendor']}:{r['device']}",
+                    r["class"],
+                    r["driver"],
+                    r["iommu_group"],
+                    r["numa_node"],
+                    " ".join(str(x) for x in (r["vendor_name"], r["device_name"]) if x) or None,
+                    "; ".join(r["in_use"]) or None,  # type: ignore[arg-type]
+                )
+                for r in rows
+            ],
+        )
+        return 0
+
+    run_guarded(body)
+
+
+@click.command("groups")
+@root_option
+@output_option
+@option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="Ask the kernel (VFIO_GROUP_GET_STATUS) for groups with a /dev/vfio node.",
+)
+def groups_cmd(root: str, output: str, probe: bool) -> None:
+    """Every IOMMU group: members, viability with reasons, the kernel's own verdict."""
+
+    def body() -> int:
+        host = _host(root)
+        inv = host.scan()
+        if not inv.iommu_present:
+            click.echo(
+                f"vfioctl: no IOMMU groups under {host.fs.display}sys/kernel/iommu_groups: the "
+                "IOMMU is off or absent (enable VT-d/AMD-Vi, boot with intel_iommu=on)",
+                err=True,
+            )
+            if output == "json":
+                print_json([])
+            return 0
+        groups = host.with_kernel_verdict(inv) if probe else list(inv.groups.values())
+        rows = [
+            {
+                "group": g.number,
+                "devices": [str(a) for a in g.devices],
+                "drivers": {str(a): inv.devices[a].driver for a in g.devices if a in inv.devices},
+                "viable": g.viable,
+                "problems": [{"address": str(p.address), "reason": p.reason} for p in g.problems],
+                "noiommu": g.noiommu,
+                "kernel_viable": g.kernel_viable,
+                "in_use": g.kernel_in_use,
+            }
+            for g in groups
+        ]
+        if output == "json":
+            print_json(rows)
+            return 0
+        print_table(
+            ["group", "viable", "kernel", "devices", "problems"],
+            [
+                (
+                    r["group"],
+                    "yes" if r["viable"] else "NO",
+                    {True: "viable", False: "not viable", None: None}[r["kernel_viable"]]
+                    if not r["in_use"]
+                    else "in use",
+                    " ".join(f"{a}({d or '-'})" for a, d in r["drivers"].items()),
+                    " | ".join(p["reason"] for p in r["problems"]) or None,
+                )
+                for r in rows
+            ],
+        )
+        return 0
+
+    run_guarded(body)
+
+
+def _report(result: Any, output: str, verb: str) -> None:
+    if output == "json":
+        print_json(
+            {
+                "dry_run": result.dry_run,
+                "bound": [str(a) for a in result.bound],
+                "restored": [{"address": str(a), "driver": d} for a, d in result.restored],
+                "already": [str(a) for a in result.already],
+                "steps": [str(s) for s in result.steps],
+                "warnings": result.warnings,
+            }
+        )
+        return
+    for w in result.warnings:
+        click.echo(f"warning: forced: {w}", err=True)
+    if result.dry_run:
+        for s in result.steps:
+            click.echo(str(s))
+        return
+    for a in result.bound:
+        click.echo(f"{a}: bound to vfio-pci")
+    for a, d in result.restored:
+        click.echo(f"{a}: restored to {d or 'no driver'}")
+    for a in result.already:
+        click.echo(f"{a}: already {verb}")
+
+
+@click.command("bind")
+@click.argument("addresses", nargs=-1)
+@root_option
+@output_option
+@option("--group", is_flag=True, help="Also bind the other endpoints of the devices' IOMMU groups.")
+@option("--force", is_flag=True, help="Take devices the host is using (dangerous).")
+@option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
+def bind_cmd(
+    addresses: tuple[str, ...], root: str, output: str, group: bool, force: bool, dry_run: bool
+) -> None:
+    """Move devices to vfio-pci (recording their drivers for unbind)."""
+
+    def body() -> int:
+        addrs = _parse(addresses)
+        _report(
+            _host(root).bind(addrs, group=group, force=force, dry_run=dry_run),
+            output,
+            "on vfio-pci",
+        )
+        return 0
+
+    run_guarded(body)
+
+
+@click.command("unbind")
+@click.argument("addresses", nargs=-1)
+@root_option
+@output_option
+@option("--driver", default=None, help="Restore to this driver instead of the recorded one.")
+@option("--force", is_flag=True, help="Unbind even if a process holds the group open.")
+@option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
+def unbind_cmd(
+    addresses: tuple[str, ...],
+    root: str,
+    output: str,
+    driver: str | None,
+    force: bool,
+    dry_run: bool,
+) -> None:
+    """Give devices back to the driver they had before `vfioctl bind`."""
+
+    def body() -> int:
+        addrs = _parse(addresses)
+        if driver is not None:
+            from vfio_dp.host.root import safe_component
+
+            try:
+                safe_component(driver)
+            except Exception:
+                fail(f"--driver {driver!r} is not a kernel driver name", 2)
+        _report(
+            _host(root).unbind(addrs, driver=driver, force=force, dry_run=dry_run),
+            output,
+            "off vfio-pci",
+        )
+        return 0
+
+    run_guarded(body)
+
+
+@click.command("check")
+@click.argument("addresses", nargs=-1)
+@root_option
+@output_option
+def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
+    """Is each device ready for passthrough now? Every reason and its fix; exit 1 if not."""
+
+    def body() -> int:
+        reports = _host(root).check(_parse(addresses))
+        if output == "json":
+            print_json(
+                [
+                    {"address": str(r.address), "ready": r.ready, "reasons": list(r.reasons)}
+                    for r in reports
+                ]
+            )
+        else:
+            for r in reports:
+                click.echo(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
+                for why in r.reasons:
+                    click.echo(f"  - {why}")
+        return 0 if all(r.ready for r in reports) else 1
+
+    run_guarded(body)
+
+
+COMMANDS = [list_cmd, groups_cmd, bind_cmd, unbind_cmd, check_cmd]
+__all__ = ["COMMANDS"]
+_ = sys

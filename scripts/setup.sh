@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install everything vfio_dp needs on a fresh Debian 12 machine: system packages with
+# apt-get, then the project (editable) with its test extra via pip. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  # libvirt-python builds from source against these
+  gcc pkg-config libvirt-dev python3-dev
+  # real libvirt for XML checks (test:///default via libvirt-python; virt-xml-validate)
+  libvirt-clients
+  # the real-kernel guest rig: QEMU, a tiny init, depmod, initramfs packing
+  qemu-system-x86 busybox-static kmod cpio
+  # real libvirt's QEMU driver inside the guest (demo step 6)
+  libvirt-daemon-system libvirt-daemon-driver-qemu
+  # lspci + the names database (vfioctl list shows names; the benchmark compares with lspci)
+  pciutils pci.ids
+  # the tools people use today, compared side by side in the guest
+  driverctl dpdk
+  # `vagrant validate` of the Vagrantfile
+  vagrant
+)
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+else
+  echo "setup: not root or no apt-get; install these yourself: ${APT_PACKAGES[*]}" >&2
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'

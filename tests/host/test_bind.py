@@ -1,0 +1,234 @@
+"""Bind/unbind logic against the kernel simulator (tests/kernel_sim.py) on temp trees.
+
+The same code paths run against the real kernel in tests/guest/.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.kernel_sim import SimulatedKernel
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.errors import (
+    BindError,
+    DeviceNotFoundError,
+    LockTimeoutError,
+    RefusedError,
+    WriteTimeoutError,
+)
+from vfio_dp.host import Host
+from vfio_dp.host.kernel import RealKernel
+from vfio_dp.model.address import PciAddress
+
+
+def A(s: str) -> PciAddress:
+    return PciAddress.parse(s)
+
+
+def host(tree: SysfsTree, kernel: SimulatedKernel, **kw: float) -> Host:
+    return Host(tree.root, kernel=kernel, **kw)
+
+
+def test_bind_group_and_restore(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    h = host(tree, kernel)
+    res = h.bind([A("0000:3b:00.0")], group=True)
+    assert res.bound == [A("0000:3b:00.0"), A("0000:3b:00.1")]
+    assert tree.driver_of("0000:3b:00.0") == tree.driver_of("0000:3b:00.1") == "vfio-pci"
+    assert (tree.root / "dev/vfio/45").exists()
+    inv = h.scan()
+    assert inv.groups[45].viable
+    assert inv.devices[A("0000:3b:00.1")].original_driver == "snd_hda_intel"
+    # the record is durable JSON under <root>/var/lib/vfio_dp
+    rec = json.loads((tree.root / "var/lib/vfio_dp/original/0000:3b:00.1.json").read_text())
+    assert rec["driver"] == "snd_hda_intel" and rec["device"] == "10f8"
+    # never new_id
+    assert not any("new_id" in p for p, _ in kernel.writes)
+    # the clean sequence, in order, for the first device
+    first = [(p.split("/sys/")[1], d) for p, d in kernel.writes[:3]]
+    assert first == [
+        ("bus/pci/devices/0000:3b:00.0/driver_override", "vfio-pci"),
+        ("bus/pci/drivers/nvidia/unbind", "0000:3b:00.0"),
+        ("bus/pci/drivers_probe", "0000:3b:00.0"),
+    ]
+    res = h.unbind([A("0000:3b:00.0"), A("0000:3b:00.1")])
+    assert res.restored == [(A("0000:3b:00.0"), "nvidia"), (A("0000:3b:00.1"), "snd_hda_intel")]
+    assert tree.override_of("0000:3b:00.0") is None
+    assert not (tree.root / "var/lib/vfio_dp/original/0000:3b:00.0.json").exists()
+    assert not (tree.root / "dev/vfio/45").exists()
+
+
+def test_half_group_is_refused_naming_siblings_and_fix(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    with pytest.raises(RefusedError) as e:
+        host(tree, kernel).bind([A("0000:3b:00.0")])
+    msg = str(e.value)
+    assert "0000:3b:00.1 (10de:10f8, snd_hda_intel) shares IOMMU group 45 with 0000:3b:00.0" in msg
+    assert "vfioctl bind --group 0000:3b:00.0" in msg
+    assert kernel.writes == []  # nothing touched
+
+
+def test_shared_bridge_group_binds_endpoints_never_the_bridge(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    res = host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+    assert res.bound == [A("0000:03:01.0"), A("0000:03:02.0")]
+    assert tree.driver_of("0000:00:1f.0") is None
+    assert host(tree, kernel).scan().groups[7].viable
+
+
+def test_host_used_devices_refused_unless_forced(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    h = host(tree, kernel)
+    for addr, why in [
+        ("0000:00:02.0", "vda1 is mounted"),
+        ("0000:00:03.0", "eth0 is up"),
+        ("0000:00:01.0", "boot GPU"),
+        ("0000:af:00.0", "VFs enabled"),
+    ]:
+        with pytest.raises(RefusedError, match=why):
+            h.bind([A(addr)])
+    assert kernel.writes == []
+    res = h.bind([A("0000:00:03.0")], force=True)
+    assert res.bound == [A("0000:00:03.0")] and "eth0" in res.warnings[0]
+
+
+def test_bridge_and_unknown_refused(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    with pytest.raises(RefusedError, match="is a PCI bridge"):
+        host(tree, kernel).bind([A("0000:00:1c.0")])
+    with pytest.raises(DeviceNotFoundError, match=r"0000:99:00\.0"):
+        host(tree, kernel).bind([A("0000:99:00.0")])
+
+
+def test_already_bound_is_noop(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    res = host(tree, kernel).bind([A("0000:65:00.0")])
+    assert res.already == [A("0000:65:00.0")] and res.bound == [] and kernel.writes == []
+
+
+def test_loads_module_when_missing(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:01:00.0", "8086", "10d3", "020000", driver="e1000e", group=1))
+    k = SimulatedKernel(t, vfio_loaded=False)
+    Host(t.root, kernel=k).bind([A("0000:01:00.0")])
+    assert k.modprobed == ["vfio-pci"] and t.driver_of("0000:01:00.0") == "vfio-pci"
+
+
+def test_dry_run_prints_exact_steps_and_changes_nothing(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    res = host(tree, kernel).bind([A("0000:03:01.0")], group=True, dry_run=True)
+    steps = [str(s) for s in res.steps]
+    assert (
+        steps[0]
+        == f"echo 'vfio-pci' > {tree.root}/sys/bus/pci/devices/0000:03:01.0/driver_override"
+    )
+    assert steps[1] == f"echo '0000:03:01.0' > {tree.root}/sys/bus/pci/drivers/e1000/unbind"
+    assert len(steps) == 6 and kernel.writes == []
+    assert tree.driver_of("0000:03:01.0") == "e1000"
+
+
+def test_failed_verify_rolls_back_every_device(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    # vfio-pci refuses the second function: the probe "succeeds" but nothing attaches
+    kernel.refuse_attach.add(("0000:3b:00.1", "vfio-pci"))
+    with pytest.raises(BindError) as e:
+        host(tree, kernel).bind([A("0000:3b:00.0")], group=True)
+    assert "not vfio-pci" in str(e.value) and "rolled back" in str(e.value)
+    assert tree.driver_of("0000:3b:00.0") == "nvidia"
+    assert tree.driver_of("0000:3b:00.1") == "snd_hda_intel"
+    assert tree.override_of("0000:3b:00.0") is None and tree.override_of("0000:3b:00.1") is None
+    assert list((tree.root / "var/lib/vfio_dp/original").iterdir()) == []
+
+
+def test_failed_write_rolls_back(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    def fail(path: str, data: str) -> OSError | None:
+        if path.endswith("drivers/e1000/unbind") and data == "0000:03:02.0":
+            return OSError(errno.EIO, "Input/output error")
+        return None
+
+    kernel.fail = fail
+    with pytest.raises(BindError, match="Input/output error"):
+        host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+    assert tree.driver_of("0000:03:01.0") == tree.driver_of("0000:03:02.0") == "e1000"
+
+
+def test_record_survives_a_crash_between_bind_and_unbind(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+    # a new process (new Host, new simulator) restores from the durable record alone
+    fresh = Host(tree.root, kernel=SimulatedKernel(tree))
+    res = fresh.unbind([A("0000:03:01.0")])
+    assert res.restored == [(A("0000:03:01.0"), "e1000")]
+
+
+def test_unbind_explicit_driver_and_without_record(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    # 0000:65:00.0 was on vfio-pci before we ever ran: no record → kernel probes natively
+    tree.ensure_driver("e1000e")
+    res = host(tree, kernel).unbind([A("0000:65:00.0")])
+    assert res.restored == [(A("0000:65:00.0"), "e1000e")]
+    host(tree, kernel).bind([A("0000:65:00.0")])
+    res = host(tree, kernel).unbind([A("0000:65:00.0")], driver="e1000e")
+    assert tree.driver_of("0000:65:00.0") == "e1000e"
+    # unbinding a device that is not on vfio-pci is a no-op success
+    res = host(tree, kernel).unbind([A("0000:65:00.0")])
+    assert res.already == [A("0000:65:00.0")]
+
+
+def test_unbind_dry_run(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+    n = len(kernel.writes)
+    res = host(tree, kernel).unbind([A("0000:03:01.0")], dry_run=True)
+    assert [str(s).split("/sys/")[-1] for s in res.steps] == [
+        "bus/pci/devices/0000:03:01.0/driver_override",
+        "bus/pci/drivers/vfio-pci/unbind",
+        "bus/pci/drivers/e1000/bind",
+    ]
+    assert len(kernel.writes) == n
+
+
+def test_lock_excludes_concurrent_binders(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    h = host(tree, kernel, lock_timeout=0.3)
+    with h.state.locked([A("0000:03:01.0")]), pytest.raises(LockTimeoutError, match="locked"):
+        h.bind([A("0000:03:01.0")], group=True)
+    assert tree.driver_of("0000:03:01.0") == "e1000"
+
+
+def test_concurrent_binds_do_not_interleave(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+        except BaseException as e:
+            errors.append(e)
+
+    kernel.block_seconds["drivers_probe"] = 0.05
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert tree.driver_of("0000:03:01.0") == "vfio-pci"
+    probes = [d for p, d in kernel.writes if p.endswith("drivers_probe")]
+    assert probes == ["0000:03:01.0", "0000:03:02.0"]  # bound once, by one of them
+
+
+def test_real_kernel_write_timeout(tmp_path: Path) -> None:
+    fifo = tmp_path / "unbind"
+    import os
+
+    os.mkfifo(fifo)  # opening a FIFO for writing blocks like a stuck unbind
+    k = RealKernel(timeout=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(WriteTimeoutError, match="did not return"):
+        k.write(str(fifo), "0000:01:00.0")
+    assert time.monotonic() - t0 < 2
+    os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # release the writer thread

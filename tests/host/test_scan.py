@@ -1,0 +1,126 @@
+"""Discovery, groups and host-usage on real temp sysfs trees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.errors import PathEscapeError
+from vfio_dp.host import Host
+from vfio_dp.host.root import Root
+from vfio_dp.model.address import PciAddress
+
+
+def A(s: str) -> PciAddress:
+    return PciAddress.parse(s)
+
+
+def test_scan_reads_every_field(tree: SysfsTree) -> None:
+    inv = Host(tree.root).scan()
+    gpu = inv.devices[A("0000:3b:00.0")]
+    assert (gpu.vendor, gpu.device, gpu.class_code) == ("10de", "1eb8", "030200")
+    assert (gpu.subsystem_vendor, gpu.subsystem_device) == ("10de", "12a2")
+    assert gpu.driver == "nvidia" and gpu.iommu_group == 45 and gpu.numa_node == 0
+    assert gpu.driver_override is None and not gpu.is_bridge
+    vf = inv.devices[A("0000:af:00.1")]
+    assert vf.physfn == A("0000:af:00.0")
+    assert inv.devices[A("0000:af:00.0")].sriov_numvfs == 2
+    assert inv.devices[A("0000:00:00.0")].numa_node is None  # -1 → None
+    assert inv.devices[A("0000:00:1c.0")].is_bridge
+    # nesting like real sysfs: the device lives under its bridge
+    assert "0000:00:1c.0/0000:3b:00.0" in os.path.realpath(tree.sys("bus/pci/devices/0000:3b:00.0"))
+
+
+def test_groups_follow_the_kernel_rule(tree: SysfsTree) -> None:
+    inv = Host(tree.root).scan()
+    g45 = inv.groups[45]
+    assert g45.devices == (A("0000:3b:00.0"), A("0000:3b:00.1"))
+    assert not g45.viable
+    assert {p.address for p in g45.problems} == {A("0000:3b:00.0"), A("0000:3b:00.1")}
+    assert inv.groups[50].viable  # lone device on vfio-pci
+    assert inv.groups[4].viable  # a root port on pcieport is no problem
+    g7 = inv.groups[7]  # driverless bridge + two e1000: bridge is a member, not a problem
+    assert A("0000:00:1f.0") in g7.devices
+    assert {p.address for p in g7.problems} == {A("0000:03:01.0"), A("0000:03:02.0")}
+    # half-bound: one e1000 on vfio-pci, the other still on e1000 → not viable
+    tree.set_driver("0000:03:01.0", "vfio-pci")
+    g7 = Host(tree.root).scan().groups[7]
+    assert not g7.viable and [p.address for p in g7.problems] == [A("0000:03:02.0")]
+    # both on vfio-pci (or one driverless) → viable
+    tree.set_driver("0000:03:02.0", None)
+    assert Host(tree.root).scan().groups[7].viable
+
+
+def test_bridge_on_dma_driver_is_a_problem(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:00:1e.0", "8086", "244e", "060401", driver="shpchp", group=3))
+    t.add(
+        Dev(
+            "0000:05:00.0",
+            "8086",
+            "100e",
+            "020000",
+            driver="vfio-pci",
+            group=3,
+            parent="0000:00:1e.0",
+        )
+    )
+    g = Host(t.root).scan().groups[3]
+    assert not g.viable
+    assert "bridge" in g.problems[0].reason and "shpchp" in g.problems[0].reason
+
+
+def test_host_usage(tree: SysfsTree) -> None:
+    inv = Host(tree.root).scan()
+    used = {str(a): d.in_use for a, d in inv.devices.items() if d.in_use}
+    assert "boot GPU" in used["0000:00:01.0"][0]
+    # virtio disk: 0000:00:02.0/virtio1/block/vda/vda1 is mounted at /
+    assert any("vda1 is mounted" in r for r in used["0000:00:02.0"])
+    # virtio NIC: 0000:00:03.0/virtio2/net/eth0 is up and routed
+    assert any("eth0 is up" in r for r in used["0000:00:03.0"])
+    assert any("VFs enabled" in r for r in used["0000:af:00.0"])
+    assert set(used) == {"0000:00:01.0", "0000:00:02.0", "0000:00:03.0", "0000:af:00.0"}
+
+
+def test_usage_swap_holders_and_down_interface(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:01:00.0", "144d", "a808", "010802", driver="nvme", group=1))
+    t.add_block("0000:01:00.0", "nvme/nvme0/nvme0n1", devno="259:0", holders=["dm-0"])
+    t.add(Dev("0000:02:00.0", "144d", "a808", "010802", driver="nvme", group=2))
+    t.add_block("0000:02:00.0", "nvme/nvme1/nvme1n1", devno="259:1")
+    t.add(Dev("0000:03:00.0", "8086", "10d3", "020000", driver="e1000e", group=3))
+    t.add_net("0000:03:00.0", "enp3s0", up=False)
+    t.add(Dev("0000:04:00.0", "8086", "10d3", "020000", driver="e1000e", group=4))
+    t.add_net("0000:04:00.0", "enp4s0", up=False)
+    t.set_proc(swaps=["/dev/nvme1n1"], routes=["enp4s0"])
+    inv = Host(t.root).scan()
+    assert inv.devices[A("0000:01:00.0")].in_use == ("block device nvme0n1 is held by dm-0",)
+    assert inv.devices[A("0000:02:00.0")].in_use == ("block device nvme1n1 is used as swap",)
+    assert inv.devices[A("0000:03:00.0")].in_use == ()  # down, no address: free to take
+    assert inv.devices[A("0000:04:00.0")].in_use == ("network interface enp4s0 has routes",)
+
+
+def test_no_iommu_host(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path, iommu=False)
+    t.add(Dev("0000:01:00.0", "8086", "10d3", "020000", driver="e1000e", group=1))
+    inv = Host(t.root).scan()
+    assert not inv.iommu_present and inv.groups == {}
+    assert inv.devices[A("0000:01:00.0")].iommu_group is None
+
+
+def test_root_never_resolves_outside(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path / "r")
+    (tmp_path / "outside").mkdir()
+    # a hostile absolute link is re-rooted, a climbing one refused
+    os.symlink("/etc", t.root / "sys/class/net/evil-abs")
+    os.symlink("../../../../outside", t.root / "sys/class/net/evil-rel")
+    r = Root(t.root)
+    assert r.resolve(r.path("sys", "class", "net", "evil-abs")) == r.prefix + "/etc"
+    with pytest.raises(PathEscapeError):
+        r.resolve(r.path("sys", "class", "net", "evil-rel"))
+    Host(t.root).scan()  # and a scan survives both
+    with pytest.raises(Exception, match="refusing path component"):
+        r.path("sys", "..", "etc")

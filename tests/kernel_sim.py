@@ -1,0 +1,102 @@
+"""A simulator of the kernel's reaction to PCI sysfs writes, for bind/unbind logic tests.
+
+Named for what it is: it is not the kernel. It applies the documented behaviour
+(``../shared/reference/vfio-kernel.md``) to a :class:`tests.sysfs_tree.SysfsTree`, and the
+real-kernel tests in the QEMU guest cross-check the same code paths:
+
+- ``driver_override``: stores the value; a lone newline clears it. Neither unbinds nor probes.
+- ``drivers/<d>/unbind``: ``ENODEV`` unless the device is bound to ``<d>``; else unbinds.
+- ``drivers_probe``: if the device has no driver, attach ``driver_override`` when set and that
+  driver is loaded, else the device's native driver when loaded; always "succeeds" (like the
+  kernel, even when nothing attached).
+- ``drivers/<d>/bind``: ``EBUSY`` when already bound; ``ENODEV`` when an override names another
+  driver or ``<d>`` is neither the native driver nor the override; else attaches.
+- ``modprobe vfio-pci`` creates ``drivers/vfio-pci``.
+
+Hooks let a test make a write fail or hang, to exercise rollback and timeouts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+
+from tests.sysfs_tree import SysfsTree
+
+
+class SimulatedKernel:
+    def __init__(self, tree: SysfsTree, *, vfio_loaded: bool = True) -> None:
+        self.tree = tree
+        self.writes: list[tuple[str, str]] = []
+        self.modprobed: list[str] = []
+        self.fail: Callable[[str, str], OSError | None] | None = None
+        self.block_seconds: dict[str, float] = {}  # path suffix -> seconds a write hangs
+        self.refuse_attach: set[tuple[str, str]] = set()  # (address, driver) probe won't attach
+        if vfio_loaded:
+            tree.ensure_driver("vfio-pci")
+
+    def _rel(self, path: str) -> list[str]:
+        rel = os.path.relpath(path, self.tree.root)
+        return rel.split("/")
+
+    def modprobe(self, module: str) -> None:
+        self.modprobed.append(module)
+        self.tree.ensure_driver(module.replace("_", "-") if module == "vfio_pci" else module)
+
+    def _attach(self, addr: str, driver: str) -> bool:
+        if (addr, driver) in self.refuse_attach:
+            return False
+        if not self.tree.sys("bus/pci/drivers", driver).is_dir():
+            return False
+        self.tree.set_driver(addr, driver)
+        return True
+
+    def write(self, path: str, data: str) -> None:
+        self.writes.append((path, data))
+        for suffix, secs in self.block_seconds.items():
+            if path.endswith(suffix):
+                time.sleep(secs)
+        if self.fail is not None:
+            err = self.fail(path, data)
+            if err is not None:
+                raise err
+        parts = self._rel(path)
+        value = data.strip()
+        if parts[:4] == ["sys", "bus", "pci", "devices"] and parts[5] == "driver_override":
+            self.tree.set_override(parts[4], None if data in ("\n", "") else value)
+            return
+        if parts == ["sys", "bus", "pci", "drivers_probe"]:
+            addr = value
+            if addr not in self.tree.devs:
+                raise OSError(errno.ENODEV, "No such device")
+            if self.tree.driver_of(addr) is None:
+                override = self.tree.override_of(addr)
+                if override:
+                    self._attach(addr, override)
+                elif self.tree.devs[addr].native_driver:
+                    self._attach(addr, self.tree.devs[addr].native_driver or "")
+            return
+        if parts[:4] == ["sys", "bus", "pci", "drivers"] and len(parts) == 6:
+            driver, op, addr = parts[4], parts[5], value
+            if addr not in self.tree.devs:
+                raise OSError(errno.ENODEV, "No such device")
+            if op == "unbind":
+                if self.tree.driver_of(addr) != driver:
+                    raise OSError(errno.ENODEV, "No such device")
+                self.tree.set_driver(addr, None)
+                return
+            if op == "bind":
+                if self.tree.driver_of(addr) is not None:
+                    raise OSError(errno.EBUSY, "Device or resource busy")
+                override = self.tree.override_of(addr)
+                native = self.tree.devs[addr].native_driver
+                if (override and override != driver) or (not override and driver != native):
+                    raise OSError(errno.ENODEV, "No such device")
+                if not self._attach(addr, driver):
+                    raise OSError(errno.ENODEV, "No such device")
+                return
+            if op in ("new_id", "remove_id"):
+                raise AssertionError("vfio_dp must never use new_id/remove_id")
+        raise OSError(errno.EACCES, f"simulated kernel does not handle writes to {path}")

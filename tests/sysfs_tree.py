@@ -1,0 +1,352 @@
+"""A real temp sysfs tree for a described PCI topology (test fixture, not a mock).
+
+Writes real files and real RELATIVE symlinks nested like the kernel's tree::
+
+    <root>/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/{vendor,device,class,...}
+    <root>/sys/bus/pci/devices/0000:01:00.0 -> ../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0
+    <dev>/driver      -> ../../../../bus/pci/drivers/e1000e     (depth follows nesting)
+    <dev>/iommu_group -> ../../../../kernel/iommu_groups/5
+    <root>/sys/kernel/iommu_groups/5/devices/0000:01:00.0 -> ../../../../devices/...
+    <root>/sys/bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id,<bdf> -> device}
+    <root>/dev/vfio/vfio, <root>/dev/vfio/<N> (plain files) for groups bound to vfio-pci
+    <root>/proc/1/mountinfo, <root>/proc/swaps, <root>/proc/1/net/{route,if_inet6}
+
+It does NOT react to writes: :mod:`tests.kernel_sim` applies the kernel's reaction.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vfio_dp.model.address import PciAddress
+
+
+@dataclass
+class Dev:
+    address: str
+    vendor: str
+    device: str
+    cls: str  # 6 hex, e.g. "020000"
+    driver: str | None = None
+    group: int | None = None
+    numa: int = -1
+    parent: str | None = None  # address of the upstream bridge (None: root bus)
+    subsystem_vendor: str = "0000"
+    subsystem_device: str = "0000"
+    boot_vga: bool | None = None
+    sriov_totalvfs: int | None = None
+    sriov_numvfs: int | None = None
+    physfn: str | None = None
+    native_driver: str | None = None  # what drivers_probe picks without override (sim)
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class SysfsTree:
+    """Builds ``<base>/sys``, ``<base>/dev``, ``<base>/proc`` for a list of :class:`Dev`."""
+
+    def __init__(self, base: Path, *, iommu: bool = True) -> None:
+        self.root = Path(base)
+        self.iommu = iommu
+        self.devs: dict[str, Dev] = {}
+        for d in (
+            "sys/bus/pci/devices",
+            "sys/bus/pci/drivers",
+            "sys/kernel/iommu_groups",
+            "sys/class/net",
+            "sys/class/block",
+            "dev/vfio",
+            "proc/1/net",
+        ):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        (self.root / "sys/bus/pci/drivers_probe").write_text("")
+        (self.root / "dev/vfio/vfio").write_text("")
+        self.set_proc()
+
+    # -- paths -----------------------------------------------------------------------
+    def sys(self, *parts: str) -> Path:
+        return self.root.joinpath("sys", *parts)
+
+    def dev_dir(self, address: str) -> Path:
+        chain = []
+        a: str | None = address
+        while a is not None:
+            chain.append(a)
+            a = self.devs[a].parent
+        domain, bus = address.split(":")[0], "00"
+        del bus
+        return self.sys("devices", f"pci{domain}:00", *reversed(chain))
+
+    def _link(self, link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    # -- building ----------------------------------------------------------------------
+    def add(self, dev: Dev) -> Dev:
+        dev.address = str(PciAddress.parse(dev.address))
+        self.devs[dev.address] = dev
+        d = self.dev_dir(dev.address)
+        d.mkdir(parents=True, exist_ok=True)
+        files = {
+            "vendor": f"0x{dev.vendor}",
+            "device": f"0x{dev.device}",
+            "class": f"0x{dev.cls}",
+            "subsystem_vendor": f"0x{dev.subsystem_vendor}",
+            "subsystem_device": f"0x{dev.subsystem_device}",
+            "numa_node": str(dev.numa),
+            "driver_override": "(null)",
+            "enable": "1",
+            "reset_method": "flr bus",
+        }
+        if dev.boot_vga is not None:
+            files["boot_vga"] = "1" if dev.boot_vga else "0"
+        if dev.sriov_totalvfs is not None:
+            files["sriov_totalvfs"] = str(dev.sriov_totalvfs)
+            files["sriov_numvfs"] = str(dev.sriov_numvfs or 0)
+        files.update(dev.extra)
+        for name, value in files.items():
+            (d / name).write_text(value + "\n")
+        self._link(self.sys("bus/pci/devices", dev.address), d)
+        if dev.physfn:
+            pf = self.dev_dir(dev.physfn)
+            self._link(d / "physfn", pf)
+            n = len([p for p in pf.iterdir() if p.name.startswith("virtfn")])
+            self._link(pf / f"virtfn{n}", d)
+        if dev.group is not None and self.iommu:
+            g = self.sys("kernel/iommu_groups", str(dev.group))
+            (g / "devices").mkdir(parents=True, exist_ok=True)
+            self._link(g / "devices" / dev.address, d)
+            self._link(d / "iommu_group", g)
+        if dev.native_driver is None:
+            dev.native_driver = dev.driver
+        self.set_driver(dev.address, dev.driver)
+        return dev
+
+    def ensure_driver(self, name: str) -> Path:
+        p = self.sys("bus/pci/drivers", name)
+        if not p.exists():
+            p.mkdir(parents=True)
+            for f in ("bind", "unbind", "new_id", "remove_id"):
+                (p / f).write_text("")
+        return p
+
+    def driver_of(self, address: str) -> str | None:
+        link = self.dev_dir(address) / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def set_driver(self, address: str, driver: str | None) -> None:
+        """Move the device's ``driver`` link (and the driver's back link); vfio nodes follow."""
+        d = self.dev_dir(address)
+        old = self.driver_of(address)
+        if old:
+            (d / "driver").unlink()
+            back = self.sys("bus/pci/drivers", old, address)
+            if back.is_symlink():
+                back.unlink()
+        dev = self.devs[address]
+        dev.driver = driver
+        if driver:
+            drv = self.ensure_driver(driver)
+            self._link(d / "driver", drv)
+            self._link(drv / address, d)
+        self._sync_vfio_node(dev.group)
+
+    def _sync_vfio_node(self, group: int | None) -> None:
+        if group is None or not self.iommu:
+            return
+        node = self.root / "dev/vfio" / str(group)
+        on_vfio = any(x.group == group and x.driver == "vfio-pci" for x in self.devs.values())
+        if on_vfio and not node.exists():
+            node.write_text("")
+        elif not on_vfio and node.exists():
+            node.unlink()
+
+    def set_override(self, address: str, value: str | None) -> None:
+        (self.dev_dir(address) / "driver_override").write_text((value or "(null)") + "\n")
+
+    def override_of(self, address: str) -> str | None:
+        v = (self.dev_dir(address) / "driver_override").read_text().strip()
+        return None if v in ("", "(null)") else v
+
+    def remove(self, address: str) -> None:
+        """Hot-unplug: the device and every link to it disappear."""
+        import shutil
+
+        dev = self.devs.pop(address)
+        for link in (
+            self.sys("bus/pci/devices", address),
+            self.sys("kernel/iommu_groups", str(dev.group), "devices", address),
+        ):
+            if link.is_symlink():
+                link.unlink()
+        if dev.driver:
+            back = self.sys("bus/pci/drivers", dev.driver, address)
+            if back.is_symlink():
+                back.unlink()
+        shutil.rmtree(self.dev_dir_raw(address, dev))
+        self._sync_vfio_node(dev.group)
+
+    def dev_dir_raw(self, address: str, dev: Dev) -> Path:
+        self.devs[address] = dev
+        try:
+            return self.dev_dir(address)
+        finally:
+            del self.devs[address]
+
+    def add_net(self, address: str, ifname: str, *, up: bool, via: str | None = None) -> None:
+        """An interface under the device (``via``: e.g. ``virtio2`` in between)."""
+        d = self.dev_dir(address) / (via or "") / "net" / ifname
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "flags").write_text("0x1003\n" if up else "0x1002\n")
+        (d / "operstate").write_text("up\n" if up else "down\n")
+        self._link(self.sys("class/net", ifname), d)
+
+    def add_block(self, address: str, path: str, *, devno: str, holders: list[str] = ()) -> None:  # type: ignore[assignment]
+        """A block device at ``<bdf>/<path>`` (e.g. ``virtio1/block/vda``, ``nvme/nvme0/nvme0n1``)."""
+        d = self.dev_dir(address) / path
+        (d / "holders").mkdir(parents=True, exist_ok=True)
+        for h in holders:
+            (d / "holders" / h).mkdir(exist_ok=True)
+        (d / "dev").write_text(devno + "\n")
+        self._link(self.sys("class/block", os.path.basename(path)), d)
+
+    def set_proc(
+        self,
+        *,
+        mounts: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
+        swaps: list[str] = (),
+        routes: list[str] = (),  # type: ignore[assignment]
+    ) -> None:
+        """mounts: (major:minor, mountpoint, source) rows of the host's mountinfo."""
+        lines = [
+            f"{20 + i} 1 {mm} / {mp} rw,relatime shared:1 - ext4 {src} rw"
+            for i, (mm, mp, src) in enumerate(mounts)
+        ]
+        lines.append("30 1 0:21 / /proc rw,nosuid shared:5 - proc proc rw")
+        (self.root / "proc/1/mountinfo").write_text("\n".join(lines) + "\n")
+        (self.root / "proc/swaps").write_text(
+            "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+            + "".join(f"{s}\tpartition\t1000\t0\t-2\n" for s in swaps)
+        )
+        (self.root / "proc/1/net/route").write_text(
+            "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n"
+            + "".join(f"{r}\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\n" for r in routes)
+        )
+        (self.root / "proc/1/net/if_inet6").write_text("")
+
+
+def gpu_host(base: Path) -> SysfsTree:
+    """A realistic node: root ports, a GPU + audio function in one group, a lone NIC, an
+    SR-IOV PF with 2 VFs, a shared group behind a PCIe-to-PCI bridge, a virtio disk and NIC
+    the host uses, a boot VGA, NUMA nodes."""
+    t = SysfsTree(base)
+    # Host's own virtio disk and NIC (like this very machine)
+    t.add(Dev("0000:00:00.0", "8086", "29c0", "060000", group=0))  # host bridge, no driver
+    t.add(Dev("0000:00:01.0", "1234", "1111", "030000", driver="bochs-drm", group=1, boot_vga=True))
+    t.add(Dev("0000:00:02.0", "1af4", "1001", "010000", driver="virtio-pci", group=2))
+    t.add_block("0000:00:02.0", "virtio1/block/vda", devno="254:0")
+    t.add_block("0000:00:02.0", "virtio1/block/vda/vda1", devno="254:1")
+    t.add(Dev("0000:00:03.0", "1af4", "1000", "020000", driver="virtio-pci", group=3))
+    t.add_net("0000:00:03.0", "eth0", up=True, via="virtio2")
+    # GPU behind a root port, with its audio function: one group
+    t.add(Dev("0000:00:1c.0", "8086", "a110", "060400", driver="pcieport", group=4))
+    t.add(
+        Dev(
+            "0000:3b:00.0",
+            "10de",
+            "1eb8",
+            "030200",
+            driver="nvidia",
+            group=45,
+            parent="0000:00:1c.0",
+            numa=0,
+            subsystem_vendor="10de",
+            subsystem_device="12a2",
+        )
+    )
+    t.add(
+        Dev(
+            "0000:3b:00.1",
+            "10de",
+            "10f8",
+            "040300",
+            driver="snd_hda_intel",
+            group=45,
+            parent="0000:00:1c.0",
+            numa=0,
+        )
+    )
+    # A lone NIC on vfio-pci already
+    t.add(Dev("0000:00:1d.0", "8086", "a111", "060400", driver="pcieport", group=5))
+    t.add(
+        Dev(
+            "0000:65:00.0",
+            "8086",
+            "10d3",
+            "020000",
+            driver="vfio-pci",
+            group=50,
+            parent="0000:00:1d.0",
+            numa=1,
+            native_driver="e1000e",
+        )
+    )
+    # SR-IOV PF with 2 VFs enabled, VFs each in own group
+    t.add(Dev("0000:00:1e.0", "8086", "a112", "060400", driver="pcieport", group=6))
+    t.add(
+        Dev(
+            "0000:af:00.0",
+            "15b3",
+            "101b",
+            "020000",
+            driver="mlx5_core",
+            group=60,
+            parent="0000:00:1e.0",
+            numa=1,
+            sriov_totalvfs=8,
+            sriov_numvfs=2,
+        )
+    )
+    t.add(
+        Dev(
+            "0000:af:00.1",
+            "15b3",
+            "101c",
+            "020000",
+            driver="mlx5_core",
+            group=61,
+            parent="0000:00:1e.0",
+            numa=1,
+            physfn="0000:af:00.0",
+        )
+    )
+    t.add(
+        Dev(
+            "0000:af:00.2",
+            "15b3",
+            "101c",
+            "020000",
+            driver="mlx5_core",
+            group=62,
+            parent="0000:00:1e.0",
+            numa=1,
+            physfn="0000:af:00.0",
+        )
+    )
+    # PCIe-to-PCI bridge with two conventional NICs sharing its group
+    t.add(Dev("0000:00:1f.0", "1b36", "000e", "060400", group=7))
+    t.add(
+        Dev(
+            "0000:03:01.0", "8086", "100e", "020000", driver="e1000", group=7, parent="0000:00:1f.0"
+        )
+    )
+    t.add(
+        Dev(
+            "0000:03:02.0", "8086", "100e", "020000", driver="e1000", group=7, parent="0000:00:1f.0"
+        )
+    )
+    t.set_proc(mounts=[("254:1", "/", "/dev/vda1")], routes=["eth0"])
+    return t

@@ -1,0 +1,133 @@
+"""The one exception tree of ``vfio_dp``.
+
+Every error carries the data it is about and a message that says the fix, e.g.::
+
+    0000:3b:00.1 (10de:10f8, snd_hda_intel) shares IOMMU group 45 with 0000:3b:00.0;
+    bind it too: vfioctl bind --group 0000:3b:00.0
+
+``UsageError`` subclasses are mistakes in what the user typed (exit code 2 in the CLI);
+everything else is a failure of the operation (exit code 1).
+"""
+
+from __future__ import annotations
+
+
+class VfioError(Exception):
+    """Base of every error raised by vfio_dp."""
+
+
+class UsageError(VfioError):
+    """The input itself is wrong (bad address, bad option value). CLI exit code 2."""
+
+
+class AddressError(UsageError, ValueError):
+    """A string is not a PCI address in ``DDDD:BB:SS.F`` / ``BB:SS.F`` form."""
+
+    def __init__(self, value: str, why: str) -> None:
+        self.value = value
+        self.why = why
+        super().__init__(
+            f"{value!r} is not a PCI address ({why}); "
+            "expected DDDD:BB:SS.F in hex, e.g. 0000:65:00.0 (slot <= 1f, function 0-7)"
+        )
+
+
+class ConfigError(UsageError):
+    """A configuration file is invalid; ``problems`` lists every (key, value, why)."""
+
+    def __init__(self, source: str, problems: list[tuple[str, object, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [f"  {key}: {value!r}: {why}" for key, value, why in problems]
+        super().__init__(f"invalid configuration {source}:\n" + "\n".join(lines))
+
+
+class HostError(VfioError):
+    """Reading or writing the host's sysfs/devfs failed."""
+
+
+class PathEscapeError(HostError):
+    """A path or symlink would leave the configured root."""
+
+    def __init__(self, path: str, root: str) -> None:
+        self.path = path
+        self.root = root
+        super().__init__(f"refusing {path!r}: it resolves outside the root {root!r}")
+
+
+class DeviceNotFoundError(HostError):
+    """No such PCI device under the root."""
+
+    def __init__(self, address: str, root: str) -> None:
+        self.address = address
+        super().__init__(
+            f"no PCI device {address} under {root}sys/bus/pci/devices; "
+            "check the address with: vfioctl list"
+        )
+
+
+class NoIommuError(HostError):
+    """The host has no IOMMU groups at all."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(
+            f"no IOMMU groups under {root}sys/kernel/iommu_groups: the IOMMU is off or absent; "
+            "enable VT-d/AMD-Vi in the firmware and boot with intel_iommu=on (or amd_iommu=on)"
+        )
+
+
+class BindError(HostError):
+    """A bind or unbind could not be done (or was refused); nothing was left half-done."""
+
+
+class RefusedError(BindError):
+    """The operation was refused before touching anything (host in use, half group, ...)."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("\n".join(reasons))
+
+
+class LockTimeoutError(BindError):
+    """Another vfioctl or the daemon holds the device's lock."""
+
+
+class WriteTimeoutError(BindError):
+    """A sysfs write (typically ``driver/unbind``) did not return in time."""
+
+
+class PluginError(VfioError):
+    """A device-plugin request cannot be served (unknown device, unhealthy, renumbered group)."""
+
+
+class UnknownDeviceError(PluginError):
+    """The kubelet named a device ID this resource does not list (never advertised or gone)."""
+
+    def __init__(self, resource: str, device_id: str, why: str) -> None:
+        self.resource = resource
+        self.device_id = device_id
+        super().__init__(f"{resource}: unknown device {device_id!r}: {why}")
+
+
+class UnhealthyDeviceError(PluginError):
+    """The device is listed but cannot be handed to a pod now; ``reasons`` say why."""
+
+    def __init__(self, resource: str, device_id: str, reasons: list[str]) -> None:
+        self.resource = resource
+        self.device_id = device_id
+        self.reasons = reasons
+        super().__init__(f"{resource}: device {device_id} is unhealthy: " + "; ".join(reasons))
+
+
+class StaleAllocationError(PluginError):
+    """PreStartContainer found that an earlier Allocate's answer no longer holds (a group was
+    renumbered across a reboot, or no record of the Allocate exists): the container must not
+    start with a ``/dev/vfio/<N>`` that may now be another device's group."""
+
+    def __init__(self, resource: str, device_id: str, why: str) -> None:
+        self.resource = resource
+        self.device_id = device_id
+        super().__init__(
+            f"{resource}: device {device_id}: {why}; the container would get the wrong device "
+            "group: delete the pod so that the kubelet allocates again"
+        )

@@ -1,0 +1,197 @@
+"""Moving devices to vfio-pci and back, following the kernel's clean sequence.
+
+Bind one device (``<root>`` omitted)::
+
+    echo vfio-pci     > /sys/bus/pci/devices/<bdf>/driver_override
+    echo <bdf>        > /sys/bus/pci/drivers/<current>/unbind        (if bound)
+    echo <bdf>        > /sys/bus/pci/drivers_probe
+    readlink /sys/bus/pci/devices/<bdf>/driver  → must name vfio-pci (probe "succeeds" anyway)
+
+Restore is the reverse: put back the recorded ``driver_override`` (a newline clears it),
+unbind from vfio-pci, write the address to ``drivers/<original>/bind`` (or ``drivers_probe``
+when none was recorded) and verify. ``new_id`` is never used: it grabs every device with
+that ID. The original driver is recorded durably before the first write; any failure rolls
+back every device this call touched, so no device is left without its driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from vfio_dp.errors import BindError, RefusedError
+from vfio_dp.host.kernel import KernelIO
+from vfio_dp.host.root import Root, safe_component
+from vfio_dp.host.state import OriginalDriver, StateStore
+from vfio_dp.host.sysfs import read_device
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
+
+log = logging.getLogger("vfio_dp.bind")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One sysfs write or module load, printable as the shell command it equals."""
+
+    path: str  # "" for modprobe
+    data: str
+
+    def __str__(self) -> str:
+        if not self.path:
+            return f"modprobe {self.data}"
+        shown = self.data.replace("\n", "\\n")
+        return f"echo '{shown}' > {self.path}"
+
+
+@dataclass(slots=True)
+class BindResult:
+    bound: list[PciAddress] = field(default_factory=list)
+    restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
+    already: list[PciAddress] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+class Binder:
+    """Executes bind/restore steps through a :class:`KernelIO`, recording as it goes."""
+
+    def __init__(self, root: Root, kernel: KernelIO, state: StateStore) -> None:
+        self.root = root
+        self.kernel = kernel
+        self.state = state
+
+    # -- paths -------------------------------------------------------------------------
+    def _dev(self, addr: PciAddress, name: str) -> str:
+        return self.root.path("sys", "bus", "pci", "devices", str(addr), name)
+
+    def _drv(self, driver: str, name: str) -> str:
+        return self.root.path("sys", "bus", "pci", "drivers", safe_component(driver), name)
+
+    def _probe(self) -> str:
+        return self.root.path("sys", "bus", "pci", "drivers_probe")
+
+    def driver_loaded(self, driver: str) -> bool:
+        return os.path.isdir(self.root.path("sys", "bus", "pci", "drivers", safe_component(driver)))
+
+    # -- steps ---------------------------------------------------------------------------
+    def bind_steps(self, dev: PciDevice, need_module: bool) -> list[Step]:
+        a = str(dev.address)
+        steps = [Step("", "vfio-pci")] if need_module else []
+        steps.append(Step(self._dev(dev.address, "driver_override"), VFIO_PCI))
+        if dev.driver:
+            steps.append(Step(self._drv(dev.driver, "unbind"), a))
+        steps.append(Step(self._probe(), a))
+        return steps
+
+    def restore_steps(self, dev: PciDevice, driver: str | None, override: str | None) -> list[Step]:
+        a = str(dev.address)
+        steps = [Step(self._dev(dev.address, "driver_override"), (override or "") + "\n")]
+        if dev.driver:
+            steps.append(Step(self._drv(dev.driver, "unbind"), a))
+        if driver and not self.driver_loaded(driver):
+            steps.append(Step("", driver))
+        if driver:
+            steps.append(Step(self._drv(driver, "bind"), a))
+        else:
+            steps.append(Step(self._probe(), a))
+        return steps
+
+    def run(self, steps: Sequence[Step], on_step: Callable[[Step], None] | None = None) -> None:
+        for s in steps:
+            log.debug("%s", s)
+            if on_step:
+                on_step(s)
+            if not s.path:
+                self.kernel.modprobe(s.data)
+                continue
+            try:
+                self.kernel.write(s.path, s.data)
+            except OSError as e:
+                raise BindError(f"{s} failed: {e.strerror or e}") from e
+
+    def current(self, addr: PciAddress) -> PciDevice:
+        dev = read_device(self.root, addr)
+        if dev is None:
+            raise BindError(f"{addr} disappeared from {self.root.display}sys/bus/pci/devices")
+        return dev
+
+    # -- operations ----------------------------------------------------------------------
+    def bind_one(self, addr: PciAddress, result: BindResult, touched: list[PciAddress]) -> None:
+        dev = self.current(addr)
+        if dev.on_vfio:
+            result.already.append(addr)
+            return
+        if self.state.get(addr) is None:
+            self.state.put(
+                OriginalDriver(str(addr), dev.driver, dev.driver_override, dev.vendor, dev.device)
+            )
+        touched.append(addr)
+        steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))
+        result.steps.extend(steps)
+        self.run(steps)
+        after = self.current(addr)
+        if not is_vfio_driver(after.driver):
+            raise BindError(
+                f"{addr}: after drivers_probe the device is on {after.driver or 'no driver'}, "
+                "not vfio-pci (the kernel reports success even when nothing attached); "
+                "check `dmesg` for vfio-pci errors"
+            )
+        result.bound.append(addr)
+        log.info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
+
+    def restore_one(
+        self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool
+    ) -> str | None:
+        """Restore ``addr`` to ``driver`` (None: let the kernel probe). Returns the new driver."""
+        dev = self.current(addr)
+        steps = self.restore_steps(dev, driver, override)
+        try:
+            self.run(steps)
+        except BindError:
+            if not driver:
+                raise
+            # The original driver refused a direct bind: let the kernel choose.
+            self.run([Step(self._probe(), str(addr))])
+        after = self.current(addr)
+        if driver and after.driver != driver:
+            raise BindError(
+                f"{addr}: restore to {driver} did not take (now on {after.driver or 'no driver'}); "
+                f"try: vfioctl unbind --driver {driver} {addr}, and check `dmesg`"
+            )
+        if not explicit or after.driver == driver:
+            self.state.remove(addr)
+        log.info("restored %s to %s", addr, after.driver or "no driver")
+        return after.driver
+
+    def rollback(self, touched: list[PciAddress]) -> list[str]:
+        """Undo every device touched, newest first; return what could not be undone."""
+        problems: list[str] = []
+        for addr in reversed(touched):
+            rec = self.state.get(addr)
+            try:
+                now = self.current(addr)
+                if (
+                    rec is not None
+                    and now.driver == rec.driver
+                    and (now.driver_override == rec.driver_override)
+                ):
+                    self.state.remove(addr)
+                    continue
+                self.restore_one(
+                    addr,
+                    rec.driver if rec else None,
+                    rec.driver_override if rec else None,
+                    explicit=False,
+                )
+            except BindError as e:
+                problems.append(f"{addr}: rollback failed: {e}")
+        return problems
+
+
+def refuse_if(reasons: Sequence[str]) -> None:
+    if reasons:
+        raise RefusedError(list(reasons))

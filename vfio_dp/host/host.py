@@ -1,0 +1,272 @@
+"""The :class:`Host`: everything vfio_dp does to a machine, through one root path.
+
+``Host("/")`` on a node, ``Host("/host")`` in the DaemonSet's pod, ``Host(tmp_path)`` in
+tests. Composes discovery (:mod:`.sysfs`), host usage (:mod:`.usage`), the durable state
+(:mod:`.state`), the VFIO nodes (:mod:`.vfio`) and the binder (:mod:`.bind`) with the pure
+rules of :mod:`vfio_dp.model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vfio_dp.errors import BindError, DeviceNotFoundError, RefusedError
+from vfio_dp.host import sysfs
+from vfio_dp.host.bind import Binder, BindResult, Step
+from vfio_dp.host.kernel import KernelIO, RealKernel
+from vfio_dp.host.root import Root
+from vfio_dp.host.state import StateStore
+from vfio_dp.host.usage import host_usage
+from vfio_dp.host.vfio import GroupStatus, device_nodes, group_node_name, probe_group
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import Config
+from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_driver
+from vfio_dp.model.plan import plan_bind
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    address: PciAddress
+    ready: bool
+    reasons: tuple[str, ...]  # each says the fix
+
+
+class Host:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "/",
+        *,
+        kernel: KernelIO | None = None,
+        write_timeout: float = 10.0,
+        lock_timeout: float = 10.0,
+    ) -> None:
+        self.fs = Root(root)
+        self.root = self.fs.base
+        self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout)
+        self.state = StateStore(self.fs)
+        self.lock_timeout = lock_timeout
+
+    # -- discovery ---------------------------------------------------------------------
+    def scan(
+        self, config: Config | None = None, *, usage: bool = True, names: bool = False
+    ) -> Inventory:
+        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``.
+
+        ``config`` is accepted for symmetry with callers that filter; discovery itself reads
+        everything.
+        """
+        del config
+        devices = sysfs.read_devices(self.fs)
+        records = self.state.all()
+        used = host_usage(self.fs, devices) if usage else {}
+        named: dict[tuple[str, str | None], str] = {}
+        if names:
+            from vfio_dp.host.pciids import load_names
+
+            named = load_names({(d.vendor, d.device) for d in devices.values()})
+        if records or used or named:
+            for addr, dev in list(devices.items()):
+                rec = records.get(addr)
+                reasons = used.get(addr)
+                if rec is None and not reasons and not named:
+                    continue
+                devices[addr] = dataclasses.replace(
+                    dev,
+                    original_driver=rec.driver if rec else None,
+                    in_use=tuple(reasons or ()),
+                    vendor_name=named.get((dev.vendor, None)),
+                    device_name=named.get((dev.vendor, dev.device)),
+                )
+        groups = sysfs.read_groups(self.fs, devices)
+        return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
+
+    def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
+        """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly)."""
+        return {g.number: probe_group(self.fs, g) for g in groups}
+
+    def with_kernel_verdict(self, inv: Inventory) -> list[IommuGroup]:
+        status = self.probe_groups(list(inv.groups.values()))
+        return [
+            dataclasses.replace(
+                g, kernel_viable=status[g.number].viable, kernel_in_use=status[g.number].in_use
+            )
+            for g in inv.groups.values()
+        ]
+
+    def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
+        return device_nodes(self.fs, group, devices)
+
+    def group_node(self, group: IommuGroup) -> str:
+        """The group's node path under the root (for existence checks only)."""
+        return self.fs.path("dev", "vfio", group_node_name(group))
+
+    # -- binding -----------------------------------------------------------------------
+    def _binder(self) -> Binder:
+        return Binder(self.fs, self.kernel, self.state)
+
+    def _groups_in_use(self, inv: Inventory, addrs: Sequence[PciAddress]) -> dict[int, bool]:
+        groups = {inv.devices[a].iommu_group for a in addrs if a in inv.devices}
+        found = {n: inv.groups[n] for n in groups if n is not None and n in inv.groups}
+        return {n: bool(s.in_use) for n, s in self.probe_groups(list(found.values())).items()}
+
+    def bind(
+        self,
+        addresses: Sequence[PciAddress],
+        *,
+        group: bool = False,
+        force: bool = False,
+        dry_run: bool = False,
+        probe: bool = True,
+    ) -> BindResult:
+        """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
+
+        Refuses before touching anything (:class:`RefusedError`); on any failure after the
+        first write, rolls back every device it touched and raises :class:`BindError`.
+        """
+        inv = self.scan()
+        for a in addresses:
+            if a not in inv.devices:
+                raise DeviceNotFoundError(str(a), self.fs.display)
+        in_use = self._groups_in_use(inv, addresses) if probe else None
+        plan = plan_bind(
+            inv,
+            addresses,
+            group=group,
+            force=force,
+            groups_in_use=in_use,
+            root_display=self.fs.display,
+        )
+        if plan.refusals:
+            raise RefusedError(list(plan.refusals))
+        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=list(plan.forced))
+        binder = self._binder()
+        if dry_run:
+            need = not binder.driver_loaded("vfio-pci")
+            for a in plan.targets:
+                result.steps.extend(binder.bind_steps(inv.devices[a], need))
+                need = False
+            return result
+        touched: list[PciAddress] = []
+        with self.state.locked([*plan.targets, *plan.already], self.lock_timeout):
+            try:
+                for a in plan.targets:
+                    binder.bind_one(a, result, touched)
+            except BindError as e:
+                problems = binder.rollback(touched)
+                msg = f"bind failed: {e}"
+                if touched:
+                    msg += f"\nrolled back {', '.join(map(str, touched))}"
+                if problems:
+                    msg += "\n" + "\n".join(problems)
+                raise BindError(msg) from e
+        return result
+
+    def unbind(
+        self,
+        addresses: Sequence[PciAddress],
+        *,
+        driver: str | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> BindResult:
+        """Give each device back to the driver recorded before ``bind`` (or ``driver``).
+
+        With no record and no ``driver``, the override is cleared and the kernel probes
+        (like ``driverctl unset-override``). Refuses a group a process holds open unless
+        ``force`` (the unbind would block until the VM lets go).
+        """
+        inv = self.scan(usage=False)
+        for a in addresses:
+            if a not in inv.devices:
+                raise DeviceNotFoundError(str(a), self.fs.display)
+        refusals = []
+        for n, busy in self._groups_in_use(inv, addresses).items():
+            if busy and not force:
+                refusals.append(
+                    f"IOMMU group {n} is in use: /dev/vfio/{n} is held open (a VM has it); "
+                    "stop the VM first (or --force, and the unbind waits for it)"
+                )
+        if refusals:
+            raise RefusedError(refusals)
+        result = BindResult(dry_run=dry_run)
+        binder = self._binder()
+        with self.state.locked(list(addresses), self.lock_timeout):
+            for a in addresses:
+                dev = binder.current(a)
+                rec = self.state.get(a)
+                target = driver or (rec.driver if rec else None)
+                override = None if driver else (rec.driver_override if rec else None)
+                if (
+                    not is_vfio_driver(dev.driver)
+                    and dev.driver_override is None
+                    and (driver is None or dev.driver == driver)
+                ):
+                    result.already.append(a)
+                    if rec is not None and dev.driver == rec.driver:
+                        self.state.remove(a)
+                    continue
+                if (rec and rec.vendor != dev.vendor) or (rec and rec.device != dev.device):
+                    raise BindError(
+                        f"{a} is now {dev.ids} but the record says {rec.vendor}:{rec.device} "
+                        f"(hardware changed?); restore explicitly: vfioctl unbind --driver NAME {a}"
+                    )
+                if dry_run:
+                    result.steps.extend(binder.restore_steps(dev, target, override))
+                    continue
+                now = binder.restore_one(a, target, override, explicit=driver is not None)
+                result.restored.append((a, now))
+        return result
+
+    # -- readiness ---------------------------------------------------------------------
+    def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
+        """Is each device ready for passthrough right now? Every reason, each with its fix."""
+        inv = self.scan()
+        out = []
+        for a in addresses:
+            dev = inv.devices.get(a)
+            if dev is None:
+                raise DeviceNotFoundError(str(a), self.fs.display)
+            reasons: list[str] = []
+            grp = inv.group_of(a)
+            if dev.is_bridge:
+                reasons.append(f"{dev.describe()} is a PCI bridge; bridges are not passed through")
+            if grp is None:
+                reasons.append(
+                    f"{a} has no IOMMU group: enable VT-d/AMD-Vi and boot with intel_iommu=on"
+                )
+            if not dev.on_vfio and not dev.is_bridge:
+                many = grp is not None and len(grp.endpoints(inv.devices)) > 1
+                fix = f"vfioctl bind --group {a}" if many else f"vfioctl bind {a}"
+                reasons.append(f"{dev.describe()} is not on vfio-pci; fix: {fix}")
+            for why in dev.in_use:
+                reasons.append(f"the host is using {a}: {why}")
+            if grp is not None:
+                for p in grp.problems:
+                    if p.address != a:
+                        reasons.append(p.reason)
+                if dev.on_vfio:
+                    status = probe_group(self.fs, grp)
+                    if not os.path.exists(self.group_node(grp)):
+                        reasons.append(
+                            f"/dev/vfio/{group_node_name(grp)} does not exist although {a} is on "
+                            "vfio-pci; check `dmesg` and that udev/devtmpfs created it"
+                        )
+                    elif status.in_use:
+                        reasons.append(
+                            f"IOMMU group {grp.number} is in use: /dev/vfio/{grp.number} is "
+                            "held open by another process (a VM)"
+                        )
+                    elif status.viable is False:
+                        reasons.append(
+                            f"the kernel reports IOMMU group {grp.number} not viable "
+                            "(VFIO_GROUP_GET_STATUS); bind every member: "
+                            f"vfioctl bind --group {a}"
+                        )
+            out.append(CheckReport(a, not reasons, tuple(dict.fromkeys(reasons))))
+        return out
+
+
+__all__ = ["BindResult", "CheckReport", "Host", "Step"]

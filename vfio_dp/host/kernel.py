@@ -1,0 +1,73 @@
+"""How the host layer changes the kernel's state: sysfs writes and ``modprobe``.
+
+:class:`RealKernel` writes for real; tests inject a simulator of the kernel's documented
+reaction to each write (``tests/kernel_sim.py``), cross-checked by the real-kernel tests in
+the QEMU guest. Unbinding can block for a long time (a driver waiting for its user to let
+go), so every write runs with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from typing import Protocol
+
+from vfio_dp.errors import BindError, WriteTimeoutError
+
+
+class KernelIO(Protocol):
+    def write(self, path: str, data: str) -> None:
+        """Write ``data`` to the sysfs file ``path`` in one ``write(2)``; raise OSError."""
+
+    def modprobe(self, module: str) -> None:
+        """Load a kernel module; raise BindError when it cannot be loaded."""
+
+
+class RealKernel:
+    """The real kernel: one ``write(2)`` per sysfs write, ``modprobe`` for modules."""
+
+    def __init__(self, root_prefix: str = "", timeout: float = 10.0) -> None:
+        self.root_prefix = root_prefix
+        self.timeout = timeout
+
+    def write(self, path: str, data: str) -> None:
+        result: list[BaseException | None] = []
+
+        def do() -> None:
+            try:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, data.encode())
+                finally:
+                    os.close(fd)
+                result.append(None)
+            except BaseException as e:  # handed to the caller's thread
+                result.append(e)
+
+        t = threading.Thread(target=do, name=f"sysfs-write {path}", daemon=True)
+        t.start()
+        t.join(self.timeout)
+        if t.is_alive():
+            raise WriteTimeoutError(
+                f"writing {data.strip()!r} to {path} did not return in {self.timeout:g}s; a "
+                "process probably holds the device open (a VM, or a host tool): find it with "
+                "`fuser -v /dev/vfio/*` and stop it"
+            )
+        if result and result[0] is not None:
+            raise result[0]
+
+    def modprobe(self, module: str) -> None:
+        cmd = ["modprobe"]
+        if self.root_prefix:
+            cmd += ["-d", self.root_prefix]
+        cmd.append(module)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BindError(f"could not run {' '.join(cmd)}: {e}") from e
+        if proc.returncode != 0:
+            raise BindError(
+                f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.returncode}; "
+                f"is the {module} module installed for the running kernel?"
+            )

@@ -1,0 +1,114 @@
+"""Root-relative access to the host's filesystem: the one door to ``/sys``, ``/dev``, ``/proc``.
+
+A :class:`Root` is built with the root path (``/`` on a node, ``/host`` in a pod, a temp
+tree in tests). Every path is built from components that were validated first (a parsed
+:class:`~vfio_dp.model.address.PciAddress`, an int group number, a driver name matching
+``[A-Za-z0-9_.-]+``), and symlinks are resolved *inside* the root: an absolute link target
+is taken relative to the root, and a target that would climb above it raises
+:class:`~vfio_dp.errors.PathEscapeError`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+
+from vfio_dp.errors import HostError, PathEscapeError
+
+_SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_.:+-]+")
+_MAX_LINKS = 40
+
+
+def safe_component(name: str) -> str:
+    """Return ``name`` if it is one harmless path component, else raise HostError."""
+    if not _SAFE_COMPONENT.fullmatch(name) or name in (".", ".."):
+        raise HostError(f"refusing path component {name!r}")
+    return name
+
+
+class Root:
+    """A filesystem root; ``root.path('sys', 'bus', 'pci')`` → ``<root>/sys/bus/pci``."""
+
+    __slots__ = ("base", "prefix")
+
+    def __init__(self, base: str | os.PathLike[str]) -> None:
+        real = os.path.realpath(os.fspath(base))
+        self.base = Path(real)
+        self.prefix = "" if real == "/" else real
+
+    def __repr__(self) -> str:
+        return f"Root({str(self.base)!r})"
+
+    @property
+    def display(self) -> str:
+        """The root as shown in messages, always ending in ``/``."""
+        return self.prefix + "/"
+
+    def path(self, *parts: str) -> str:
+        """Join validated components under the root (no ``..``, no slashes inside a part)."""
+        return self.prefix + "/" + "/".join(safe_component(p) for p in parts)
+
+    def host_path(self, path: str) -> str:
+        """The path as the host sees it: strip the root prefix (``/host/dev/vfio/5`` → ``/dev/vfio/5``)."""
+        if self.prefix and path.startswith(self.prefix + "/"):
+            return path[len(self.prefix) :]
+        return path
+
+    def resolve(self, path: str) -> str:
+        """Resolve every symlink in ``path`` without ever leaving the root.
+
+        ``/sys/bus/pci/devices/0000:01:00.0`` → ``/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0``
+        (all under the root). Absolute link targets are re-rooted; escapes raise.
+        """
+        if not path.startswith(self.prefix + "/"):
+            raise PathEscapeError(path, self.display)
+        rel = path[len(self.prefix) :]
+        parts = [p for p in rel.split("/") if p]
+        done: list[str] = []
+        hops = 0
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if not done:
+                    raise PathEscapeError(path, self.display)
+                done.pop()
+                continue
+            candidate = self.prefix + "/" + "/".join([*done, part])
+            try:
+                target = os.readlink(candidate)
+            except OSError:
+                done.append(part)
+                continue
+            hops += 1
+            if hops > _MAX_LINKS:
+                raise HostError(f"too many symlinks resolving {path}")
+            if target.startswith("/"):
+                done = []
+                target = target.lstrip("/")
+            parts = [p for p in target.split("/") if p] + parts
+        return self.prefix + "/" + "/".join(done)
+
+    def link_name(self, path: str) -> str | None:
+        """The last component of a symlink's target (``driver`` → ``e1000e``), None if absent."""
+        try:
+            return posixpath.basename(os.readlink(path))
+        except OSError:
+            return None
+
+
+def read_text(path: str) -> str | None:
+    """Read a small sysfs/proc file; None if it does not exist or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

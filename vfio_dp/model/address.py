@@ -1,0 +1,72 @@
+"""PCI addresses: strict parsing and the one printed form.
+
+Accepted: ``DDDD:BB:SS.F`` or ``BB:SS.F`` (domain 0000), hex in either case, slot <= 0x1f,
+function 0-7. Printed: always the full lowercase form ``0000:65:00.0`` — the form sysfs
+uses under ``/sys/bus/pci/devices/`` and the form KubeVirt validates in ``PCI_RESOURCE_*``.
+Anything else (``../``, a path, a glob, whitespace) raises :class:`AddressError`, so a
+string that reaches a path join has always passed through here first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from vfio_dp.errors import AddressError
+
+_FULL = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-9a-fA-F])")
+_SHORT = re.compile(r"([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-9a-fA-F])")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PciAddress:
+    """A PCI function address; orders by (domain, bus, slot, function)."""
+
+    domain: int
+    bus: int
+    slot: int
+    function: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.domain <= 0xFFFF and 0 <= self.bus <= 0xFF):
+            raise AddressError(str((self.domain, self.bus)), "domain or bus out of range")
+        if not 0 <= self.slot <= 0x1F:
+            raise AddressError(f"{self.slot:x}", "slot must be 00-1f")
+        if not 0 <= self.function <= 7:
+            raise AddressError(f"{self.function:x}", "function must be 0-7")
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        """Parse ``DDDD:BB:SS.F`` or ``BB:SS.F``; raise :class:`AddressError` otherwise."""
+        if not isinstance(text, str):
+            raise AddressError(repr(text), "not a string")
+        m = _FULL.fullmatch(text)
+        if m:
+            dom, bus, slot, fn = (int(g, 16) for g in m.groups())
+        else:
+            m = _SHORT.fullmatch(text)
+            if not m:
+                raise AddressError(text, "wrong shape")
+            dom = 0
+            bus, slot, fn = (int(g, 16) for g in m.groups())
+        if slot > 0x1F:
+            raise AddressError(text, "slot must be 00-1f")
+        if fn > 7:
+            raise AddressError(text, "function must be 0-7")
+        return cls(dom, bus, slot, fn)
+
+    @property
+    def physical(self) -> tuple[int, int, int]:
+        """(domain, bus, slot): functions sharing it are one physical multifunction device."""
+        return (self.domain, self.bus, self.slot)
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+
+
+def parse_many(texts: list[str] | tuple[str, ...]) -> list[PciAddress]:
+    """Parse several addresses, keeping order and dropping repeats."""
+    seen: dict[PciAddress, None] = {}
+    for t in texts:
+        seen.setdefault(PciAddress.parse(t), None)
+    return list(seen)

@@ -1,0 +1,154 @@
+"""Typed facts about PCI devices and IOMMU groups, and the kernel's group-viability rule.
+
+These are plain values read by :mod:`vfio_dp.host` from sysfs, e.g. for one device::
+
+    /sys/bus/pci/devices/0000:65:00.0/{vendor,device,class,numa_node,driver->,iommu_group->}
+
+Viability (kernels >= 5.19, the rule VFIO_GROUP_GET_STATUS applies): every member of the
+IOMMU group must be driverless or bound to a driver that does no kernel DMA — a vfio
+driver, ``pci-stub`` or ``pcieport``. One member on any other driver makes the whole group
+unusable for a VM ("group N is not viable").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vfio_dp.model.address import PciAddress
+
+VFIO_PCI = "vfio-pci"
+#: Drivers that declare they do no kernel DMA, besides the vfio drivers themselves.
+DMA_SAFE_DRIVERS = frozenset({"pci-stub", "pcieport"})
+#: PCI class of a PCI-to-PCI bridge (``class`` = 0x0604xx).
+BRIDGE_CLASS_PREFIX = 0x0604
+
+
+def is_vfio_driver(driver: str | None) -> bool:
+    """``vfio-pci`` and its vendor variants (``mlx5_vfio_pci``, ``nvgrace_gpu_vfio_pci``...)."""
+    return driver is not None and (driver == VFIO_PCI or driver.endswith(("vfio_pci", "vfio-pci")))
+
+
+def is_dma_safe_driver(driver: str | None) -> bool:
+    """True when a member on this driver does not make its group non-viable."""
+    return driver is None or is_vfio_driver(driver) or driver in DMA_SAFE_DRIVERS
+
+
+@dataclass(frozen=True, slots=True)
+class PciDevice:
+    """One PCI function as sysfs shows it (``/sys/bus/pci/devices/<address>/``)."""
+
+    address: PciAddress
+    vendor: str  # 4 lowercase hex, no 0x
+    device: str
+    class_code: str  # 6 lowercase hex
+    subsystem_vendor: str = "0000"
+    subsystem_device: str = "0000"
+    driver: str | None = None
+    driver_override: str | None = None
+    iommu_group: int | None = None
+    numa_node: int | None = None
+    physfn: PciAddress | None = None  # set on SR-IOV VFs
+    sriov_numvfs: int | None = None  # set on SR-IOV PFs
+    boot_vga: bool = False
+    vfio_cdev: str | None = None  # e.g. "vfio3" from <bdf>/vfio-dev/vfio3
+    in_use: tuple[str, ...] = ()  # reasons the host is using it (filled by host.usage)
+    original_driver: str | None = None  # recorded before vfioctl bound it, if any
+    vendor_name: str | None = None
+    device_name: str | None = None
+
+    @property
+    def ids(self) -> str:
+        """``vendor:device`` as in lspci -n, e.g. ``10de:1eb8``."""
+        return f"{self.vendor}:{self.device}"
+
+    @property
+    def is_bridge(self) -> bool:
+        return int(self.class_code[:4], 16) == BRIDGE_CLASS_PREFIX
+
+    @property
+    def on_vfio(self) -> bool:
+        return is_vfio_driver(self.driver)
+
+    def describe(self) -> str:
+        """``0000:3b:00.1 (10de:10f8, snd_hda_intel)`` — the form used in every message."""
+        return f"{self.address} ({self.ids}, {self.driver or 'no driver'})"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProblem:
+    address: PciAddress
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class IommuGroup:
+    """``/sys/kernel/iommu_groups/<number>/devices/*`` with the verdict on it."""
+
+    number: int
+    devices: tuple[PciAddress, ...]
+    viable: bool
+    problems: tuple[GroupProblem, ...] = ()
+    noiommu: bool = False  # ``name`` file says vfio-noiommu
+    # The kernel's own verdict, only where an operator asked for a probe of /dev/vfio/<N>.
+    kernel_viable: bool | None = None
+    kernel_in_use: bool | None = None
+
+    def endpoints(self, devices: dict[PciAddress, PciDevice]) -> list[PciAddress]:
+        """Members that are not bridges (the ones a VM can be given)."""
+        return [a for a in self.devices if a in devices and not devices[a].is_bridge]
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Everything discovered on a host at one moment: devices by address, groups by number."""
+
+    devices: dict[PciAddress, PciDevice] = field(default_factory=dict)
+    groups: dict[int, IommuGroup] = field(default_factory=dict)
+    iommu_present: bool = True
+
+    def group_of(self, address: PciAddress) -> IommuGroup | None:
+        dev = self.devices.get(address)
+        if dev is None or dev.iommu_group is None:
+            return None
+        return self.groups.get(dev.iommu_group)
+
+
+def analyse_group(number: int, members: list[PciDevice], *, noiommu: bool = False) -> IommuGroup:
+    """Apply the kernel's viability rule to one group's members.
+
+    Bridges on ``pcieport`` or without a driver are members but not problems; a bridge on
+    any other driver (e.g. ``shpchp``) is a problem like any endpoint.
+    """
+    problems: list[GroupProblem] = []
+    for dev in sorted(members, key=lambda d: d.address):
+        if is_dma_safe_driver(dev.driver):
+            continue
+        if dev.is_bridge:
+            fix = (
+                f"unbind the bridge from {dev.driver} (bridges stay on pcieport or no driver), "
+                "or move the card to a slot with its own group"
+            )
+            kind = "bridge"
+        else:
+            fix = f"bind the group to vfio-pci: vfioctl bind --group {dev.address}"
+            kind = "device"
+        problems.append(
+            GroupProblem(
+                dev.address,
+                f"{kind} {dev.describe()} is on host driver {dev.driver}, which does kernel "
+                f"DMA; {fix}",
+            )
+        )
+    return IommuGroup(
+        number=number,
+        devices=tuple(sorted(d.address for d in members)),
+        viable=not problems,
+        problems=tuple(problems),
+        noiommu=noiommu,
+    )
+
+
+def primary_first(addresses: list[PciAddress]) -> list[PciAddress]:
+    """Stable order for handing addresses to a pod: function 0 of each slot first, then the
+    rest, each part in address order (``0000:65:00.0, 0000:66:00.0, 0000:65:00.1``)."""
+    return sorted(addresses, key=lambda a: (a.function != 0, a))

@@ -1,0 +1,85 @@
+"""The one place for resource-name and env-var rules (plugin, translator and hostdev all call it).
+
+- Default resource name: ``devices.kubevirt.io/<vendor>_<device>``, lowercase 4-hex IDs
+  (``devices.kubevirt.io/10de_1eb8``) — the original KubeVirt VFIO plugin's lineage.
+- KubeVirt's env var: ``PCI_RESOURCE_`` + the resource name upper-cased with ``/`` and ``.``
+  replaced by ``_`` (``-`` is kept): ``nvidia.com/TU104GL_Tesla_T4`` →
+  ``PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4``.
+- The SR-IOV network device plugin's: ``PCIDEVICE_`` + the same transform.
+- A resource name is ``<dns-subdomain>/<name>``, not in ``kubernetes.io``, ``<name>`` a
+  Kubernetes qualified-name part (<= 63, alphanumerics plus ``-_.``, alphanumeric at both ends).
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_DOMAIN = "devices.kubevirt.io"
+KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
+SRIOV_ENV_PREFIX = "PCIDEVICE_"
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid extended-resource name for a device plugin, or None."""
+    domain, sep, short = name.partition("/")
+    if not sep:
+        return "must be domain-qualified, like example.com/name"
+    if "/" in short:
+        return "must contain exactly one '/'"
+    if len(domain) > 253 or not _DNS_SUBDOMAIN.fullmatch(domain):
+        return f"domain {domain!r} is not a lowercase DNS subdomain"
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return "the kubernetes.io domain is reserved for Kubernetes itself"
+    if len(short) > 63 or not _NAME.fullmatch(short):
+        return (
+            f"name part {short!r} must be 1-63 characters of [A-Za-z0-9-_.], "
+            "starting and ending alphanumeric"
+        )
+    return None
+
+
+def is_valid_id(text: str) -> bool:
+    """True for a 4-hex-digit PCI vendor or device ID (either case)."""
+    return bool(_HEX4.fullmatch(text))
+
+
+def default_short_name(vendor: str, device: str) -> str:
+    """``<vendor>_<device>`` in lowercase hex, e.g. ``10de_1eb8``."""
+    return f"{vendor.lower()}_{device.lower()}"
+
+
+def qualify(name: str, domain: str = DEFAULT_DOMAIN) -> str:
+    """Put a bare name under ``domain``; a name that already has a domain is kept."""
+    return name if "/" in name else f"{domain}/{name}"
+
+
+def default_resource_name(vendor: str, device: str, domain: str = DEFAULT_DOMAIN) -> str:
+    """``devices.kubevirt.io/10de_1eb8`` for vendor 10de device 1eb8."""
+    return qualify(default_short_name(vendor, device), domain)
+
+
+def _env_suffix(resource_name: str) -> str:
+    return resource_name.upper().replace("/", "_").replace(".", "_")
+
+
+def kubevirt_env_var(resource_name: str) -> str:
+    """``PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3`` for ``devices.kubevirt.io/8086_10d3``."""
+    return KUBEVIRT_ENV_PREFIX + _env_suffix(resource_name)
+
+
+def sriov_env_var(resource_name: str) -> str:
+    """``PCIDEVICE_INTEL_COM_X710`` for ``intel.com/x710`` (the SR-IOV device plugin's form)."""
+    return SRIOV_ENV_PREFIX + _env_suffix(resource_name)
+
+
+def socket_name(resource_name: str) -> str:
+    """The plugin's socket file name in the kubelet dir, e.g. ``vfio_dp-devices.kubevirt.io_10de_1eb8.sock``.
+
+    Only characters safe in a file name: ``/`` becomes ``_``.
+    """
+    return "vfio_dp-" + resource_name.replace("/", "_") + ".sock"
