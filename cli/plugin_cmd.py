@@ -1,0 +1,91 @@
+"""``vfioctl plugin``: run the device-plugin daemon (what the DaemonSet runs).
+
+Thin: parses flags (each also from ``VFIOCTL_<FLAG>``), then hands over to
+:func:`vfio_dp.daemon.app.run`. gRPC is imported only inside the command body.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cli.common import option, root_option, run_guarded
+
+
+@click.command("plugin")
+@option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML selectors (a ConfigMap file; reloaded when it changes). "
+    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
+)
+@root_option
+@option(
+    "--kubelet-dir",
+    default="/var/lib/kubelet/device-plugins",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
+)
+@option(
+    "--resync",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
+)
+@option(
+    "--metrics-port",
+    default=9109,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
+)
+@option(
+    "--metrics-host",
+    default="",
+    help="Address for the metrics port (default: all interfaces).",
+)
+@option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def plugin(
+    config_path: str | None,
+    root: str,
+    kubelet_dir: str,
+    resync: float,
+    metrics_port: int,
+    metrics_host: str,
+    log_level: str,
+) -> None:
+    """Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.
+
+    Exits 0 on SIGTERM after sending every resource an empty list and removing its sockets;
+    exits 2 with every problem listed when the config is invalid. Never unbinds anything.
+    """
+    import logging
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    def body() -> int:
+        from vfio_dp.daemon.app import Options, run
+
+        return run(
+            Options(
+                root=root,
+                kubelet_dir=kubelet_dir,
+                config_path=config_path,
+                resync=resync,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+            )
+        )
+
+    run_guarded(body)

@@ -1,0 +1,246 @@
+"""The daemon over real unix sockets and real gRPC, against the kubelet stand-in, on temp trees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.daemon.conftest import NIC, NIC_ID, StartDaemon
+from tests.daemon.kubelet_standin import KubeletStandin
+from tests.kernel_sim import SimulatedKernel
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.errors import ConfigError
+from vfio_dp.host import Host
+from vfio_dp.model import naming
+
+GPU = "devices.kubevirt.io/10de_1eb8"
+AUDIO = "devices.kubevirt.io/10de_10f8"
+
+
+def listed(resource: str, devices: dict[str, str]) -> object:
+    return lambda k: k.devices(resource) == devices
+
+
+async def test_registers_and_lists_with_numa(kubelet: KubeletStandin,
+                                             start_daemon: StartDaemon) -> None:
+    await start_daemon()
+    await kubelet.wait_for("the NIC listed Healthy", listed(NIC, {NIC_ID: "Healthy"}))
+    view = kubelet.plugins[NIC]
+    assert view.endpoint == naming.socket_name(NIC)
+    assert view.options.pre_start_required and view.options.get_preferred_allocation_available
+    assert view.topology == {NIC_ID: [1]}
+    assert set(kubelet.plugins) == {NIC}  # nothing else is on vfio-pci
+
+
+async def test_waits_for_the_kubelet_socket(kdir: str, start_daemon: StartDaemon) -> None:
+    daemon = await start_daemon()
+    assert os.path.exists(daemon.endpoints[NIC].path)  # serving before registering
+    await asyncio.sleep(0.3)
+    k = KubeletStandin(kdir)
+    await k.start()
+    try:
+        took = await k.wait_for("registration after kubelet.sock appeared",
+                                listed(NIC, {NIC_ID: "Healthy"}), timeout=3)
+        assert took < 2
+    finally:
+        await k.stop()
+
+
+async def test_allocate_prestart_and_the_record(tree: SysfsTree, kubelet: KubeletStandin,
+                                                start_daemon: StartDaemon) -> None:
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    assert await kubelet.preferred(NIC, [NIC_ID], [], 1) == [NIC_ID]
+    resp = await kubelet.allocate(NIC, [NIC_ID])
+    assert dict(resp.envs) == {
+        "PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3": NIC_ID,
+        "PCIDEVICE_DEVICES_KUBEVIRT_IO_8086_10D3": NIC_ID,
+    }
+    # HOST paths, never prefixed with --root
+    assert [(d.host_path, d.container_path, d.permissions) for d in resp.devices] == [
+        ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"), ("/dev/vfio/50", "/dev/vfio/50", "mrw")]
+    record = json.loads((tree.root / "var/lib/vfio_dp/allocations.json").read_text())
+    assert record["allocations"][NIC_ID]["groupNode"] == "/dev/vfio/50"
+    await kubelet.prestart(NIC, [NIC_ID])
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, ["0000:99:00.0"])
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "0000:99:00.0" in (err.value.details() or "")
+
+
+def renumber_group(tree: SysfsTree, address: str, old: int, new: int) -> None:
+    """What a reboot can do: the same device comes back in another IOMMU group."""
+    groups = tree.sys("kernel/iommu_groups")
+    os.rename(groups / str(old), groups / str(new))
+    link = tree.dev_dir(address) / "iommu_group"
+    link.unlink()
+    link.symlink_to(os.path.relpath(groups / str(new), link.parent))
+    os.rename(tree.root / "dev/vfio" / str(old), tree.root / "dev/vfio" / str(new))
+    tree.devs[address].group = new
+
+
+async def test_prestart_fails_loudly_on_a_renumbered_group(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    daemon = await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    await kubelet.allocate(NIC, [NIC_ID])
+    await daemon.stop()  # "reboot": the record on disk and the kubelet checkpoint survive
+    renumber_group(tree, NIC_ID, 50, 51)
+    await kubelet.restart()
+    await start_daemon()
+    await kubelet.wait_for("NIC after reboot", listed(NIC, {NIC_ID: "Healthy"}))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.prestart(NIC, [NIC_ID])  # the kubelet replays, no Allocate
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "now /dev/vfio/51 but Allocate handed out /dev/vfio/50" in (err.value.details() or "")
+
+
+async def test_kubelet_restart_is_noticed_within_2s(kubelet: KubeletStandin,
+                                                    start_daemon: StartDaemon) -> None:
+    daemon = await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    await kubelet.restart()
+    assert kubelet.devices(NIC) == {}
+    took = await kubelet.wait_for("re-registration after a kubelet restart",
+                                  listed(NIC, {NIC_ID: "Healthy"}), timeout=3)
+    assert took < 2.0
+    assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
+
+
+async def test_health_flips_hotplug_and_stickiness(tree: SysfsTree, kubelet: KubeletStandin,
+                                                   start_daemon: StartDaemon) -> None:
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    tree.set_driver(NIC_ID, "e1000e")  # left vfio-pci: stays listed, Unhealthy
+    took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 1.5)
+    assert took < 1.0
+    tree.set_driver(NIC_ID, "vfio-pci")
+    await kubelet.wait_for("NIC Healthy again", listed(NIC, {NIC_ID: "Healthy"}))
+    # hotplug: a second NIC appears already on vfio-pci — advertised without a restart
+    tree.add(Dev("0000:66:00.0", "8086", "10d3", "020000", driver="vfio-pci", group=66,
+                 parent="0000:00:1d.0", numa=1))
+    await kubelet.wait_for("the new NIC", listed(NIC, {NIC_ID: "Healthy",
+                                                       "0000:66:00.0": "Healthy"}))
+    tree.remove("0000:66:00.0")
+    await kubelet.wait_for("the NIC removed", listed(NIC, {NIC_ID: "Healthy"}))
+    # unbound then removed: withdrawn
+    tree.set_driver(NIC_ID, "e1000e")
+    await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}))
+    tree.remove(NIC_ID)
+    await kubelet.wait_for("an empty list", listed(NIC, {}))
+    assert kubelet.plugins[NIC].stream_open
+
+
+async def test_group_invariants_on_a_gpu_with_its_audio_function(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    daemon = await start_daemon()
+    tree.set_driver("0000:3b:00.0", "vfio-pci")  # audio still on snd_hda_intel: not viable
+    await kubelet.wait_for("GPU Unhealthy", listed(GPU, {"0000:3b:00.0": "Unhealthy"}))
+    tree.set_driver("0000:3b:00.1", "vfio-pci")  # both default-named: a conflict
+    await kubelet.wait_for("audio listed", listed(AUDIO, {"0000:3b:00.1": "Unhealthy"}))
+    assert kubelet.devices(GPU) == {"0000:3b:00.0": "Unhealthy"}
+    assert daemon.listing is not None and daemon.listing.conflicts == {45: (AUDIO, GPU)}
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(GPU, ["0000:3b:00.0"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "several resources" in (err.value.details() or "")
+
+
+async def test_companion_function_is_covered_by_the_group_node(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("selectors:\n- vendor: '10de'\n  device: '1eb8'\n  resourceName: gpu\n")
+    tree.set_driver("0000:3b:00.0", "vfio-pci")
+    tree.set_driver("0000:3b:00.1", "vfio-pci")
+    await start_daemon(config=cfg)
+    name = "devices.kubevirt.io/gpu"
+    await kubelet.wait_for("GPU", listed(name, {"0000:3b:00.0": "Healthy"}))
+    resp = await kubelet.allocate(name, ["0000:3b:00.0"])
+    assert resp.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_GPU"] == "0000:3b:00.0"
+    assert [d.host_path for d in resp.devices] == ["/dev/vfio/vfio", "/dev/vfio/45"]
+
+
+async def test_bad_config_lists_every_problem(tmp_path: Path, start_daemon: StartDaemon) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("selectors:\n- vendor: '10dex'\n  colour: red\n- addresses: ['zz']\n")
+    with pytest.raises(ConfigError) as err:
+        await start_daemon(config=cfg)
+    text = str(err.value)
+    assert "selectors[0].vendor" in text and "selectors[0].colour" in text
+    assert "selectors[1].addresses" in text
+
+
+def write_configmap(directory: Path, version: str, text: str) -> Path:
+    """A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data -> ..<version> (swapped
+    atomically by renaming a new symlink over ..data, as the kubelet does)."""
+    target = directory / f"..{version}"
+    target.mkdir(parents=True)
+    (target / "config.yaml").write_text(text)
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(target.name)
+    os.replace(tmp, directory / "..data")
+    link = directory / "config.yaml"
+    if not link.is_symlink():
+        link.symlink_to("..data/config.yaml")
+    return link
+
+
+async def test_config_reload_on_configmap_swap_keeps_healthy_resources(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    cm = tmp_path / "cm"
+    cfg = write_configmap(cm, "v1", "selectors:\n- drivers: [vfio-pci]\n")
+    tree.set_driver("0000:af:00.1", "vfio-pci")  # a VF on vfio-pci: 15b3_101c
+    vf = "devices.kubevirt.io/15b3_101c"
+    daemon = await start_daemon(config=cfg)
+    await kubelet.wait_for("NIC and VF", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}
+                           and k.devices(vf) == {"0000:af:00.1": "Healthy"})
+    nic_updates = kubelet.plugins[NIC].updates
+    # a bad config is rejected and changes nothing
+    write_configmap(cm, "v2", "selectors: 7\n")
+    await asyncio.sleep(0.6)
+    assert daemon.metrics.get("vfio_dp_config_reloads_total", result="rejected") == 1
+    # the VF moves to a named resource; the NIC keeps its stream and registration
+    write_configmap(cm, "v3", "selectors:\n- addresses: ['0000:af:00.1']\n  resourceName: vf-a\n"
+                    "- drivers: [vfio-pci]\n")
+    await kubelet.wait_for("the VF under its new name",
+                           listed("devices.kubevirt.io/vf-a", {"0000:af:00.1": "Healthy"}))
+    await kubelet.wait_for("the old VF resource emptied and closed",
+                           lambda k: not k.plugins[vf].stream_open)
+    assert not os.path.exists(os.path.join(kubelet.dir, naming.socket_name(vf)))
+    assert kubelet.registrations.count(NIC) == 1
+    assert kubelet.plugins[NIC].stream_open and kubelet.plugins[NIC].updates == nic_updates
+    assert kubelet.devices(NIC) == {NIC_ID: "Healthy"}
+
+
+async def test_bind_true_binds_at_start_and_refuses_host_devices(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "selectors:\n"
+        "- vendor: '10de'\n  device: '1eb8'\n  resourceName: gpu\n  bind: true\n"
+        "- vendor: '1af4'\n  device: '1001'\n  resourceName: disk\n  bind: true\n"
+    )
+    host = Host(tree.root, kernel=SimulatedKernel(tree))
+    daemon = await start_daemon(config=cfg, host=host)
+    await kubelet.wait_for("the GPU bound and Healthy",
+                           listed("devices.kubevirt.io/gpu", {"0000:3b:00.0": "Healthy"}))
+    assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
+    assert tree.driver_of("0000:3b:00.1") == "vfio-pci"  # the group sibling too
+    # the host's own root disk is refused, listed Unhealthy, and nothing touched it
+    assert tree.driver_of("0000:00:02.0") == "virtio-pci"
+    assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1
+    await kubelet.wait_for("the disk Unhealthy",
+                           listed("devices.kubevirt.io/disk", {"0000:00:02.0": "Unhealthy"}))
+    await daemon.stop()  # never unbinds on stop
+    assert tree.driver_of("0000:3b:00.0") == "vfio-pci"

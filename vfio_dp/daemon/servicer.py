@@ -1,0 +1,161 @@
+"""The ``v1beta1.DevicePlugin`` servicer: protobuf ↔ typed values, nothing else.
+
+One instance per resource, on the resource's own socket
+(``<kubelet dir>/vfio_dp-<resource with / as _>.sock``). Every decision is made by the
+daemon core (:class:`Core`) on typed values from :mod:`vfio_dp.plugin`; errors become gRPC
+status codes whose message names the device and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from vfio_dp.daemon._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from vfio_dp.errors import PluginError, UnknownDeviceError
+from vfio_dp.plugin.allocation import ContainerAllocation
+from vfio_dp.plugin.listing import Unit
+
+log = logging.getLogger("vfio_dp.daemon")
+
+OPTIONS = api_pb2.DevicePluginOptions(
+    pre_start_required=True, get_preferred_allocation_available=True
+)
+
+
+class Feed:
+    """The latest device list of one resource and a way to wait for the next one."""
+
+    def __init__(self) -> None:
+        self.units: tuple[Unit, ...] = ()
+        self.version = 0
+        self.closing = False
+        self.changed = asyncio.Condition()
+
+    async def publish(self, units: tuple[Unit, ...], *, closing: bool = False) -> None:
+        async with self.changed:
+            self.units = units
+            self.closing = closing
+            self.version += 1
+            self.changed.notify_all()
+
+
+class Core(Protocol):
+    async def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation: ...
+
+    def preferred(
+        self, resource: str, available: Sequence[str], must: Sequence[str], size: int
+    ) -> list[str]: ...
+
+    async def prestart(self, resource: str, ids: Sequence[str]) -> None: ...
+
+
+def to_device(u: Unit) -> Any:
+    topology = (
+        api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in u.numa_nodes])
+        if u.numa_nodes
+        else None
+    )
+    return api_pb2.Device(ID=str(u.id), health=u.health, topology=topology)
+
+
+def _status(e: PluginError) -> grpc.StatusCode:
+    if isinstance(e, UnknownDeviceError):
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+    def __init__(self, resource: str, feed: Feed, core: Core) -> None:
+        self.resource = resource
+        self.feed = feed
+        self.core = core
+
+    async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return OPTIONS
+
+    async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        feed = self.feed
+        sent = [-1]  # a cell, read by the predicate
+        log.info("%s: kubelet opened ListAndWatch", self.resource)
+        while True:
+            async with feed.changed:
+                await feed.changed.wait_for(lambda: feed.version != sent[0])
+                units, sent[0], closing = feed.units, feed.version, feed.closing
+            yield api_pb2.ListAndWatchResponse(devices=[to_device(u) for u in units])
+            if closing:
+                return
+
+    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        responses = [
+            api_pb2.ContainerPreferredAllocationResponse(
+                deviceIDs=self.core.preferred(
+                    self.resource,
+                    list(r.available_deviceIDs),
+                    list(r.must_include_deviceIDs),
+                    r.allocation_size,
+                )
+            )
+            for r in request.container_requests
+        ]
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        responses = []
+        for creq in request.container_requests:
+            try:
+                alloc = await self.core.allocate(self.resource, list(creq.devices_ids))
+            except PluginError as e:
+                await context.abort(_status(e), str(e))
+            responses.append(
+                api_pb2.ContainerAllocateResponse(
+                    envs=alloc.envs,
+                    devices=[
+                        api_pb2.DeviceSpec(
+                            container_path=d.container_path,
+                            host_path=d.host_path,
+                            permissions=d.permissions,
+                        )
+                        for d in alloc.devices
+                    ],
+                    annotations=alloc.annotations,
+                )
+            )
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(self, request: Any, context: Any) -> Any:
+        try:
+            await self.core.prestart(self.resource, list(request.devices_ids))
+        except PluginError as e:
+            await context.abort(_status(e), str(e))
+        return api_pb2.PreStartContainerResponse()
+
+
+def make_server(resource: str, feed: Feed, core: Core, socket_path: str) -> Any:
+    """A ``grpc.aio`` server for one resource bound to ``unix:<socket_path>`` (not started)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    api_pb2_grpc.add_DevicePluginServicer_to_server(
+        DevicePluginServicer(resource, feed, core), server
+    )
+    server.add_insecure_port("unix:" + socket_path)
+    return server
+
+
+async def register(
+    kubelet_socket: str, resource: str, endpoint: str, timeout: float = 20.0
+) -> None:
+    """Call ``/v1beta1.Registration/Register`` on ``kubelet_socket`` (the kubelet dials back
+    inside it, so our server must already serve ``endpoint``); raises ``grpc.aio.AioRpcError``."""
+    async with grpc.aio.insecure_channel("unix:" + kubelet_socket) as channel:
+        stub = api_pb2_grpc.RegistrationStub(channel)
+        await stub.Register(
+            api_pb2.RegisterRequest(
+                version="v1beta1", endpoint=endpoint, resource_name=resource, options=OPTIONS
+            ),
+            timeout=timeout,
+            wait_for_ready=False,
+        )

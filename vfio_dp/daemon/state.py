@@ -1,0 +1,63 @@
+"""The allocation record on disk: ``<root>/var/lib/vfio_dp/allocations.json``.
+
+Written atomically (temp file in the same directory, fsync, rename, fsync of the directory)
+before Allocate answers, so after a crash or a reboot it holds exactly what the kubelet's
+checkpoint may replay. The format and its meaning are in :mod:`vfio_dp.plugin.allocation`.
+On the host's disk (the DaemonSet mounts the host root), so it survives node reboots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from vfio_dp.plugin.allocation import (
+    AllocationRecord,
+    Grant,
+    record_from_json,
+    record_grants,
+    record_to_json,
+)
+
+log = logging.getLogger("vfio_dp.daemon")
+
+RECORD_PATH = ("var", "lib", "vfio_dp", "allocations.json")
+
+
+class AllocationStore:
+    """Load once, keep in memory, rewrite atomically on every Allocate."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root.joinpath(*RECORD_PATH)
+        self.record: AllocationRecord = {}
+        self.problem: str | None = None
+
+    def load(self) -> None:
+        """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record."""
+        try:
+            self.record = record_from_json(self.path.read_text())
+        except FileNotFoundError:
+            self.record = {}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.problem = f"{self.path} is unreadable ({e}); PreStartContainer cannot verify"
+            log.error("%s: treating it as empty", self.problem)
+            self.record = {}
+
+    def add(self, grants: Sequence[Grant]) -> None:
+        """Record ``grants`` durably (raises OSError when the disk refuses)."""
+        record = record_grants(self.record, grants)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(record_to_json(record))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.record = record
