@@ -1,0 +1,146 @@
+"""Allocated addresses (``PCI_RESOURCE_*`` env) + passthrough entries → typed hostdevs (pure).
+
+The device plugin hands the VM pod one env var per resource, named by
+:func:`vfio_dp.model.naming.kubevirt_env_var`::
+
+    PCI_RESOURCE_DEVICES_KUBEVIRT_IO_10DE_1EB8=0000:65:00.0,0000:66:00.0
+
+Addresses are handed out IN ORDER, as KubeVirt's launcher does: entries are walked in spec
+order (``hostDevices`` first, then ``gpus``; annotation entries in list order, ``count``
+devices each) and the i-th device of a resource gets its i-th address. One pool per resource
+is shared by both lists (KubeVirt keeps one pool per list, which would hand the same address
+out twice when a resource appears in both). Missing variables or too few addresses are
+errors naming the resource and the variable — never a silent skip.
+
+With a :class:`Layout`, functions of one physical device (same domain:bus:slot, e.g. a GPU at
+``.0`` and its audio function at ``.1``) are placed as functions of one guest slot, function
+0 carrying ``multifunction='on'``, so guest drivers see the host's layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from vfio_dp.errors import AddressError
+from vfio_dp.model import naming
+from vfio_dp.model.address import PciAddress
+from vm_translate.errors import HostdevError
+from vm_translate.spec import DeviceEntry
+
+MAX_SLOT = 0x1F
+
+
+@dataclass(frozen=True, slots=True)
+class GuestAddress:
+    """Where the device appears in the guest: ``<address type='pci' .../>`` in the hostdev."""
+
+    bus: int
+    slot: int
+    function: int
+    multifunction: bool = False
+    domain: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hostdev:
+    """One ``<hostdev mode='subsystem' type='pci' managed='no'>`` to emit."""
+
+    alias: str
+    resource: str
+    source: PciAddress
+    guest: GuestAddress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Multifunction placement: guest ``bus``, first guest ``slot`` to try, slots taken."""
+
+    bus: int = 0
+    first_slot: int = 0x10
+    used_slots: frozenset[int] = frozenset()
+
+
+def addresses_from_env(resource: str, env: Mapping[str, str]) -> list[PciAddress]:
+    """The addresses the plugin allocated for ``resource``, in order."""
+    var = naming.kubevirt_env_var(resource)
+    value = env.get(var)
+    if value is None:
+        raise HostdevError(
+            f"no addresses for {resource}: environment variable {var} is not set; the device "
+            f"plugin sets it when the pod's container has {resource} in resources.limits — "
+            "request it there (or run where the variable is set)"
+        )
+    out: list[PciAddress] = []
+    for part in value.split(","):
+        text = part.strip()
+        if not text:
+            continue
+        try:
+            addr = PciAddress.parse(text)
+        except AddressError as e:
+            raise HostdevError(f"{var}={value!r}: {e}") from e
+        if addr in out:
+            raise HostdevError(
+                f"{var}={value!r} lists {addr} twice; each device can go to one VM slot"
+            )
+        out.append(addr)
+    return out
+
+
+def assign(entries: Sequence[DeviceEntry], env: Mapping[str, str]) -> list[Hostdev]:
+    """Map entries to allocated addresses positionally (see module docstring)."""
+    pools: dict[str, list[PciAddress]] = {}
+    wanted: dict[str, list[str]] = {}
+    for e in entries:
+        wanted.setdefault(e.resource, []).extend(e.aliases())
+    for resource, aliases in wanted.items():
+        pool = addresses_from_env(resource, env)
+        if len(pool) < len(aliases):
+            var = naming.kubevirt_env_var(resource)
+            raise HostdevError(
+                f"{resource}: {len(aliases)} devices wanted ({', '.join(aliases)}) but {var} "
+                f"lists only {len(pool)} ({', '.join(map(str, pool)) or 'none'}); request "
+                f"{len(aliases)} of {resource} in the pod's resources.limits"
+            )
+        pools[resource] = pool
+    out: list[Hostdev] = []
+    taken: dict[str, int] = {}
+    for e in entries:
+        for alias in e.aliases():
+            i = taken.get(e.resource, 0)
+            taken[e.resource] = i + 1
+            out.append(Hostdev(alias=alias, resource=e.resource, source=pools[e.resource][i]))
+    return out
+
+
+def place_multifunction(hostdevs: Iterable[Hostdev], layout: Layout) -> list[Hostdev]:
+    """Give functions of one physical device one guest slot; singles are left to libvirt.
+
+    Host functions keep their numbers when function 0 is among them (GPU ``.0`` + audio
+    ``.1`` → guest ``.0`` + ``.1``); otherwise they are renumbered from 0 in host order,
+    because a guest only scans a slot whose function 0 exists.
+    """
+    devs = list(hostdevs)
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, h in enumerate(devs):
+        groups.setdefault(h.source.physical, []).append(i)
+    slot = layout.first_slot
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        while slot in layout.used_slots:
+            slot += 1
+        if slot > MAX_SLOT:
+            raise HostdevError(
+                f"no free guest slot on bus 0x{layout.bus:02x} from 0x{layout.first_slot:02x} "
+                "to 0x1f for a multifunction device; pick another --guest-bus or --guest-slot"
+            )
+        ordered = sorted(members, key=lambda i: devs[i].source.function)
+        keep = devs[ordered[0]].source.function == 0
+        for n, i in enumerate(ordered):
+            fn = devs[i].source.function if keep else n
+            guest = GuestAddress(bus=layout.bus, slot=slot, function=fn, multifunction=fn == 0)
+            devs[i] = replace(devs[i], guest=guest)
+        slot += 1
+    return devs
