@@ -39,6 +39,14 @@ openssl x509 -req -in "$tmp/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" \
 
 # The CA key is not kept: rotating means making a new CA, which this same apply installs.
 cp "$tmp/ca.crt" "$tmp/tls.crt" "$tmp/tls.key" "$out/"
+# The caBundle for the MutatingWebhookConfiguration: one JSON-patch op per webhook entry
+# (deploy/base/mutatingwebhookconfiguration.yaml has two). One line of base64, no wrapping.
+bundle=$(openssl base64 -A -in "$tmp/ca.crt")
+{
+  for i in 0 1; do
+    printf -- '- op: add\n  path: /webhooks/%s/clientConfig/caBundle\n  value: %s\n' "$i" "$bundle"
+  done
+} > "$out/ca-bundle.patch.yaml"
 chmod 0644 "$out/ca.crt" "$out/tls.crt"
 chmod 0600 "$out/tls.key"
-echo "wrote $out/ca.crt $out/tls.crt $out/tls.key (for ${svc}.${ns}.svc)"
+echo "wrote $out/ca.crt $out/tls.crt $out/tls.key $out/ca-bundle.patch.yaml (for ${svc}.${ns}.svc)"
