@@ -109,6 +109,7 @@ class SysfsTree:
         files.update(dev.extra)
         for name, value in files.items():
             (d / name).write_text(value + "\n")
+        (d / "config").write_bytes(self._config_space(dev))
         self._link(self.sys("bus/pci/devices", dev.address), d)
         if dev.physfn:
             pf = self.dev_dir(dev.physfn)
@@ -124,6 +125,25 @@ class SysfsTree:
             dev.native_driver = dev.driver
         self.set_driver(dev.address, dev.driver)
         return dev
+
+    @staticmethod
+    def _config_space(dev: Dev) -> bytes:
+        """The first 64 bytes of config space, as ``<bdf>/config`` exposes them (lspci reads it)."""
+        import struct
+
+        cls = int(dev.cls, 16)
+        header = 1 if dev.cls.startswith("0604") else 0
+        head = struct.pack(
+            "<HHHHBBBBBBBB",
+            int(dev.vendor, 16), int(dev.device, 16), 0x0007, 0x0010,
+            0x01, cls & 0xFF, (cls >> 8) & 0xFF, (cls >> 16) & 0xFF, 0, 0, header, 0,
+        )
+        body = bytearray(64)
+        body[: len(head)] = head
+        if header == 0:
+            body[0x2C:0x30] = struct.pack("<HH", int(dev.subsystem_vendor, 16),
+                                          int(dev.subsystem_device, 16))
+        return bytes(body)
 
     def ensure_driver(self, name: str) -> Path:
         p = self.sys("bus/pci/drivers", name)

@@ -17,12 +17,13 @@ Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/na
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Iterable
 
 from vfio_dp.errors import AddressError, HostError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group
+from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group, is_vfio_driver
 
 
 def _hex(text: str | None, width: int) -> str:
@@ -63,23 +64,82 @@ def list_addresses(root: Root) -> list[PciAddress]:
     return out
 
 
+def _read_at(dfd: int, name: str) -> str | None:
+    try:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _link_at(dfd: int, name: str) -> str | None:
+    try:
+        return posixpath.basename(os.readlink(name, dir_fd=dfd))
+    except OSError:
+        return None
+
+
+def open_device_dir(root: Root, address: PciAddress) -> int | None:
+    """Open ``<root>/sys/bus/pci/devices/<bdf>`` (a link into ``/sys/devices``) as a dir fd.
+
+    The link's target is checked to stay under ``<root>/sys/`` before it is opened, so a
+    hostile tree cannot point discovery outside the root; files are then read relative to
+    the fd (one path walk per device instead of one per file).
+    """
+    link = root.path("sys", "bus", "pci", "devices", str(address))
+    try:
+        target = os.readlink(link)
+    except OSError:
+        target = None
+    if target is not None:
+        real = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+        if not real.startswith(root.prefix + "/sys/"):
+            return None
+    try:
+        return os.open(link, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
 def read_device(root: Root, address: PciAddress) -> PciDevice | None:
     """Read one device's sysfs directory; None if it is gone (hot-unplugged)."""
-    d = root.path("sys", "bus", "pci", "devices", str(address))
-    vendor = read_text(d + "/vendor")
+    dfd = open_device_dir(root, address)
+    if dfd is None:
+        return None
+    try:
+        return _read_device_at(dfd, address)
+    finally:
+        os.close(dfd)
+
+
+def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
+    vendor = _read_at(dfd, "vendor")
     if vendor is None:
         return None
-    numa = _int(read_text(d + "/numa_node"))
-    override = read_text(d + "/driver_override")
-    physfn = root.link_name(d + "/physfn")
-    group = root.link_name(d + "/iommu_group")
-    numvfs = read_text(d + "/sriov_numvfs")
+    numa = _int(_read_at(dfd, "numa_node"))
+    override = _read_at(dfd, "driver_override")
+    driver = _link_at(dfd, "driver")
+    group = _link_at(dfd, "iommu_group")
+    physfn = _link_at(dfd, "physfn")
+    numvfs = _read_at(dfd, "sriov_numvfs")
+    class_code = _hex(_read_at(dfd, "class"), 6)
     cdev: str | None = None
-    try:
-        entries = os.listdir(d + "/vfio-dev")
-        cdev = min(entries) if entries else None
-    except OSError:
-        cdev = None
+    if driver is not None and is_vfio_driver(driver):
+        try:
+            sub = os.open("vfio-dev", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+        except OSError:
+            sub = -1
+        if sub >= 0:
+            try:
+                entries = os.listdir(sub)
+            finally:
+                os.close(sub)
+            cdev = min(entries) if entries else None
     try:
         physfn_addr = PciAddress.parse(physfn) if physfn else None
     except AddressError:
@@ -87,17 +147,17 @@ def read_device(root: Root, address: PciAddress) -> PciDevice | None:
     return PciDevice(
         address=address,
         vendor=_hex(vendor, 4),
-        device=_hex(read_text(d + "/device"), 4),
-        class_code=_hex(read_text(d + "/class"), 6),
-        subsystem_vendor=_hex(read_text(d + "/subsystem_vendor"), 4),
-        subsystem_device=_hex(read_text(d + "/subsystem_device"), 4),
-        driver=root.link_name(d + "/driver"),
+        device=_hex(_read_at(dfd, "device"), 4),
+        class_code=class_code,
+        subsystem_vendor=_hex(_read_at(dfd, "subsystem_vendor"), 4),
+        subsystem_device=_hex(_read_at(dfd, "subsystem_device"), 4),
+        driver=driver,
         driver_override=None if override in (None, "", "(null)") else override,
         iommu_group=_int(group) if group is not None else None,
         numa_node=None if numa is None or numa < 0 else numa,
         physfn=physfn_addr,
         sriov_numvfs=_int(numvfs),
-        boot_vga=read_text(d + "/boot_vga") == "1",
+        boot_vga=class_code.startswith("03") and _read_at(dfd, "boot_vga") == "1",
         vfio_cdev=cdev,
     )
 
@@ -121,38 +181,36 @@ def iommu_present(root: Root) -> bool:
         return False
 
 
-def read_groups(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[int, IommuGroup]:
-    """Group membership from ``<root>/sys/kernel/iommu_groups/<N>/devices/`` and the verdict.
+def noiommu_enabled(root: Root) -> bool:
+    """``<root>/sys/module/vfio/parameters/enable_unsafe_noiommu_mode`` is ``Y``."""
+    flag = read_text(root.path("sys", "module", "vfio", "parameters", "enable_unsafe_noiommu_mode"))
+    return flag == "Y"
 
-    Members come from the group directory (the kernel's list), not from the devices' links,
-    so a device missing from ``devices`` (it vanished mid-scan) is simply not analysed.
+
+def read_groups(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[int, IommuGroup]:
+    """Groups from ``<root>/sys/kernel/iommu_groups/<N>`` and each device's ``iommu_group``
+    link (the kernel keeps both in step), with the viability verdict.
+
+    Group numbers come from the directory listing (so an empty group still shows);
+    membership from the devices' links (one readlink per device was already done, instead
+    of one listdir per group). ``<N>/name`` (``vfio-noiommu``) is read only when the vfio
+    module's unsafe no-IOMMU mode is on.
     """
     base = root.path("sys", "kernel", "iommu_groups")
     try:
         names = os.listdir(base)
     except OSError:
         return {}
+    members: dict[int, list[PciDevice]] = {int(n): [] for n in names if n.isdigit()}
+    for dev in devices.values():
+        if dev.iommu_group is not None and dev.iommu_group in members:
+            members[dev.iommu_group].append(dev)
+    noiommu = noiommu_enabled(root)
     groups: dict[int, IommuGroup] = {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        number = int(name)
-        try:
-            member_names = os.listdir(f"{base}/{name}/devices")
-        except OSError:
-            member_names = []
-        members: list[PciDevice] = []
-        for m in member_names:
-            try:
-                addr = PciAddress.parse(m)
-            except AddressError:
-                continue
-            dev = devices.get(addr)
-            if dev is not None:
-                members.append(dev)
-        noiommu = read_text(f"{base}/{name}/name") == "vfio-noiommu"
-        groups[number] = analyse_group(number, members, noiommu=noiommu)
-    return dict(sorted(groups.items()))
+    for number in sorted(members):
+        is_noiommu = noiommu and read_text(f"{base}/{number}/name") == "vfio-noiommu"
+        groups[number] = analyse_group(number, members[number], noiommu=is_noiommu)
+    return groups
 
 
 def device_dir(root: Root, address: PciAddress) -> str:

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Benchmark: `list` and `groups` over a synthetic 4,096-function PCI tree.
+
+Builds (with the test fixture, real files and relative links) 64 root ports, each with an
+SR-IOV PF and its 63 VFs (64 x 64 = 4,096 functions plus the bridges), then prints a table:
+in-process time of the library calls behind `vfioctl list` and `vfioctl groups`, and
+whole-command times next to `lspci -D -k` reading the same tree
+(`lspci -A linux-sysfs -O sysfs.path=<tree>/sys/bus/pci`). Medians of several runs.
+Targets: < 0.3 s in-process each; whole command no slower than lspci.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.sysfs_tree import Dev, SysfsTree  # noqa: E402
+from vfio_dp.host import Host  # noqa: E402
+
+PFS, VFS = 64, 63
+
+
+def build(base: Path) -> SysfsTree:
+    t = SysfsTree(base)
+    group = 0
+    for pf in range(PFS):
+        port = f"0000:00:{pf // 8 + 1:02x}.{pf % 8}"
+        t.add(Dev(port, "8086", "a110", "060400", driver="pcieport", group=group))
+        group += 1
+        bus = pf + 0x10
+        pfa = f"0000:{bus:02x}:00.0"
+        t.add(Dev(pfa, "15b3", "101b", "020000", driver="mlx5_core", group=group, parent=port,
+                  numa=pf % 2, sriov_totalvfs=VFS, sriov_numvfs=VFS))
+        group += 1
+        for vf in range(1, VFS + 1):
+            addr = f"0000:{bus:02x}:{vf // 8:02x}.{vf % 8}"
+            t.add(Dev(addr, "15b3", "101c", "020000", driver="vfio-pci", group=group,
+                      parent=port, numa=pf % 2, physfn=pfa))
+            group += 1
+    return t
+
+
+def median_time(fn: Callable[[], object], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    runs = int(os.environ.get("BENCH_RUNS", "7"))
+    base = Path(tempfile.mkdtemp(prefix="vfio_bench_"))
+    try:
+        t0 = time.perf_counter()
+        tree = build(base)
+        n = len(tree.devs)
+        print(f"built {n} PCI functions ({PFS} PFs x {VFS} VFs + {PFS} bridges) "
+              f"in {time.perf_counter() - t0:.1f}s under {base}")
+        host = Host(tree.root)
+        rows: list[tuple[str, float, str]] = []
+        rows.append(("list in-process (scan + host use + pci.ids names)",
+                     median_time(lambda: host.scan(names=True), runs), "< 0.300"))
+        rows.append(("groups in-process (scan + group analysis)",
+                     median_time(lambda: host.scan(usage=False).groups, runs), "< 0.300"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+        vfioctl = shutil.which("vfioctl") or "vfioctl"
+
+        def cmd(args: list[str]) -> Callable[[], object]:
+            return lambda: subprocess.run(
+                args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+            )
+
+        lspci = shutil.which("lspci")
+        lspci_t = None
+        if lspci:
+            lspci_t = median_time(cmd([lspci, "-D", "-k", "-A", "linux-sysfs", "-O",
+                                       f"sysfs.path={tree.root}/sys/bus/pci"]), runs)
+            rows.append(("lspci -D -k (same tree)", lspci_t, "reference"))
+        target = f"<= {lspci_t:.3f}" if lspci_t else "lspci missing"
+        rows.append(("vfioctl list -o json (whole command)",
+                     median_time(cmd([vfioctl, "list", "--root", str(tree.root), "-o", "json"]),
+                                 runs), target))
+        rows.append(("vfioctl groups -o json (whole command)",
+                     median_time(cmd([vfioctl, "groups", "--root", str(tree.root), "-o", "json"]),
+                                 runs), target))
+        print(f"\n{'what':58} {'median s':>9}  target")
+        for what, secs, tgt in rows:
+            print(f"{what:58} {secs:9.3f}  {tgt}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""vfioctl list/groups/bind/unbind/check as a user runs them: real processes, temp trees.
+
+Binding here uses `--dry-run` or refusals only: a real write to a temp tree would not be
+acted on (no kernel behind it); the bind logic itself is tested with the kernel simulator
+(tests/host/test_bind.py) and on the real kernel (tests/guest/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.sysfs_tree import Dev, SysfsTree
+
+VFIOCTL = [sys.executable, "-c", "from cli.main import main; main()"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    e.update(env or {})
+    return subprocess.run([*VFIOCTL, *args], capture_output=True, text=True, env=e, timeout=60)
+
+
+def test_list_json_fields(tree: SysfsTree) -> None:
+    p = run("list", "--root", str(tree.root), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    gpu = rows["0000:3b:00.0"]
+    assert gpu["vendor"] == "10de" and gpu["device"] == "1eb8" and gpu["class"] == "030200"
+    assert gpu["driver"] == "nvidia" and gpu["iommu_group"] == 45 and gpu["numa_node"] == 0
+    assert gpu["resource"] == "devices.kubevirt.io/10de_1eb8" and gpu["in_use"] == []
+    assert rows["0000:00:00.0"]["numa_node"] is None and rows["0000:00:1f.0"]["driver"] is None
+    assert any("mounted" in r for r in rows["0000:00:02.0"]["in_use"])
+    if Path("/usr/share/misc/pci.ids").exists():
+        assert gpu["vendor_name"] == "NVIDIA Corporation"
+
+
+def test_root_from_env_and_config_names(tree: SysfsTree, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('selectors: [{vendor: "10de", resourceName: gpu.example.com/t4}]\n')
+    p = run("list", "-o", "json", env={"VFIOCTL_ROOT": str(tree.root), "VFIOCTL_CONFIG": str(cfg)})
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rows["0000:3b:00.0"]["resource"] == "gpu.example.com/t4"
+
+
+def test_groups_json(tree: SysfsTree) -> None:
+    p = run("groups", "--root", str(tree.root), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    groups = {g["group"]: g for g in json.loads(p.stdout)}
+    assert groups[45]["viable"] is False
+    assert {x["address"] for x in groups[45]["problems"]} == {"0000:3b:00.0", "0000:3b:00.1"}
+    assert groups[50]["viable"] is True
+    # /dev/vfio/50 in a temp tree is a plain file: the kernel's verdict is unknown, not faked
+    assert groups[50]["kernel_viable"] is None and groups[50]["in_use"] is False
+    assert groups[45]["kernel_viable"] is None and groups[45]["in_use"] is None
+
+
+def test_groups_without_iommu(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path, iommu=False)
+    t.add(Dev("0000:01:00.0", "8086", "10d3", "020000", driver="e1000e", group=1))
+    p = run("groups", "--root", str(t.root), "-o", "json")
+    assert p.returncode == 0 and json.loads(p.stdout) == []
+    assert "no IOMMU groups" in p.stderr and "intel_iommu=on" in p.stderr
+
+
+@pytest.mark.parametrize("bad", ["../", "/sys/bus/pci/devices/0000:01:00.0", "0000:01:*.0"])
+def test_bad_address_is_usage_error(tree: SysfsTree, bad: str) -> None:
+    p = run("bind", "--root", str(tree.root), bad)
+    assert p.returncode == 2 and repr(bad) in p.stderr and "DDDD:BB:SS.F" in p.stderr
+
+
+def test_bind_refusals_exit_1_and_touch_nothing(tree: SysfsTree) -> None:
+    before = tree.override_of("0000:3b:00.0")
+    p = run("bind", "--root", str(tree.root), "0000:3b:00.0")
+    assert p.returncode == 1
+    assert "vfioctl bind --group 0000:3b:00.0" in p.stderr
+    p = run("bind", "--root", str(tree.root), "0000:00:03.0")
+    assert p.returncode == 1 and "eth0 is up" in p.stderr and "--force" in p.stderr
+    assert tree.override_of("0000:3b:00.0") == before
+    assert not (tree.root / "var/lib/vfio_dp/original").exists()
+
+
+def test_bind_dry_run_json(tree: SysfsTree) -> None:
+    p = run("bind", "--root", str(tree.root), "--group", "--dry-run", "-o", "json", "3b:00.0")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["dry_run"] is True and len(out["steps"]) == 6
+    assert out["steps"][1].endswith("/sys/bus/pci/drivers/nvidia/unbind")
+
+
+def test_bind_already_bound_is_noop(tree: SysfsTree) -> None:
+    p = run("bind", "--root", str(tree.root), "0000:65:00.0")
+    assert p.returncode == 0 and "already on vfio-pci" in p.stdout
+
+
+def test_unknown_device(tree: SysfsTree) -> None:
+    p = run("check", "--root", str(tree.root), "0000:99:00.0")
+    assert p.returncode == 1 and "no PCI device 0000:99:00.0" in p.stderr
+
+
+def test_check(tree: SysfsTree) -> None:
+    p = run("check", "--root", str(tree.root), "-o", "json", "0000:65:00.0", "0000:3b:00.0")
+    assert p.returncode == 1
+    rep = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rep["0000:65:00.0"]["ready"] is True
+    assert not rep["0000:3b:00.0"]["ready"]
+    assert any("vfioctl bind --group 0000:3b:00.0" in r for r in rep["0000:3b:00.0"]["reasons"])
+    p = run("check", "--root", str(tree.root), "0000:65:00.0")
+    assert p.returncode == 0 and "ready" in p.stdout
+
+
+def test_list_is_import_light(tree: SysfsTree) -> None:
+    code = (
+        "import sys; from cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('grpc', 'kubernetes', 'libvirt', 'aiohttp', 'google.protobuf')"
+        " if m in sys.modules]\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    for cmd in (["list"], ["groups"], ["bind", "--dry-run", "0000:03:01.0", "--group"]):
+        p = subprocess.run(
+            [sys.executable, "-c", code, *cmd, "--root", str(tree.root)],
+            capture_output=True, text=True, env=e, timeout=60,
+        )
+        assert "HEAVY []" in p.stderr, (cmd, p.stderr)
