@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.sysfs_tree import Dev, SysfsTree  # noqa: E402
-from vfio_dp.host import Host  # noqa: E402
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.host import Host
 
 PFS, VFS = 64, 63
 
