@@ -1,0 +1,277 @@
+"""The webhook's Deployment, Service, TLS and MutatingWebhookConfiguration agree with the
+`vfioctl webhook` command and with what vm_translate actually translates."""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from tests.deploy.conftest import INSTALLABLE, TARGETS, Obj, all_of, find
+from tests.deploy.helpers import (
+    check_envvars,
+    command,
+    container,
+    container_port,
+    parse_cli_args,
+    volume_for_path,
+)
+
+NAMESPACE = "vfio-dp"
+#: Resource plural and API group of each kind vm_translate handles.
+PLURALS = {
+    "VirtualMachineInstance": ("kubevirt.io", "virtualmachineinstances"),
+    "VirtualMachine": ("kubevirt.io", "virtualmachines"),
+    "Pod": ("", "pods"),
+}
+
+
+@pytest.fixture(scope="module")
+def webhook_cmd() -> click.Command:
+    return command("cli.vm_cmds", "webhook")
+
+
+def _webhook(objs: list[Obj]) -> tuple[Obj, Obj, Obj]:
+    dep = find(objs, "Deployment", "vfio-dp-webhook")
+    spec = dep["spec"]["template"]["spec"]
+    return dep, spec, container(spec, "webhook")
+
+
+def _args(ctr: Obj, cmd: click.Command) -> dict[str, Any]:
+    assert ctr["command"] == ["vfioctl"] and ctr["args"][0] == "webhook"
+    check_envvars(cmd, ctr.get("env", []))
+    return parse_cli_args(cmd, ctr["args"][1:])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_flags_exist_and_the_pod_serves_https(
+    rendered: dict[str, list[Obj]], target: str, webhook_cmd: click.Command
+) -> None:
+    objs = rendered[target]
+    dep, spec, ctr = _webhook(objs)
+    given = _args(ctr, webhook_cmd)
+    assert not given.get("self_signed"), "--self-signed is for development, not the cluster"
+    port = given.get("port", 8443)
+    assert port in [p["containerPort"] for p in ctr["ports"]]
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = ctr[probe]["httpGet"]
+        assert get["path"] == "/healthz" and get["scheme"] == "HTTPS"
+        assert container_port(ctr, get["port"]) == port
+    # TLS files come from one Secret volume, mounted as a directory (rotation reaches the pod).
+    cert, key = given["tls_cert"], given["tls_key"]
+    assert posixpath.dirname(cert) == posixpath.dirname(key)
+    mount, volume = volume_for_path(spec, ctr, posixpath.dirname(cert))
+    assert "secret" in volume and not mount.get("subPath")
+    # The same ConfigMap as the daemon, so names agree.
+    mount, volume = volume_for_path(spec, ctr, posixpath.dirname(given["config_path"]))
+    ds_spec = find(objs, "DaemonSet")["spec"]["template"]["spec"]
+    ds_cms = {v["configMap"]["name"] for v in ds_spec["volumes"] if "configMap" in v}
+    assert volume["configMap"]["name"] in ds_cms
+    # Non-root, no privileges.
+    sc = {**spec.get("securityContext", {}), **ctr.get("securityContext", {})}
+    assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
+    # Availability: 2 replicas, and a PDB that keeps one.
+    assert dep["spec"]["replicas"] == 2
+    pdb = find(objs, "PodDisruptionBudget")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["minAvailable"] == 1
+    # The Service reaches that port.
+    svc = find(objs, "Service", "vfio-dp-webhook")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (sp,) = svc["spec"]["ports"]
+    assert container_port(ctr, sp["targetPort"]) == port
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rbac_is_nodes_read_only_and_only_with_check_nodes(
+    rendered: dict[str, list[Obj]], target: str, webhook_cmd: click.Command
+) -> None:
+    objs = rendered[target]
+    _, spec, ctr = _webhook(objs)
+    check_nodes = bool(_args(ctr, webhook_cmd).get("check_nodes"))
+    sa = spec["serviceAccountName"]
+    grants = [
+        b
+        for b in (*all_of(objs, "RoleBinding"), *all_of(objs, "ClusterRoleBinding"))
+        if any(s["name"] == sa and s.get("namespace") == NAMESPACE for s in b["subjects"])
+    ]
+    if not check_nodes:
+        assert not grants and spec["automountServiceAccountToken"] is False
+        return
+    assert spec["automountServiceAccountToken"] is True
+    assert len(grants) == 1 and grants[0]["kind"] == "ClusterRoleBinding"
+    role = find(objs, "ClusterRole", grants[0]["roleRef"]["name"])
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def _handled() -> tuple[set[str], str, tuple[str, ...]]:
+    try:
+        from vm_translate import spec
+    except ImportError as e:
+        pytest.fail(f"vm_translate.spec is not importable ({e})")
+    kinds = {spec.VMI_KIND, spec.VM_KIND, spec.POD_KIND}
+    lists = tuple(key for key, _ in spec.DEVICE_LISTS)
+    return kinds, spec.PASSTHROUGH_ANNOTATION, lists
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_webhook_configuration_matches_what_is_translated(
+    rendered: dict[str, list[Obj]], target: str
+) -> None:
+    objs = rendered[target]
+    kinds, annotation, lists = _handled()
+    mwc = find(objs, "MutatingWebhookConfiguration")
+    svc = find(objs, "Service", "vfio-dp-webhook")
+    seen: set[tuple[str, str]] = set()
+    for wh in mwc["webhooks"]:
+        ref = wh["clientConfig"]["service"]
+        assert (ref["name"], ref["namespace"]) == (svc["metadata"]["name"], NAMESPACE)
+        assert ref["path"] == "/mutate"
+        assert ref["port"] in [p["port"] for p in svc["spec"]["ports"]]
+        assert wh["sideEffects"] == "None" and wh["admissionReviewVersions"] == ["v1"]
+        assert 1 <= wh["timeoutSeconds"] <= 10
+        assert wh["failurePolicy"] in ("Fail", "Ignore")
+        excluded = {
+            v
+            for e in wh["namespaceSelector"]["matchExpressions"]
+            if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
+            for v in e["values"]
+        }
+        assert {NAMESPACE, "kube-system"} <= excluded, "never block our own or system pods"
+        for rule in wh["rules"]:
+            assert set(rule["operations"]) <= {"CREATE", "UPDATE"}
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    seen.add((group, res))
+        exprs = " ".join(c["expression"] for c in wh.get("matchConditions", []))
+        if any(r == "pods" for rule in wh["rules"] for r in rule["resources"]):
+            assert f"'{annotation}'" in exprs, "pods must be filtered by the annotation"
+            assert wh["rules"][0]["operations"] == ["CREATE"]
+        else:
+            for key in lists:
+                assert key in exprs, f"VM condition ignores {key}"
+    assert seen == {PLURALS[k] for k in kinds}, "rules must cover exactly the translated kinds"
+
+
+# --------------------------------------------------------------- CEL match conditions, run
+
+
+def _program(expression: str) -> Any:
+    celpy = pytest.importorskip(
+        "celpy", reason="cel-python is not installed: the match conditions are not evaluated"
+    )
+    env = celpy.Environment()
+    return env.program(env.compile(expression)), celpy
+
+
+def _matches(wh: Obj, request: Obj) -> bool:
+    result = True
+    for cond in wh.get("matchConditions", []):
+        prg, celpy = _program(cond["expression"])
+        result = result and bool(prg.evaluate(celpy.json_to_cel(request)))
+    return result
+
+
+def _review(op: str, resource: str, obj: Obj, old: Obj | None = None) -> Obj:
+    return {
+        "request": {"operation": op, "resource": {"resource": resource}},
+        "object": obj,
+        "oldObject": old,
+    }
+
+
+def test_match_conditions_select_exactly_the_objects_with_devices(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    _, annotation, _ = _handled()
+    mwc = find(rendered["base"], "MutatingWebhookConfiguration")
+    vms = next(w for w in mwc["webhooks"] if "pods" not in w["rules"][0]["resources"])
+    pods = next(w for w in mwc["webhooks"] if "pods" in w["rules"][0]["resources"])
+    dev = {"hostDevices": [{"name": "n", "deviceName": "8086:10d3"}]}
+    gpu = {"gpus": [{"name": "g", "deviceName": "10de:1eb8"}]}
+    vmi = {"spec": {"domain": {"devices": dev}}}
+    vm = {"spec": {"template": {"spec": {"domain": {"devices": gpu}}}}}
+    plain_vmi = {"spec": {"domain": {"devices": {"disks": []}}}}
+    plain_vm = {"spec": {"running": True}}
+    assert _matches(vms, _review("CREATE", "virtualmachineinstances", vmi))
+    assert _matches(vms, _review("CREATE", "virtualmachines", vm))
+    assert not _matches(vms, _review("CREATE", "virtualmachineinstances", plain_vmi))
+    assert not _matches(vms, _review("CREATE", "virtualmachines", plain_vm))
+    # A controller's update that leaves the spec alone never calls the webhook.
+    assert not _matches(vms, _review("UPDATE", "virtualmachines", vm, vm))
+    edited = {"spec": {"template": {"spec": {"domain": {"devices": {**gpu, **dev}}}}}}
+    assert _matches(vms, _review("UPDATE", "virtualmachines", edited, vm))
+    annotated = {"metadata": {"annotations": {annotation: "[]"}}}
+    assert _matches(pods, _review("CREATE", "pods", annotated))
+    assert not _matches(pods, _review("CREATE", "pods", {"metadata": {"name": "p"}}))
+    assert not _matches(pods, _review("CREATE", "pods", {"metadata": {"annotations": {"x": "y"}}}))
+
+
+# --------------------------------------------------------------------------------- TLS
+
+
+def _secret_name(objs: list[Obj]) -> str:
+    _, spec, _ = _webhook(objs)
+    tls = next(v for v in spec["volumes"] if "secret" in v)
+    return str(tls["secret"]["secretName"])
+
+
+def _service_dns(objs: list[Obj]) -> set[str]:
+    name = find(objs, "Service", "vfio-dp-webhook")["metadata"]["name"]
+    return {f"{name}.{NAMESPACE}.svc", f"{name}.{NAMESPACE}.svc.cluster.local"}
+
+
+@pytest.mark.parametrize("target", [t for t in INSTALLABLE if t != "overlays/cert-manager"])
+def test_self_signed_ca_bundle_verifies_the_served_certificate(
+    rendered: dict[str, list[Obj]], target: str, tmp_path: Path
+) -> None:
+    objs = rendered[target]
+    secret = find(objs, "Secret", _secret_name(objs))
+    assert secret["type"] == "kubernetes.io/tls"
+    files = {}
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        files[key] = tmp_path / key
+        files[key].write_bytes(base64.b64decode("".join(secret["data"][key].split())))
+    ca = files["ca.crt"].read_bytes()
+    for wh in find(objs, "MutatingWebhookConfiguration")["webhooks"]:
+        assert base64.b64decode(wh["clientConfig"]["caBundle"], validate=True) == ca
+    subprocess.run(
+        ["openssl", "verify", "-CAfile", files["ca.crt"], files["tls.crt"]],
+        check=True,
+        capture_output=True,
+    )
+    san = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", files["tls.crt"]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for dns in _service_dns(objs):
+        assert f"DNS:{dns}" in san
+
+
+def test_cert_manager_certificate_feeds_the_pod_and_the_ca_injection(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    objs = rendered["overlays/cert-manager"]
+    mwc = find(objs, "MutatingWebhookConfiguration")
+    ns, _, name = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].partition("/")
+    cert = find(objs, "Certificate", name)
+    assert ns == cert["metadata"]["namespace"] == NAMESPACE
+    assert cert["spec"]["secretName"] == _secret_name(objs)
+    assert _service_dns(objs) <= set(cert["spec"]["dnsNames"])
+    assert "server auth" in cert["spec"]["usages"]
+    issuer = find(objs, "Issuer", cert["spec"]["issuerRef"]["name"])
+    ca_cert = next(c for c in all_of(objs, "Certificate") if c["spec"].get("isCA"))
+    assert issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
+    find(objs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"]["selfSigned"]
+    assert not any("caBundle" in w["clientConfig"] for w in mwc["webhooks"])
