@@ -1,0 +1,277 @@
+"""The webhook over REAL TLS on loopback: a real aiohttp server, a real HTTPS client,
+real AdmissionReview JSON, malformed/oversized/slow bodies and certificate rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from vfio_dp.model.config import Config
+from vm_translate.errors import NodeCheckError, TlsError
+from vm_translate.nodes import NodeResources
+from vm_translate.tls import CertBundle, self_signed
+from vm_translate.webhook import Webhook, WebhookSettings
+
+GPU = "devices.kubevirt.io/10de_1eb8"
+
+
+@dataclass
+class Running:
+    hook: Webhook
+    url: str
+    client_ctx: ssl.SSLContext
+    cert: Path
+    key: Path
+    bundle: CertBundle
+
+
+def client_context(ca: bytes) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca.decode())
+
+
+async def start(tmp_path: Path, config: Config, **kw: Any) -> Running:
+    bundle = self_signed(["localhost", "127.0.0.1"])
+    cert, key = bundle.write(tmp_path / "tls")
+    fetch = kw.pop("node_fetch", None)
+    settings = WebhookSettings(str(cert), str(key), host="127.0.0.1", port=0, **kw)
+    hook = await Webhook.start(config, settings, node_fetch=fetch)
+    return Running(
+        hook, f"https://127.0.0.1:{hook.port}", client_context(bundle.ca), cert, key, bundle
+    )
+
+
+@pytest.fixture()
+async def server(tmp_path: Path, config: Config) -> AsyncIterator[Running]:
+    running = await start(tmp_path, config, max_body_bytes=64 * 1024, read_timeout=0.5)
+    yield running
+    await running.hook.stop()
+
+
+def review(obj: dict[str, Any], uid: str = "uid-7") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": "CREATE", "object": obj},
+    }
+
+
+VMI = {
+    "apiVersion": "kubevirt.io/v1",
+    "kind": "VirtualMachineInstance",
+    "metadata": {"name": "vm1", "namespace": "ns"},
+    "spec": {"domain": {"devices": {"hostDevices": [{"name": "nic", "deviceName": "10DE:1EB8"}]}}},
+}
+
+
+async def post(s: Running, data: bytes, path: str = "/mutate") -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            s.url + path, data=data, ssl=s.client_ctx, headers={"Content-Type": "application/json"}
+        ) as r,
+    ):
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+
+async def test_healthz(server: Running) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/healthz", ssl=server.client_ctx) as r,
+    ):
+        assert r.status == 200 and await r.text() == "ok"
+
+
+async def test_vmi_review_gets_patch(server: Running) -> None:
+    status, answer = await post(server, json.dumps(review(VMI)).encode())
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "uid-7" and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(response["patch"])) == [
+        {"op": "replace", "path": "/spec/domain/devices/hostDevices/0/deviceName", "value": GPU}
+    ]
+
+
+async def test_pod_review_patch_escapes_slashes(server: Running) -> None:
+    pod = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "annotations": {
+                "devices.kubevirt.io/passthrough": "- {name: g, vendor: '10de', device: '1eb8', count: 2}"
+            },
+        },
+        "spec": {"containers": [{"name": "compute", "resources": {"limits": {"memory": "1Gi"}}}]},
+    }
+    status, answer = await post(server, json.dumps(review(pod)).encode())
+    assert status == 200
+    ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/resources/limits/devices.kubevirt.io~110de_1eb8",
+        "value": "2",
+    } in ops
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/resources/requests",
+        "value": {GPU: "2"},
+    } in ops
+
+
+async def test_bad_spec_denied_with_message(server: Running) -> None:
+    bad = json.loads(json.dumps(VMI))
+    bad["spec"]["domain"]["devices"]["hostDevices"][0]["deviceName"] = "10de:zz"
+    status, answer = await post(server, json.dumps(review(bad, uid="x")).encode())
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "x" and response["allowed"] is False
+    assert "hostDevices[0] (name 'nic').deviceName: '10de:zz'" in response["status"]["message"]
+    assert "each ID is exactly 4 hex digits" in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"{{{", "body is not JSON"),
+        (b"", "body is not JSON"),
+        (b'{"kind": "Pod", "apiVersion": "v1"}', "kind is 'Pod'"),
+        (
+            json.dumps({**review(VMI), "request": {"object": VMI}}).encode(),
+            "request.uid is missing",
+        ),
+        (b'"AdmissionReview"', "not a JSON object"),
+    ],
+)
+async def test_malformed_bodies_get_400_with_reason(
+    server: Running, data: bytes, reason: str
+) -> None:
+    status, answer = await post(server, data)
+    assert status == 400
+    assert reason in answer["error"]
+    # and the server is still fine afterwards
+    assert (await post(server, json.dumps(review(VMI)).encode()))[0] == 200
+
+
+async def test_oversized_body_gets_413(server: Running) -> None:
+    big = json.dumps(review({**VMI, "padding": "x" * (128 * 1024)})).encode()
+    status, _ = await post(server, big)
+    assert status == 413
+
+
+async def test_get_on_mutate_is_405(server: Running) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/mutate", ssl=server.client_ctx) as r,
+    ):
+        assert r.status == 405
+
+
+async def test_slow_body_times_out_with_408(server: Running) -> None:
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", server.hook.port, ssl=server.client_ctx, server_hostname="127.0.0.1"
+    )
+    writer.write(
+        b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readline(), timeout=5)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    writer.close()
+
+
+async def test_plain_http_is_not_served(server: Running) -> None:
+    with pytest.raises(aiohttp.ClientError):
+        async with aiohttp.ClientSession() as session:
+            await session.post(f"http://127.0.0.1:{server.hook.port}/mutate", data=b"{}")
+
+
+async def test_untrusted_client_fails_handshake(server: Running) -> None:
+    other = self_signed(["localhost"])
+    with pytest.raises(aiohttp.ClientConnectorCertificateError):
+        async with aiohttp.ClientSession() as session:
+            await session.get(server.url + "/healthz", ssl=client_context(other.ca))
+
+
+async def _peer_fingerprint(s: Running, ctx: ssl.SSLContext) -> str:
+    _, writer = await asyncio.open_connection(
+        "127.0.0.1", s.hook.port, ssl=ctx, server_hostname="127.0.0.1"
+    )
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    return hashlib.sha256(der).hexdigest()
+
+
+async def test_certificate_reloaded_when_files_change(tmp_path: Path, config: Config) -> None:
+    s = await start(tmp_path, config, reload_interval=0.05)
+    try:
+        before = await _peer_fingerprint(s, s.client_ctx)
+        rotated = self_signed(["localhost", "127.0.0.1"])
+        rotated.write(tmp_path / "tls")  # in place, like a Secret volume update
+        new_ctx = client_context(rotated.ca)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            try:
+                after = await _peer_fingerprint(s, new_ctx)
+                break
+            except ssl.SSLError:
+                continue
+        else:
+            pytest.fail("the webhook never presented the rotated certificate")
+        assert after != before
+        # a broken rotation (garbage key) keeps the working certificate
+        (tmp_path / "tls" / "tls.key").write_text("garbage")
+        assert not s.hook.tls.reload_if_changed()
+        assert await _peer_fingerprint(s, new_ctx) == after
+    finally:
+        await s.hook.stop()
+
+
+def test_missing_cert_files_named(tmp_path: Path) -> None:
+    from vm_translate.tls import server_context
+
+    with pytest.raises(TlsError, match=r"cannot load TLS certificate .*nope\.crt"):
+        server_context(str(tmp_path / "nope.crt"), str(tmp_path / "nope.key"))
+
+
+async def test_node_check_over_tls(tmp_path: Path, config: Config) -> None:
+    nodes = [NodeResources("n1", {"example.com/mlx": 2})]
+
+    async def fetch() -> list[NodeResources]:
+        return nodes
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch)
+    try:
+        status, answer = await post(s, json.dumps(review(VMI)).encode())
+        assert status == 200 and answer["response"]["allowed"] is False
+        assert (
+            "devices.kubevirt.io/10de_1eb8: 1 requested" in answer["response"]["status"]["message"]
+        )
+    finally:
+        await s.hook.stop()
+
+
+async def test_node_check_failure_allows_with_warning(tmp_path: Path, config: Config) -> None:
+    async def fetch() -> list[NodeResources]:
+        raise NodeCheckError("cannot list nodes: forbidden")
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch)
+    try:
+        status, answer = await post(s, json.dumps(review(VMI)).encode())
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert "device availability not checked" in answer["response"]["warnings"][0]
+    finally:
+        await s.hook.stop()
