@@ -24,6 +24,7 @@ ROOT_MOUNTS = (
     ("proc", "/proc", False),  # /proc/1/mountinfo, /proc/swaps
     ("var/lib/vfio_dp", "/var/lib/vfio_dp", True),  # persisted state (original drivers)
     ("run/vfio_dp", "/run/vfio_dp", True),  # runtime state
+    ("lib/modules", "/lib/modules", False),  # `modprobe -d <root> vfio-pci`
 )
 
 
@@ -77,10 +78,6 @@ def test_flags_exist_and_mounts_match(
     mount, volume = volume_for_path(spec, ctr, prdir)
     assert volume["hostPath"]["path"] == prdir and mount.get("readOnly") is True
 
-    # Host kernel modules for modprobe vfio-pci, read-only, where modprobe looks.
-    mount, volume = volume_for_path(spec, ctr, "/lib/modules")
-    assert volume["hostPath"]["path"] == "/lib/modules" and mount.get("readOnly") is True
-
     # --config: a ConfigMap directory mount (no subPath, so updates arrive), key present,
     # and the content is a config the daemon accepts.
     cfg = given["config_path"]
@@ -124,7 +121,6 @@ def test_host_access_is_what_the_daemon_needs(rendered: dict[str, list[Obj]], ta
             assert subject["name"] != sa, f"{binding['metadata']['name']} grants the daemon access"
     # Every hostPath is one the daemon reads (nothing extra from the host).
     allowed = {host for _, host, _ in ROOT_MOUNTS} | {
-        "/lib/modules",
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
     }
