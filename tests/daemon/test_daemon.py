@@ -64,7 +64,14 @@ async def test_allocate_prestart_and_the_record(tree: SysfsTree, kubelet: Kubele
     # HOST paths, never prefixed with --root
     assert [(d.host_path, d.container_path, d.permissions) for d in resp.devices] == [
         ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"), ("/dev/vfio/50", "/dev/vfio/50", "mrw")]
-    record = json.loads((tree.root / "var/lib/vfio_dp/allocations.json").read_text())
+    path = tree.root / "var/lib/vfio_dp/allocations.json"
+    for _ in range(100):  # written behind Allocate: wait (bounded) for the writer
+        if path.exists():
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"{path} was not written within 2 s of Allocate")
+    record = json.loads(path.read_text())
     assert record["allocations"][NIC_ID]["groupNode"] == "/dev/vfio/50"
     await kubelet.prestart(NIC, [NIC_ID])
 
@@ -244,3 +251,31 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
                            listed("devices.kubevirt.io/disk", {"0000:00:02.0": "Unhealthy"}))
     await daemon.stop()  # never unbinds on stop
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
+
+
+async def test_a_uevent_triggers_a_rescan_well_within_1s(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    daemon = await start_daemon(resync=60)  # no resync help: only the event can do it
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    tree.set_driver(NIC_ID, "e1000e")
+    daemon._on_uevent("unbind 0000:65:00.0")  # what UeventSource calls for a netlink message
+    took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
+    assert took < 1.0
+    assert daemon.metrics.get("vfio_dp_uevents_total") == 1
+
+
+def test_kernel_uevent_socket_opens_here() -> None:
+    """The netlink kernel source can be opened where the tests run (events themselves cannot
+    be provoked safely here: that would mean rebinding this machine's own devices)."""
+    from vfio_dp.daemon.uevents import UeventSource
+
+    loop = asyncio.new_event_loop()
+    try:
+        src = UeventSource(lambda what: None)
+        if not src.start(loop):
+            pytest.skip("no netlink uevent socket in this environment")
+        assert src.fd is not None
+        src.stop(loop)
+    finally:
+        loop.close()

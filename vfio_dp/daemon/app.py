@@ -137,6 +137,7 @@ class Daemon:
         self._dirty = asyncio.Event()
         self._dirty_reason = "resync"
         self._stop = asyncio.Event()
+        self._persist = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: asyncio.Server | None = None
         self._last_scan = 0.0
@@ -168,6 +169,7 @@ class Daemon:
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),
             asyncio.create_task(self._watch_loop(), name="watch"),
+            asyncio.create_task(self._persist_loop(), name="persist"),
         ]
         self._started = True
 
@@ -192,6 +194,7 @@ class Daemon:
             *(self._close(ep) for ep in self.endpoints.values()), return_exceptions=True
         )
         self.endpoints.clear()
+        self._flush_record()
         self.uevents.stop(asyncio.get_running_loop())
         if self._http is not None:
             self._http.close()
@@ -387,6 +390,23 @@ class Daemon:
             except Exception:  # keep serving the last good listing
                 log.exception("scan after %s failed; keeping the previous device lists", trigger)
 
+    def _flush_record(self) -> None:
+        try:
+            self.store.flush()
+        except OSError as e:
+            self.store.dirty = True
+            log.error("cannot write the allocation record %s: %s", self.store.path, e)
+
+    async def _persist_loop(self) -> None:
+        """Write the allocation record behind Allocate (see :mod:`vfio_dp.daemon.state`)."""
+        while True:
+            await self._persist.wait()
+            self._persist.clear()
+            await self._run(self._flush_record)
+            if self.store.dirty:  # the disk refused: retry soon
+                await asyncio.sleep(1.0)
+                self._persist.set()
+
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
@@ -475,13 +495,8 @@ class Daemon:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
             log.warning("Allocate refused: %s", e)
             raise
-        try:
-            self.store.add(alloc.grants)
-        except OSError as e:
-            self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
-            msg = f"{resource}: cannot record the allocation in {self.store.path}: {e}"
-            log.error("Allocate refused: %s", msg)
-            raise PluginError(msg) from e
+        self.store.add(alloc.grants)
+        self._persist.set()
         self.metrics.inc("vfio_dp_allocations_total", resource=resource)
         log.info(
             "%s: Allocate %s → %s, devices %s",

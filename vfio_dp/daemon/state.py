@@ -1,9 +1,15 @@
 """The allocation record on disk: ``<root>/var/lib/vfio_dp/allocations.json``.
 
 Written atomically (temp file in the same directory, fsync, rename, fsync of the directory)
-before Allocate answers, so after a crash or a reboot it holds exactly what the kubelet's
-checkpoint may replay. The format and its meaning are in :mod:`vfio_dp.plugin.allocation`.
-On the host's disk (the DaemonSet mounts the host root), so it survives node reboots.
+on the host's disk (the DaemonSet mounts the host root), so it survives node reboots like the
+kubelet's checkpoint. The format and its meaning are in :mod:`vfio_dp.plugin.allocation`.
+
+Write-behind, on purpose: Allocate updates the in-memory record (what PreStartContainer in
+this boot checks) and a writer persists it right after, off the request path — an fsync costs
+1.5-12 ms on these disks, more than the whole Allocate budget. The window is safe: if the node
+dies before the write lands, the replayed response finds either no record or an older one for
+that ID, and PreStartContainer fails loudly ("no record" / "renumbered") — never a wrong
+device. ``flush()`` runs on stop.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class AllocationStore:
         self.path = root.joinpath(*RECORD_PATH)
         self.record: AllocationRecord = {}
         self.problem: str | None = None
+        self.dirty = False
 
     def load(self) -> None:
         """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record."""
@@ -46,8 +53,16 @@ class AllocationStore:
             self.record = {}
 
     def add(self, grants: Sequence[Grant]) -> None:
-        """Record ``grants`` durably (raises OSError when the disk refuses)."""
-        record = record_grants(self.record, grants)
+        """Record ``grants`` in memory; :meth:`flush` makes it durable."""
+        self.record = record_grants(self.record, grants)
+        self.dirty = True
+
+    def flush(self) -> None:
+        """Write the record if it changed (raises OSError when the disk refuses)."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        record = self.record
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
@@ -60,4 +75,4 @@ class AllocationStore:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        self.record = record
+        del record
