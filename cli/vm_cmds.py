@@ -1,0 +1,357 @@
+"""``vfioctl webhook | translate | hostdev``: the cluster/pod side (thin: parse, call, print).
+
+Heavy libraries (aiohttp, lxml, libvirt, the Kubernetes client, cryptography) are imported
+inside the command bodies only, so ``vfioctl list`` never pays for them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cli.common import option, run_guarded
+
+_CONFIG_HELP = (
+    "The daemon's YAML config (the same ConfigMap file), used to turn vendor:device into "
+    "resource names. Default: the daemon's default (devices.kubevirt.io/<vendor>_<device>)."
+)
+
+
+def _int_auto(value: str | int) -> int:
+    """``0x10`` or ``16``."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value, 0)
+    except ValueError as e:
+        raise click.BadParameter(f"{value!r} is not a number (hex like 0x10 or decimal)") from e
+
+
+@click.command("webhook")
+@option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help=_CONFIG_HELP)
+@option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@option(
+    "--port", default=8443, show_default=True, type=click.IntRange(0, 65535), help="HTTPS port."
+)
+@option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PEM certificate chain (reloaded when it changes).",
+)
+@option(
+    "--tls-key",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PEM private key of --tls-cert.",
+)
+@option(
+    "--self-signed",
+    is_flag=True,
+    default=False,
+    help="Development: make a throw-away CA and certificate, print the caBundle on stdout.",
+)
+@option(
+    "--san",
+    multiple=True,
+    default=("localhost", "127.0.0.1"),
+    show_default=True,
+    help="Names for --self-signed (repeatable), e.g. vfio-dp-webhook.vfio-dp.svc.",
+)
+@option(
+    "--cert-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where --self-signed writes tls.crt/tls.key/ca.crt (default: a new temp dir).",
+)
+@option(
+    "--max-body-bytes",
+    default=1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="Larger requests get HTTP 413.",
+)
+@option(
+    "--read-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.01),
+    help="Seconds to receive a request body (else 408).",
+)
+@option(
+    "--cert-reload-interval",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.01),
+    help="Seconds between checks of the certificate files.",
+)
+@option(
+    "--check-nodes/--no-check-nodes",
+    default=False,
+    show_default=True,
+    help="Deny VMs whose devices no schedulable node advertises (needs list on nodes).",
+)
+@option(
+    "--node-cache-seconds",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="How long a node list is reused.",
+)
+@option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def webhook(
+    config_path: str | None,
+    address: str,
+    port: int,
+    tls_cert: str | None,
+    tls_key: str | None,
+    self_signed: bool,
+    san: tuple[str, ...],
+    cert_dir: str | None,
+    max_body_bytes: int,
+    read_timeout: float,
+    cert_reload_interval: float,
+    check_nodes: bool,
+    node_cache_seconds: float,
+    log_level: str,
+) -> None:
+    """Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET /healthz."""
+    import logging
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def body() -> int:
+        from pathlib import Path
+        from tempfile import mkdtemp
+
+        from vm_translate.errors import TranslateUsageError
+        from vm_translate.inputs import load_config
+        from vm_translate.webhook import WebhookSettings, run
+
+        config = load_config(config_path)
+        if self_signed == bool(tls_cert or tls_key):
+            raise TranslateUsageError(
+                "give --tls-cert and --tls-key, or --self-signed (exactly one)"
+            )
+        if not self_signed and not (tls_cert and tls_key):
+            raise TranslateUsageError("--tls-cert and --tls-key go together")
+        if self_signed:
+            from vm_translate.tls import self_signed as make_bundle
+
+            bundle = make_bundle(list(san))
+            tls_cert_path, tls_key_path = bundle.write(
+                Path(cert_dir or mkdtemp(prefix="vfioctl-webhook-"))
+            )
+            click.echo(
+                f"# CA: {tls_cert_path.parent / 'ca.crt'}; MutatingWebhookConfiguration clientConfig.caBundle:"
+            )
+            click.echo(bundle.ca_bundle)
+            sys.stdout.flush()
+            cert, key = str(tls_cert_path), str(tls_key_path)
+        else:
+            assert tls_cert and tls_key
+            cert, key = tls_cert, tls_key
+        settings = WebhookSettings(
+            cert_file=cert,
+            key_file=key,
+            host=address,
+            port=port,
+            max_body_bytes=max_body_bytes,
+            read_timeout=read_timeout,
+            reload_interval=cert_reload_interval,
+            check_nodes=check_nodes,
+            node_cache_seconds=node_cache_seconds,
+        )
+        run(
+            config,
+            settings,
+            ready=lambda p: click.echo(f"serving https://{address}:{p}/mutate", err=True),
+        )
+        return 0
+
+    run_guarded(body)
+
+
+@click.command("translate")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help=_CONFIG_HELP)
+@option(
+    "--patch",
+    is_flag=True,
+    default=False,
+    help="Print the JSONPatch (JSON) instead of the mutated object.",
+)
+def translate(file: str, config_path: str | None, patch: bool) -> None:
+    """Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - for stdin).
+
+    Prints the mutated object(s) as YAML, or with --patch one JSON patch per document. Wrong
+    entries are listed on stderr and the exit code is 1.
+    """
+
+    def body() -> int:
+        import json
+
+        import yaml
+
+        from vm_translate.errors import SpecError
+        from vm_translate.inputs import load_config, load_objects, read_text
+        from vm_translate.translate import translate as translate_object
+
+        config = load_config(config_path)
+        objects = load_objects(read_text(file), file)
+        failed = False
+        out: list[str] = []
+        for obj in objects:
+            try:
+                t = translate_object(obj, config)
+            except SpecError as e:
+                click.echo(f"vfioctl: {e}", err=True)
+                failed = True
+                continue
+            if patch:
+                out.append(json.dumps(list(t.patch)))
+            else:
+                out.append(yaml.safe_dump(dict(t.obj), sort_keys=False))
+        if failed:
+            return 1
+        sys.stdout.write(("\n" if patch else "---\n").join(out) + ("\n" if patch else ""))
+        return 0
+
+    run_guarded(body)
+
+
+@click.command("hostdev")
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False, allow_dash=True))
+@option(
+    "--pod-annotation",
+    default=None,
+    help="The pod's devices.kubevirt.io/passthrough value (e.g. via the downward API) instead of SPEC_FILE.",
+)
+@option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help=_CONFIG_HELP)
+@option(
+    "--domain-xml",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Merge into this libvirt domain XML (same alias is replaced).",
+)
+@option(
+    "--multifunction",
+    is_flag=True,
+    default=False,
+    help="Put functions of one physical device on one guest slot.",
+)
+@option(
+    "--guest-bus",
+    default="0x00",
+    show_default=True,
+    callback=lambda _c, _p, v: _int_auto(v),
+    help="Guest PCI bus for --multifunction.",
+)
+@option(
+    "--guest-slot",
+    default="0x10",
+    show_default=True,
+    callback=lambda _c, _p, v: _int_auto(v),
+    help="First guest slot tried for --multifunction.",
+)
+@option(
+    "--connect",
+    default=None,
+    help="libvirt URI (qemu:///system): define (or with --live attach) instead of printing.",
+)
+@option(
+    "--domain",
+    "domain_name",
+    default=None,
+    help="With --connect: the domain to update (instead of --domain-xml).",
+)
+@option(
+    "--live",
+    is_flag=True,
+    default=False,
+    help="With --connect --domain: hot-plug into the running domain.",
+)
+def hostdev(
+    spec_file: str | None,
+    pod_annotation: str | None,
+    config_path: str | None,
+    domain_xml: str | None,
+    multifunction: bool,
+    guest_bus: int,
+    guest_slot: int,
+    connect: str | None,
+    domain_name: str | None,
+    live: bool,
+) -> None:
+    """Allocated PCI_RESOURCE_* addresses → libvirt <hostdev> XML (printed, merged or defined).
+
+    Entries come from SPEC_FILE (VMI, VM or annotated Pod) or --pod-annotation; the i-th entry
+    of a resource gets the i-th address of its env var.
+    """
+
+    def body() -> int:
+        import os
+
+        from vm_translate import hostdev as emitter
+        from vm_translate.allocation import Layout
+        from vm_translate.errors import TranslateUsageError
+        from vm_translate.inputs import (
+            entries_from_annotation,
+            entries_from_object,
+            load_config,
+            load_objects,
+            read_text,
+        )
+
+        if (spec_file is None) == (pod_annotation is None):
+            raise TranslateUsageError("give SPEC_FILE or --pod-annotation (exactly one)")
+        if (domain_name or live) and not connect:
+            raise TranslateUsageError("--domain and --live need --connect URI")
+        if live and not domain_name:
+            raise TranslateUsageError("--live needs --domain NAME")
+        config = load_config(config_path)
+        if spec_file is not None:
+            objects = load_objects(read_text(spec_file), spec_file)
+            if len(objects) != 1:
+                raise TranslateUsageError(f"{spec_file}: holds {len(objects)} objects; give one VM")
+            entries = entries_from_object(objects[0], config)
+        else:
+            assert pod_annotation is not None
+            entries = entries_from_annotation(pod_annotation, config)
+        layout = Layout(bus=guest_bus, first_slot=guest_slot) if multifunction else None
+        xml_in = read_text(domain_xml) if domain_xml else None
+        if connect is None:
+            _, text = emitter.build(
+                entries, os.environ, domain_xml=xml_in, layout=layout, source=domain_xml or ""
+            )
+            sys.stdout.write(text)
+            return 0
+        from vm_translate import libvirt_adapter
+
+        hostdevs, _ = emitter.build(entries, os.environ, domain_xml=xml_in, layout=layout)
+        if live:
+            assert domain_name is not None
+            outcome = libvirt_adapter.attach(connect, domain_name, hostdevs)
+        else:
+            if xml_in is None and domain_name is None:
+                raise TranslateUsageError("with --connect give --domain-xml FILE or --domain NAME")
+            outcome, _ = libvirt_adapter.define(
+                connect, hostdevs, domain_xml=xml_in, domain_name=domain_name
+            )
+        click.echo(
+            f"{outcome.action} {outcome.domain}: {', '.join(outcome.aliases) or 'nothing new'}"
+        )
+        return 0
+
+    run_guarded(body)
+
+
+COMMANDS = [webhook, translate, hostdev]
