@@ -46,8 +46,17 @@ def build_tree(base: Path, devices: int, resources: int) -> tuple[SysfsTree, lis
         names.append(f"devices.kubevirt.io/8086_{dev_id}")
         for i in range(per):
             bus, slot, fn = 1 + n // 256, (n // 8) % 32, n % 8
-            tree.add(Dev(f"0000:{bus:02x}:{slot:02x}.{fn}", "8086", dev_id, "020000",
-                         driver="vfio-pci", group=1000 + n, numa=n % 2))
+            tree.add(
+                Dev(
+                    f"0000:{bus:02x}:{slot:02x}.{fn}",
+                    "8086",
+                    dev_id,
+                    "020000",
+                    driver="vfio-pci",
+                    group=1000 + n,
+                    numa=n % 2,
+                )
+            )
             n += 1
             del i
     return tree, names
@@ -58,8 +67,11 @@ def rss(pid: int) -> tuple[float, float, int]:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         k, _, v = line.partition(":")
         fields[k] = v.strip()
-    return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024,
-            int(fields["Threads"]))
+    return (
+        int(fields["VmRSS"].split()[0]) / 1024,
+        int(fields["VmHWM"].split()[0]) / 1024,
+        int(fields["Threads"]),
+    )
 
 
 def pct(values: list[float], p: float) -> float:
@@ -86,9 +98,22 @@ async def main() -> int:
     cmd = [exe] if exe else [sys.executable, "-c", "from cli.main import main; main()"]
     log = open(work / "daemon.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [*cmd, "plugin", "--root", str(tree.root), "--kubelet-dir", kdir,
-         "--resync", str(args.resync), "--metrics-port", "0", "--log-level", "warning"],
-        stdout=log, stderr=log,
+        [
+            *cmd,
+            "plugin",
+            "--root",
+            str(tree.root),
+            "--kubelet-dir",
+            kdir,
+            "--resync",
+            str(args.resync),
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=log,
     )
     rows: list[tuple[str, str, str, str]] = []
     try:
@@ -96,8 +121,10 @@ async def main() -> int:
         t0 = time.monotonic()
         await kubelet.wait_for(
             f"{args.resources} resources listed",
-            lambda k: len(k.plugins) == args.resources
-            and all(len(v.devices) == per for v in k.plugins.values()),
+            lambda k: (
+                len(k.plugins) == args.resources
+                and all(len(v.devices) == per for v in k.plugins.values())
+            ),
             timeout=120,
         )
         startup = time.monotonic() - t0
@@ -113,8 +140,9 @@ async def main() -> int:
             lat.append((time.perf_counter() - t) * 1000)
         p50, p99 = pct(lat, 50), pct(lat, 99)
         rows.append(("Allocate latency p50", f"{p50:.2f} ms", "-", ""))
-        rows.append(("Allocate latency p99", f"{p99:.2f} ms", "< 2 ms",
-                     "ok" if p99 < 2 else "MISSED"))
+        rows.append(
+            ("Allocate latency p99", f"{p99:.2f} ms", "< 2 ms", "ok" if p99 < 2 else "MISSED")
+        )
 
         # state change → ListAndWatch (event path: SIGUSR1 = the uevent kick)
         target = ids[1]
@@ -125,24 +153,50 @@ async def main() -> int:
             tree.set_driver(target, driver)
             t = time.monotonic()
             proc.send_signal(signal.SIGUSR1)
-            await kubelet.wait_for(f"{target} {want}",
-                                   lambda k, w=want: k.devices(res).get(target) == w, timeout=10)
+            await kubelet.wait_for(
+                f"{target} {want}", lambda k, w=want: k.devices(res).get(target) == w, timeout=10
+            )
             took.append(time.monotonic() - t)
         worst = max(took)
-        rows.append(("state change → ListAndWatch (event), median",
-                     f"{statistics.median(took) * 1000:.0f} ms", "-", ""))
-        rows.append(("state change → ListAndWatch (event), worst of 6",
-                     f"{worst * 1000:.0f} ms", "< 1 s", "ok" if worst < 1 else "MISSED"))
+        rows.append(
+            (
+                "state change → ListAndWatch (event), median",
+                f"{statistics.median(took) * 1000:.0f} ms",
+                "-",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "state change → ListAndWatch (event), worst of 6",
+                f"{worst * 1000:.0f} ms",
+                "< 1 s",
+                "ok" if worst < 1 else "MISSED",
+            )
+        )
         tree.set_driver(target, "e1000e")
         t = time.monotonic()
-        await kubelet.wait_for("resync", lambda k: k.devices(res).get(target) == "Unhealthy",
-                               timeout=args.resync * 3)
-        rows.append(("state change → ListAndWatch (no event, resync only)",
-                     f"{(time.monotonic() - t) * 1000:.0f} ms", f"≤ --resync {args.resync:g} s", ""))
+        await kubelet.wait_for(
+            "resync", lambda k: k.devices(res).get(target) == "Unhealthy", timeout=args.resync * 3
+        )
+        rows.append(
+            (
+                "state change → ListAndWatch (no event, resync only)",
+                f"{(time.monotonic() - t) * 1000:.0f} ms",
+                f"≤ --resync {args.resync:g} s",
+                "",
+            )
+        )
 
         cur, peak, threads = rss(proc.pid)
-        rows.append((f"daemon RSS, {args.resources} resources / {args.devices} devices",
-                     f"{cur:.1f} MB", "< 80 MB", "ok" if cur < 80 else "MISSED"))
+        rows.append(
+            (
+                f"daemon RSS, {args.resources} resources / {args.devices} devices",
+                f"{cur:.1f} MB",
+                "< 80 MB",
+                "ok" if cur < 80 else "MISSED",
+            )
+        )
         rows.append(("daemon peak RSS (VmHWM)", f"{peak:.1f} MB", "-", ""))
         rows.append(("daemon threads", str(threads), "bounded", ""))
     finally:

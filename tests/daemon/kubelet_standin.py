@@ -113,8 +113,9 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         old = self.plugins.get(request.resource_name)
         if old is not None:
             await self._drop(old)
-        view = PluginView(request.resource_name, request.endpoint, options, channel=channel,
-                          stub=stub)
+        view = PluginView(
+            request.resource_name, request.endpoint, options, channel=channel, stub=stub
+        )
         self.plugins[request.resource_name] = view
         self.registrations.append(request.resource_name)
         view.task = asyncio.create_task(self._list_and_watch(view))

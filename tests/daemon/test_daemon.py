@@ -26,8 +26,9 @@ def listed(resource: str, devices: dict[str, str]) -> object:
     return lambda k: k.devices(resource) == devices
 
 
-async def test_registers_and_lists_with_numa(kubelet: KubeletStandin,
-                                             start_daemon: StartDaemon) -> None:
+async def test_registers_and_lists_with_numa(
+    kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
     await start_daemon()
     await kubelet.wait_for("the NIC listed Healthy", listed(NIC, {NIC_ID: "Healthy"}))
     view = kubelet.plugins[NIC]
@@ -44,15 +45,17 @@ async def test_waits_for_the_kubelet_socket(kdir: str, start_daemon: StartDaemon
     k = KubeletStandin(kdir)
     await k.start()
     try:
-        took = await k.wait_for("registration after kubelet.sock appeared",
-                                listed(NIC, {NIC_ID: "Healthy"}), timeout=3)
+        took = await k.wait_for(
+            "registration after kubelet.sock appeared", listed(NIC, {NIC_ID: "Healthy"}), timeout=3
+        )
         assert took < 2
     finally:
         await k.stop()
 
 
-async def test_allocate_prestart_and_the_record(tree: SysfsTree, kubelet: KubeletStandin,
-                                                start_daemon: StartDaemon) -> None:
+async def test_allocate_prestart_and_the_record(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
     await start_daemon()
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
     assert await kubelet.preferred(NIC, [NIC_ID], [], 1) == [NIC_ID]
@@ -63,7 +66,9 @@ async def test_allocate_prestart_and_the_record(tree: SysfsTree, kubelet: Kubele
     }
     # HOST paths, never prefixed with --root
     assert [(d.host_path, d.container_path, d.permissions) for d in resp.devices] == [
-        ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"), ("/dev/vfio/50", "/dev/vfio/50", "mrw")]
+        ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"),
+        ("/dev/vfio/50", "/dev/vfio/50", "mrw"),
+    ]
     path = tree.root / "var/lib/vfio_dp/allocations.json"
     for _ in range(100):  # written behind Allocate: wait (bounded) for the writer
         if path.exists():
@@ -109,20 +114,23 @@ async def test_prestart_fails_loudly_on_a_renumbered_group(
     assert "now /dev/vfio/51 but Allocate handed out /dev/vfio/50" in (err.value.details() or "")
 
 
-async def test_kubelet_restart_is_noticed_within_2s(kubelet: KubeletStandin,
-                                                    start_daemon: StartDaemon) -> None:
+async def test_kubelet_restart_is_noticed_within_2s(
+    kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
     daemon = await start_daemon()
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
     await kubelet.restart()
     assert kubelet.devices(NIC) == {}
-    took = await kubelet.wait_for("re-registration after a kubelet restart",
-                                  listed(NIC, {NIC_ID: "Healthy"}), timeout=3)
+    took = await kubelet.wait_for(
+        "re-registration after a kubelet restart", listed(NIC, {NIC_ID: "Healthy"}), timeout=3
+    )
     assert took < 2.0
     assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
 
 
-async def test_health_flips_hotplug_and_stickiness(tree: SysfsTree, kubelet: KubeletStandin,
-                                                   start_daemon: StartDaemon) -> None:
+async def test_health_flips_hotplug_and_stickiness(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
     await start_daemon()
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
     tree.set_driver(NIC_ID, "e1000e")  # left vfio-pci: stays listed, Unhealthy
@@ -131,10 +139,21 @@ async def test_health_flips_hotplug_and_stickiness(tree: SysfsTree, kubelet: Kub
     tree.set_driver(NIC_ID, "vfio-pci")
     await kubelet.wait_for("NIC Healthy again", listed(NIC, {NIC_ID: "Healthy"}))
     # hotplug: a second NIC appears already on vfio-pci — advertised without a restart
-    tree.add(Dev("0000:66:00.0", "8086", "10d3", "020000", driver="vfio-pci", group=66,
-                 parent="0000:00:1d.0", numa=1))
-    await kubelet.wait_for("the new NIC", listed(NIC, {NIC_ID: "Healthy",
-                                                       "0000:66:00.0": "Healthy"}))
+    tree.add(
+        Dev(
+            "0000:66:00.0",
+            "8086",
+            "10d3",
+            "020000",
+            driver="vfio-pci",
+            group=66,
+            parent="0000:00:1d.0",
+            numa=1,
+        )
+    )
+    await kubelet.wait_for(
+        "the new NIC", listed(NIC, {NIC_ID: "Healthy", "0000:66:00.0": "Healthy"})
+    )
     tree.remove("0000:66:00.0")
     await kubelet.wait_for("the NIC removed", listed(NIC, {NIC_ID: "Healthy"}))
     # unbound then removed: withdrawn
@@ -209,20 +228,29 @@ async def test_config_reload_on_configmap_swap_keeps_healthy_resources(
     tree.set_driver("0000:af:00.1", "vfio-pci")  # a VF on vfio-pci: 15b3_101c
     vf = "devices.kubevirt.io/15b3_101c"
     daemon = await start_daemon(config=cfg)
-    await kubelet.wait_for("NIC and VF", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}
-                           and k.devices(vf) == {"0000:af:00.1": "Healthy"})
+    await kubelet.wait_for(
+        "NIC and VF",
+        lambda k: (
+            k.devices(NIC) == {NIC_ID: "Healthy"} and k.devices(vf) == {"0000:af:00.1": "Healthy"}
+        ),
+    )
     nic_updates = kubelet.plugins[NIC].updates
     # a bad config is rejected and changes nothing
     write_configmap(cm, "v2", "selectors: 7\n")
     await asyncio.sleep(0.6)
     assert daemon.metrics.get("vfio_dp_config_reloads_total", result="rejected") == 1
     # the VF moves to a named resource; the NIC keeps its stream and registration
-    write_configmap(cm, "v3", "selectors:\n- addresses: ['0000:af:00.1']\n  resourceName: vf-a\n"
-                    "- drivers: [vfio-pci]\n")
-    await kubelet.wait_for("the VF under its new name",
-                           listed("devices.kubevirt.io/vf-a", {"0000:af:00.1": "Healthy"}))
-    await kubelet.wait_for("the old VF resource emptied and closed",
-                           lambda k: not k.plugins[vf].stream_open)
+    write_configmap(
+        cm,
+        "v3",
+        "selectors:\n- addresses: ['0000:af:00.1']\n  resourceName: vf-a\n- drivers: [vfio-pci]\n",
+    )
+    await kubelet.wait_for(
+        "the VF under its new name", listed("devices.kubevirt.io/vf-a", {"0000:af:00.1": "Healthy"})
+    )
+    await kubelet.wait_for(
+        "the old VF resource emptied and closed", lambda k: not k.plugins[vf].stream_open
+    )
     assert not os.path.exists(os.path.join(kubelet.dir, naming.socket_name(vf)))
     assert kubelet.registrations.count(NIC) == 1
     assert kubelet.plugins[NIC].stream_open and kubelet.plugins[NIC].updates == nic_updates
@@ -240,15 +268,17 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     )
     host = Host(tree.root, kernel=SimulatedKernel(tree))
     daemon = await start_daemon(config=cfg, host=host)
-    await kubelet.wait_for("the GPU bound and Healthy",
-                           listed("devices.kubevirt.io/gpu", {"0000:3b:00.0": "Healthy"}))
+    await kubelet.wait_for(
+        "the GPU bound and Healthy", listed("devices.kubevirt.io/gpu", {"0000:3b:00.0": "Healthy"})
+    )
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
     assert tree.driver_of("0000:3b:00.1") == "vfio-pci"  # the group sibling too
     # the host's own root disk is refused, listed Unhealthy, and nothing touched it
     assert tree.driver_of("0000:00:02.0") == "virtio-pci"
     assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1
-    await kubelet.wait_for("the disk Unhealthy",
-                           listed("devices.kubevirt.io/disk", {"0000:00:02.0": "Unhealthy"}))
+    await kubelet.wait_for(
+        "the disk Unhealthy", listed("devices.kubevirt.io/disk", {"0000:00:02.0": "Unhealthy"})
+    )
     await daemon.stop()  # never unbinds on stop
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
 

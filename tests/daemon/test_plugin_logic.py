@@ -25,10 +25,17 @@ NIC = "devices.kubevirt.io/8086_10d3"
 GPU = "devices.kubevirt.io/10de_1eb8"
 
 
-def dev(addr: str, vendor: str = "8086", device: str = "10d3", *, driver: str | None = "vfio-pci",
-        group: int | None = None, numa: int | None = -1, cls: str = "020000") -> PciDevice:
-    return PciDevice(A(addr), vendor, device, cls, driver=driver, iommu_group=group,
-                     numa_node=numa)
+def dev(
+    addr: str,
+    vendor: str = "8086",
+    device: str = "10d3",
+    *,
+    driver: str | None = "vfio-pci",
+    group: int | None = None,
+    numa: int | None = -1,
+    cls: str = "020000",
+) -> PciDevice:
+    return PciDevice(A(addr), vendor, device, cls, driver=driver, iommu_group=group, numa_node=numa)
 
 
 def inventory(*devices: PciDevice) -> Inventory:
@@ -133,7 +140,9 @@ def test_allocate_envs_and_device_nodes() -> None:
     assert [d.host_path for d in alloc.devices] == ["/dev/vfio/vfio", "/dev/vfio/2", "/dev/vfio/1"]
     assert all(d.permissions == "mrw" and d.container_path == d.host_path for d in alloc.devices)
     assert [(g.device_id, g.group, g.group_node) for g in alloc.grants] == [
-        ("0000:02:00.0", 2, "/dev/vfio/2"), ("0000:01:00.0", 1, "/dev/vfio/1")]
+        ("0000:02:00.0", 2, "/dev/vfio/2"),
+        ("0000:01:00.0", 1, "/dev/vfio/1"),
+    ]
 
 
 def test_allocate_refuses_unknown_and_unhealthy_ids_naming_them() -> None:
@@ -167,8 +176,14 @@ def test_preferred_allocation_numa_and_must_include() -> None:
     ids = [str(u.id) for u in listing.units(NIC)]
     # must-include on node 1 pulls the rest from node 1
     assert preferred_allocation(listing, NIC, ids, ["0000:05:00.0"], 3) == [
-        "0000:05:00.0", "0000:03:00.0", "0000:04:00.0"]
+        "0000:05:00.0",
+        "0000:03:00.0",
+        "0000:04:00.0",
+    ]
     # no must-include: the smallest node that fits (node 0 has 2, node 1 has 4)
     assert preferred_allocation(listing, NIC, ids, [], 2) == ["0000:01:00.0", "0000:02:00.0"]
     assert preferred_allocation(listing, NIC, ids, [], 3) == [
-        "0000:03:00.0", "0000:04:00.0", "0000:05:00.0"]
+        "0000:03:00.0",
+        "0000:04:00.0",
+        "0000:05:00.0",
+    ]

@@ -38,9 +38,23 @@ def vfioctl() -> list[str]:
 def spawn(tree: SysfsTree, kdir: str, *extra: str, port: int = 0) -> subprocess.Popen[str]:
     env = dict(os.environ, VFIOCTL_RESYNC="0.2")  # flags from env vars too
     return subprocess.Popen(
-        [*vfioctl(), "plugin", "--root", str(tree.root), "--kubelet-dir", kdir,
-         "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *vfioctl(),
+            "plugin",
+            "--root",
+            str(tree.root),
+            "--kubelet-dir",
+            kdir,
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -61,8 +75,9 @@ async def test_sigterm_sends_an_empty_list_removes_sockets_exits_0(
     port = free_port()
     proc = spawn(tree, kdir, port=port)
     try:
-        await kubelet.wait_for("the subprocess registered",
-                               lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15)
+        await kubelet.wait_for(
+            "the subprocess registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15
+        )
         status, body = await http_get(port, "/healthz")
         assert (status, body.strip()) == (200, "ok")
         status, body = await http_get(port, "/metrics")
@@ -106,12 +121,21 @@ async def test_grpcurl_lists_and_calls_the_plugin(
     proc = spawn(tree, kdir)
     sock = os.path.join(kdir, naming.socket_name(NIC))
     try:
-        await kubelet.wait_for("registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"},
-                               timeout=15)
+        await kubelet.wait_for(
+            "registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15
+        )
 
         async def grpcurl(*args: str, timeout: float = 20) -> str:
-            cmd = [GRPCURL or "grpcurl", "-plaintext", "-unix", "-import-path",
-                   str(PROTO.parent), "-proto", PROTO.name, *args]
+            cmd = [
+                GRPCURL or "grpcurl",
+                "-plaintext",
+                "-unix",
+                "-import-path",
+                str(PROTO.parent),
+                "-proto",
+                PROTO.name,
+                *args,
+            ]
             out = await asyncio.to_thread(
                 subprocess.run, cmd, capture_output=True, text=True, timeout=timeout
             )
@@ -126,13 +150,24 @@ async def test_grpcurl_lists_and_calls_the_plugin(
         alloc = json.loads(await grpcurl("-d", body, sock, "v1beta1.DevicePlugin/Allocate"))
         resp = alloc["containerResponses"][0]
         assert resp["envs"]["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"] == NIC_ID
-        assert {"containerPath": "/dev/vfio/50", "hostPath": "/dev/vfio/50",
-                "permissions": "mrw"} in resp["devices"]
+        assert {
+            "containerPath": "/dev/vfio/50",
+            "hostPath": "/dev/vfio/50",
+            "permissions": "mrw",
+        } in resp["devices"]
         # ListAndWatch is a stream: grpcurl prints the first message, then we stop it
         lw = await asyncio.create_subprocess_exec(
-            GRPCURL or "grpcurl", "-plaintext", "-unix", "-import-path", str(PROTO.parent),
-            "-proto", PROTO.name, sock, "v1beta1.DevicePlugin/ListAndWatch",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            GRPCURL or "grpcurl",
+            "-plaintext",
+            "-unix",
+            "-import-path",
+            str(PROTO.parent),
+            "-proto",
+            PROTO.name,
+            sock,
+            "v1beta1.DevicePlugin/ListAndWatch",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         assert lw.stdout is not None
         first = b""
@@ -145,8 +180,9 @@ async def test_grpcurl_lists_and_calls_the_plugin(
             lw.kill()
             await lw.wait()
         msg = json.loads(first)
-        assert msg["devices"] == [{"ID": NIC_ID, "health": "Healthy",
-                                   "topology": {"nodes": [{"ID": "1"}]}}]
+        assert msg["devices"] == [
+            {"ID": NIC_ID, "health": "Healthy", "topology": {"nodes": [{"ID": "1"}]}}
+        ]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)

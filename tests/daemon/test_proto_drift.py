@@ -13,12 +13,15 @@ GENERATED = "vfio_dp/daemon/_pb/deviceplugin/v1beta1"
 def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "gen_proto.py"), "--out", str(tmp_path)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     names = ["api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi"]
     drifted = [
-        n for n in names
+        n
+        for n in names
         if (tmp_path / GENERATED / n).read_bytes() != (REPO / GENERATED / n).read_bytes()
     ]
     assert not drifted, f"{drifted} drifted from proto/; run: python3 scripts/gen_proto.py"
@@ -35,9 +38,7 @@ def test_wire_names_and_fields_match_the_kubelet() -> None:
     assert fd.package == "v1beta1"
     assert set(fd.services_by_name) == {"Registration", "DevicePlugin"}
     numbers = {
-        (m.name, f.name): f.number
-        for m in fd.message_types_by_name.values()
-        for f in m.fields
+        (m.name, f.name): f.number for m in fd.message_types_by_name.values() for f in m.fields
     }
     assert numbers[("NUMANode", "ID")] == 1
     assert numbers[("Device", "topology")] == 3

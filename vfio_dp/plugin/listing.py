@@ -152,9 +152,7 @@ def compute_listing(
             if group is None:
                 reasons.append(f"IOMMU group {g} of {members[0]} is missing from sysfs")
             elif not group.viable:
-                reasons.extend(
-                    f"IOMMU group {g} is not viable: {p.reason}" for p in group.problems
-                )
+                reasons.extend(f"IOMMU group {g} is not viable: {p.reason}" for p in group.problems)
             if g in conflicts:
                 others = ", ".join(
                     f"{a} → {r}"
@@ -166,11 +164,7 @@ def compute_listing(
                     "can only go to one pod: give them one resourceName or select only one"
                 )
         numa = sorted(
-            {
-                n
-                for a in members
-                if (n := inventory.devices[a].numa_node) is not None and n >= 0
-            }
+            {n for a in members if (n := inventory.devices[a].numa_node) is not None and n >= 0}
         )
         resources[name].append(
             Unit(
