@@ -196,3 +196,14 @@ def test_webhook_command_self_signed_over_tls(tmp_path: Path) -> None:
 def test_webhook_needs_certificates() -> None:
     code, _, err = run("webhook")
     assert code == 2 and "--tls-cert and --tls-key, or --self-signed" in err
+
+
+def test_commands_module_is_import_light() -> None:
+    """``vfioctl list`` loads cli.vm_cmds; it must not drag in the heavy libraries."""
+    heavy = ["aiohttp", "lxml", "libvirt", "kubernetes", "cryptography", "yaml"]
+    code = (
+        "import sys, cli.vm_cmds, vm_translate, vm_translate.errors\n"
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[2]))
