@@ -336,6 +336,9 @@ def hostdev(
             return 0
         from vm_translate import libvirt_adapter
 
+        if xml_in is None and domain_name is not None and not live:
+            # read it first so multifunction placement sees the slots the domain already uses
+            xml_in = libvirt_adapter.persistent_xml(connect, domain_name)
         hostdevs, _ = emitter.build(entries, os.environ, domain_xml=xml_in, layout=layout)
         if live:
             assert domain_name is not None

@@ -79,6 +79,15 @@ def define(
         conn.close()
 
 
+def persistent_xml(uri: str, domain_name: str) -> str:
+    """The named domain's persistent (inactive) definition."""
+    conn = open_connection(uri)
+    try:
+        return str(_lookup(conn, domain_name, uri).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    finally:
+        conn.close()
+
+
 def attach(uri: str, domain_name: str, hostdevs: Sequence[Hostdev]) -> Outcome:
     """Hot-plug ``hostdevs`` into the running domain ``domain_name`` (see module docstring)."""
     conn = open_connection(uri)

@@ -137,6 +137,13 @@ def test_hostdev_connect_defines_in_test_driver(files: Path) -> None:
     )
     assert code == 0, err
     assert out.strip() == "defined vm1: ua-hostdevice-audio, ua-gpu-gpu1"
+    # by name: the test driver's built-in domain "test" (its memballoon sits on guest 00:02.0)
+    code, out, err = run(
+        "hostdev", str(files / "vmi.yaml"), "--connect", "test:///default", "--domain", "test",
+        "--multifunction", "--guest-slot", "0x02", env=ENV,
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.strip() == "defined test: ua-hostdevice-audio, ua-gpu-gpu1"
 
 
 def test_webhook_command_self_signed_over_tls(tmp_path: Path) -> None:
