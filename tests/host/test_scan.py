@@ -124,3 +124,32 @@ def test_root_never_resolves_outside(tmp_path: Path) -> None:
     Host(t.root).scan()  # and a scan survives both
     with pytest.raises(Exception, match="refusing path component"):
         r.path("sys", "..", "etc")
+
+
+def test_refresh_sees_driver_changes_hotplug_and_removal(tree: SysfsTree) -> None:
+    h = Host(tree.root)
+    before = h.scan(usage=False)
+    tree.set_driver("0000:65:00.0", None)  # left vfio-pci
+    tree.remove("0000:af:00.2")  # hot-unplugged
+    tree.add(
+        Dev(
+            "0000:66:00.0",
+            "8086",
+            "10d3",
+            "020000",
+            driver="vfio-pci",
+            group=51,
+            parent="0000:00:1d.0",
+            numa=1,
+        )
+    )  # hot-added
+    after = h.refresh(before)
+    assert after.devices[A("0000:65:00.0")].driver is None
+    assert after.groups[50].viable  # driverless and alone: viable (just not on vfio-pci)
+    assert A("0000:af:00.2") not in after.devices
+    assert after.devices[A("0000:66:00.0")].numa_node == 1 and after.groups[51].viable
+    # a refresh equals a full scan of the same tree (for the fields a refresh keeps)
+    full = h.scan(usage=False)
+    assert after.devices == full.devices and after.groups == full.groups
+    # unchanged devices are the very same objects (cheap comparisons in the daemon)
+    assert after.devices[A("0000:3b:00.0")] is before.devices[A("0000:3b:00.0")]

@@ -83,6 +83,27 @@ class Host:
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
+    def refresh(self, previous: Inventory) -> Inventory:
+        """A cheap rescan for the daemon: new addresses are read in full, known ones only for
+        what changes while present (driver, override, VFIO cdev), gone ones dropped; groups
+        are re-analysed. ``original_driver`` comes from the durable records as in :meth:`scan`;
+        ``in_use`` is not computed (the daemon never needs it to judge health).
+        """
+        records = self.state.all()
+        devices: dict[PciAddress, PciDevice] = {}
+        for addr in sysfs.list_addresses(self.fs):
+            old = previous.devices.get(addr)
+            dev = sysfs.refresh_device(self.fs, old) if old else sysfs.read_device(self.fs, addr)
+            if dev is None:
+                continue
+            rec = records.get(addr)
+            orig = rec.driver if rec else None
+            if dev.original_driver != orig or dev.in_use:
+                dev = dataclasses.replace(dev, original_driver=orig, in_use=())
+            devices[addr] = dev
+        groups = sysfs.read_groups(self.fs, devices)
+        return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
+
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
         """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly)."""
         return {g.number: probe_group(self.fs, g) for g in groups}

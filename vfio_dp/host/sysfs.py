@@ -16,6 +16,7 @@ Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/na
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 from collections.abc import Iterable
@@ -128,18 +129,7 @@ def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
     physfn = _link_at(dfd, "physfn")
     numvfs = _read_at(dfd, "sriov_numvfs")
     class_code = _hex(_read_at(dfd, "class"), 6)
-    cdev: str | None = None
-    if driver is not None and is_vfio_driver(driver):
-        try:
-            sub = os.open("vfio-dev", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
-        except OSError:
-            sub = -1
-        if sub >= 0:
-            try:
-                entries = os.listdir(sub)
-            finally:
-                os.close(sub)
-            cdev = min(entries) if entries else None
+    cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
     try:
         physfn_addr = PciAddress.parse(physfn) if physfn else None
     except AddressError:
@@ -160,6 +150,42 @@ def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
         boot_vga=class_code.startswith("03") and _read_at(dfd, "boot_vga") == "1",
         vfio_cdev=cdev,
     )
+
+
+def refresh_device(root: Root, old: PciDevice) -> PciDevice | None:
+    """Re-read only what changes while a device stays present: ``driver``,
+    ``driver_override`` and the VFIO cdev (``vfio-dev/vfioN``). IDs, class, NUMA node and
+    IOMMU group are fixed for the life of a device at an address (a hot swap at the same
+    address is a remove + add; the daemon's periodic full scan covers a missed pair).
+    None when the device is gone.
+    """
+    dfd = open_device_dir(root, old.address)
+    if dfd is None:
+        return None
+    try:
+        driver = _link_at(dfd, "driver")
+        override = _read_at(dfd, "driver_override")
+        if override is None and _read_at(dfd, "vendor") is None:
+            return None
+        cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
+    finally:
+        os.close(dfd)
+    override = None if override in (None, "", "(null)") else override
+    if driver == old.driver and override == old.driver_override and cdev == old.vfio_cdev:
+        return old
+    return dataclasses.replace(old, driver=driver, driver_override=override, vfio_cdev=cdev)
+
+
+def _vfio_cdev_at(dfd: int) -> str | None:
+    try:
+        sub = os.open("vfio-dev", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        entries = os.listdir(sub)
+    finally:
+        os.close(sub)
+    return min(entries) if entries else None
 
 
 def read_devices(
