@@ -38,13 +38,36 @@ def build(base: Path) -> SysfsTree:
         group += 1
         bus = pf + 0x10
         pfa = f"0000:{bus:02x}:00.0"
-        t.add(Dev(pfa, "15b3", "101b", "020000", driver="mlx5_core", group=group, parent=port,
-                  numa=pf % 2, sriov_totalvfs=VFS, sriov_numvfs=VFS))
+        t.add(
+            Dev(
+                pfa,
+                "15b3",
+                "101b",
+                "020000",
+                driver="mlx5_core",
+                group=group,
+                parent=port,
+                numa=pf % 2,
+                sriov_totalvfs=VFS,
+                sriov_numvfs=VFS,
+            )
+        )
         group += 1
         for vf in range(1, VFS + 1):
             addr = f"0000:{bus:02x}:{vf // 8:02x}.{vf % 8}"
-            t.add(Dev(addr, "15b3", "101c", "020000", driver="vfio-pci", group=group,
-                      parent=port, numa=pf % 2, physfn=pfa))
+            t.add(
+                Dev(
+                    addr,
+                    "15b3",
+                    "101c",
+                    "020000",
+                    driver="vfio-pci",
+                    group=group,
+                    parent=port,
+                    numa=pf % 2,
+                    physfn=pfa,
+                )
+            )
             group += 1
     return t
 
@@ -65,14 +88,26 @@ def main() -> None:
         t0 = time.perf_counter()
         tree = build(base)
         n = len(tree.devs)
-        print(f"built {n} PCI functions ({PFS} PFs x {VFS} VFs + {PFS} bridges) "
-              f"in {time.perf_counter() - t0:.1f}s under {base}")
+        print(
+            f"built {n} PCI functions ({PFS} PFs x {VFS} VFs + {PFS} bridges) "
+            f"in {time.perf_counter() - t0:.1f}s under {base}"
+        )
         host = Host(tree.root)
         rows: list[tuple[str, float, str]] = []
-        rows.append(("list in-process (scan + host use + pci.ids names)",
-                     median_time(lambda: host.scan(names=True), runs), "< 0.300"))
-        rows.append(("groups in-process (scan + group analysis)",
-                     median_time(lambda: host.scan(usage=False).groups, runs), "< 0.300"))
+        rows.append(
+            (
+                "list in-process (scan + host use + pci.ids names)",
+                median_time(lambda: host.scan(names=True), runs),
+                "< 0.300",
+            )
+        )
+        rows.append(
+            (
+                "groups in-process (scan + group analysis)",
+                median_time(lambda: host.scan(usage=False).groups, runs),
+                "< 0.300",
+            )
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
         vfioctl = shutil.which("vfioctl") or "vfioctl"
 
@@ -84,16 +119,36 @@ def main() -> None:
         lspci = shutil.which("lspci")
         lspci_t = None
         if lspci:
-            lspci_t = median_time(cmd([lspci, "-D", "-k", "-A", "linux-sysfs", "-O",
-                                       f"sysfs.path={tree.root}/sys/bus/pci"]), runs)
+            lspci_t = median_time(
+                cmd(
+                    [
+                        lspci,
+                        "-D",
+                        "-k",
+                        "-A",
+                        "linux-sysfs",
+                        "-O",
+                        f"sysfs.path={tree.root}/sys/bus/pci",
+                    ]
+                ),
+                runs,
+            )
             rows.append(("lspci -D -k (same tree)", lspci_t, "reference"))
         target = f"<= {lspci_t:.3f}" if lspci_t else "lspci missing"
-        rows.append(("vfioctl list -o json (whole command)",
-                     median_time(cmd([vfioctl, "list", "--root", str(tree.root), "-o", "json"]),
-                                 runs), target))
-        rows.append(("vfioctl groups -o json (whole command)",
-                     median_time(cmd([vfioctl, "groups", "--root", str(tree.root), "-o", "json"]),
-                                 runs), target))
+        rows.append(
+            (
+                "vfioctl list -o json (whole command)",
+                median_time(cmd([vfioctl, "list", "--root", str(tree.root), "-o", "json"]), runs),
+                target,
+            )
+        )
+        rows.append(
+            (
+                "vfioctl groups -o json (whole command)",
+                median_time(cmd([vfioctl, "groups", "--root", str(tree.root), "-o", "json"]), runs),
+                target,
+            )
+        )
         print(f"\n{'what':58} {'median s':>9}  target")
         for what, secs, tgt in rows:
             print(f"{what:58} {secs:9.3f}  {tgt}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from cli import host_cmds
+from cli import host_cmds, plugin_cmd, vm_cmds
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -18,23 +18,8 @@ def vfioctl() -> None:
     """Safe VFIO PCI passthrough for Kubernetes and KubeVirt."""
 
 
-for _cmd in host_cmds.COMMANDS:
+for _cmd in [*host_cmds.COMMANDS, plugin_cmd.plugin, *vm_cmds.COMMANDS]:
     vfioctl.add_command(_cmd)
-
-try:  # the daemon command (issue 3)
-    from cli import plugin_cmd
-
-    vfioctl.add_command(plugin_cmd.plugin)
-except ImportError:  # pragma: no cover - while the module does not exist yet
-    pass
-
-try:  # webhook / translate / hostdev (issue 4)
-    from cli import vm_cmds
-
-    for _cmd in vm_cmds.COMMANDS:
-        vfioctl.add_command(_cmd)
-except ImportError:  # pragma: no cover
-    pass
 
 
 def main() -> None:

@@ -135,14 +135,25 @@ class SysfsTree:
         header = 1 if dev.cls.startswith("0604") else 0
         head = struct.pack(
             "<HHHHBBBBBBBB",
-            int(dev.vendor, 16), int(dev.device, 16), 0x0007, 0x0010,
-            0x01, cls & 0xFF, (cls >> 8) & 0xFF, (cls >> 16) & 0xFF, 0, 0, header, 0,
+            int(dev.vendor, 16),
+            int(dev.device, 16),
+            0x0007,
+            0x0010,
+            0x01,
+            cls & 0xFF,
+            (cls >> 8) & 0xFF,
+            (cls >> 16) & 0xFF,
+            0,
+            0,
+            header,
+            0,
         )
         body = bytearray(64)
         body[: len(head)] = head
         if header == 0:
-            body[0x2C:0x30] = struct.pack("<HH", int(dev.subsystem_vendor, 16),
-                                          int(dev.subsystem_device, 16))
+            body[0x2C:0x30] = struct.pack(
+                "<HH", int(dev.subsystem_vendor, 16), int(dev.subsystem_device, 16)
+            )
         return bytes(body)
 
     def ensure_driver(self, name: str) -> Path:

@@ -127,6 +127,9 @@ def test_list_is_import_light(tree: SysfsTree) -> None:
     for cmd in (["list"], ["groups"], ["bind", "--dry-run", "0000:03:01.0", "--group"]):
         p = subprocess.run(
             [sys.executable, "-c", code, *cmd, "--root", str(tree.root)],
-            capture_output=True, text=True, env=e, timeout=60,
+            capture_output=True,
+            text=True,
+            env=e,
+            timeout=60,
         )
         assert "HEAVY []" in p.stderr, (cmd, p.stderr)
