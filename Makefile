@@ -8,7 +8,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	vfioctl list
+	$(PYTHON) demo/run.py
 
 test: setup
 	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
@@ -20,3 +20,6 @@ lint:
 
 bench:
 	$(PYTHON) bench/host_bench.py
+	$(PYTHON) bench/plugin_bench.py
+	$(PYTHON) bench/webhook_bench.py
+	$(PYTHON) bench/compare_tools.py

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Provisioning for the Vagrant demo VM (see the Vagrantfile and docs/cluster.md).
+# Provisioning for the Vagrant demo VM (see the Vagrantfile and README.md ("Try it in a VM")).
 # Runs as root inside the VM, one stage per call: iommu | kubernetes | toolkit | kubevirt.
 #
 # Network: this script downloads k3s (its install script and binary), container base images,

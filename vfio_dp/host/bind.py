@@ -16,10 +16,10 @@ back every device this call touched, so no device is left without its driver.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vfio_dp.errors import BindError, RefusedError
 from vfio_dp.host.kernel import KernelIO
@@ -29,7 +29,15 @@ from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
 
-log = logging.getLogger("vfio_dp.bind")
+if TYPE_CHECKING:
+    import logging
+
+
+def _log() -> logging.Logger:
+    """The logger, imported on first use (logging is slow to import under emulation)."""
+    import logging
+
+    return logging.getLogger("vfio_dp.bind")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +110,6 @@ class Binder:
 
     def run(self, steps: Sequence[Step], on_step: Callable[[Step], None] | None = None) -> None:
         for s in steps:
-            log.debug("%s", s)
             if on_step:
                 on_step(s)
             if not s.path:
@@ -141,7 +148,7 @@ class Binder:
                 "check `dmesg` for vfio-pci errors"
             )
         result.bound.append(addr)
-        log.info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
+        _log().info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
 
     def restore_one(
         self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool
@@ -164,7 +171,7 @@ class Binder:
             )
         if not explicit or after.driver == driver:
             self.state.remove(addr)
-        log.info("restored %s to %s", addr, after.driver or "no driver")
+        _log().info("restored %s to %s", addr, after.driver or "no driver")
         return after.driver
 
     def rollback(self, touched: list[PciAddress]) -> list[str]:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vfio_dp.errors import BindError, DeviceNotFoundError, RefusedError
 from vfio_dp.host import sysfs
@@ -22,9 +23,13 @@ from vfio_dp.host.state import StateStore
 from vfio_dp.host.usage import host_usage
 from vfio_dp.host.vfio import GroupStatus, device_nodes, group_node_name, probe_group
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_driver
 from vfio_dp.model.plan import plan_bind
+
+if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
+    from pathlib import Path
+
+    from vfio_dp.model.config import Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +49,16 @@ class Host:
         lock_timeout: float = 10.0,
     ) -> None:
         self.fs = Root(root)
-        self.root = self.fs.base
         self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout)
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
+
+    @property
+    def root(self) -> Path:
+        """The root as a :class:`pathlib.Path` (imported on use)."""
+        from pathlib import Path
+
+        return Path(self.fs.base)
 
     # -- discovery ---------------------------------------------------------------------
     def scan(

@@ -9,7 +9,6 @@ go), so every write runs with a timeout.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from typing import Protocol
 
@@ -58,6 +57,8 @@ class RealKernel:
             raise result[0]
 
     def modprobe(self, module: str) -> None:
+        import subprocess  # only when a module must be loaded
+
         cmd = ["modprobe"]
         if self.root_prefix:
             cmd += ["-d", self.root_prefix]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from pathlib import Path
 
 from vfio_dp.errors import HostError, PathEscapeError
 
@@ -35,11 +34,11 @@ class Root:
 
     def __init__(self, base: str | os.PathLike[str]) -> None:
         real = os.path.realpath(os.fspath(base))
-        self.base = Path(real)
+        self.base = real
         self.prefix = "" if real == "/" else real
 
     def __repr__(self) -> str:
-        return f"Root({str(self.base)!r})"
+        return f"Root({self.base!r})"
 
     @property
     def display(self) -> str:

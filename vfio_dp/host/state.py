@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -52,6 +51,8 @@ class StateStore:
         return f"{self.state_dir}/{address}.json"
 
     def get(self, address: PciAddress) -> OriginalDriver | None:
+        import json
+
         try:
             with open(self._file(address), encoding="utf-8") as f:
                 data = json.load(f)
@@ -85,6 +86,8 @@ class StateStore:
 
     def put(self, record: OriginalDriver) -> None:
         """Write atomically: temp file + fsync + rename + fsync(dir)."""
+        import json
+
         os.makedirs(self.state_dir, exist_ok=True)
         final = self._file(PciAddress.parse(record.address))
         tmp = f"{final}.tmp.{os.getpid()}"
