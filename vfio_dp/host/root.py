@@ -99,10 +99,11 @@ class Root:
             return None
 
 
-def read_text(path: str) -> str | None:
-    """Read a small sysfs/proc file; None if it does not exist or cannot be read."""
+def read_text(path: str, dir_fd: int | None = None) -> str | None:
+    """Read a small sysfs/proc file (relative to ``dir_fd`` when given), stripped; None if it
+    does not exist or cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
         return None
     try:

@@ -66,16 +66,7 @@ def list_addresses(root: Root) -> list[PciAddress]:
 
 
 def _read_at(dfd: int, name: str) -> str | None:
-    try:
-        fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_text(name, dir_fd=dfd)
 
 
 def _link_at(dfd: int, name: str) -> str | None:
