@@ -1,6 +1,9 @@
 # The README's two commands: `make demo` (set up and run the main job) and `make test`.
-PYTHON ?= python3
+# Everything runs in the project's virtual environment, created by scripts/setup.sh.
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup demo test lint bench
 
@@ -16,7 +19,7 @@ test: setup
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
-	lint-imports
+	$(VENV)/bin/lint-imports
 
 bench:
 	$(PYTHON) bench/host_bench.py

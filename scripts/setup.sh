@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   # libvirt-python builds from source against these
-  gcc pkg-config libvirt-dev python3-dev
+  gcc pkg-config libvirt-dev python3-dev python3-venv
   # real libvirt for XML checks (test:///default via libvirt-python; virt-xml-validate)
   libvirt-clients
   # the real-kernel guest rig: QEMU, a tiny init, depmod, initramfs packing
@@ -17,8 +17,8 @@ APT_PACKAGES=(
   pciutils pci.ids
   # the tools people use today, compared side by side in the guest
   driverctl dpdk
-  # `vagrant validate` of the Vagrantfile
-  vagrant
+  # `vagrant validate` of the Vagrantfile; shellcheck for its provisioning script
+  vagrant shellcheck
 )
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -36,9 +36,18 @@ else
   echo "setup: not root or no apt-get; install these yourself: ${APT_PACKAGES[*]}" >&2
 fi
 
-# compat mode: a plain path entry, no import-hook finder at every interpreter start
-python3 -m pip install -q --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat
+# The project lives in its own virtual environment (.venv): no root pip into the system
+# interpreter, and no other package's start-up hooks (*.pth) on every `vfioctl` start —
+# python start-up dominates a bind under emulation.
+VENV=${VFIO_DP_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+# compat mode: a plain path entry, not an import-hook finder run at every interpreter start
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' \
+  --config-settings editable_mode=compat
 
 # Byte-compile now: the QEMU guest sees this checkout through a fresh overlay at every boot and
 # would otherwise recompile every module at every interpreter start (seconds under emulation).
-python3 -m compileall -q -j 0 vfio_dp vm_translate cli demo tests bench >/dev/null
+"$VENV/bin/python" -m compileall -q -j 0 vfio_dp vm_translate cli demo tests bench >/dev/null
