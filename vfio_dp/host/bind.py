@@ -17,9 +17,9 @@ back every device this call touched, so no device is left without its driver.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from vfio_dp.errors import BindError, RefusedError
 from vfio_dp.host.kernel import KernelIO
@@ -29,15 +29,13 @@ from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
 
-if TYPE_CHECKING:
-    import logging
 
-
-def _log() -> logging.Logger:
-    """The logger, imported on first use (logging is slow to import under emulation)."""
-    import logging
-
-    return logging.getLogger("vfio_dp.bind")
+def _log_info(msg: str, *args: object) -> None:
+    """Log through ``logging`` when the process uses it (the daemon configures it); a CLI run
+    that never imported it does not pay for the import (slow under emulation)."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger("vfio_dp.bind").info(msg, *args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +146,7 @@ class Binder:
                 "check `dmesg` for vfio-pci errors"
             )
         result.bound.append(addr)
-        _log().info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
+        _log_info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
 
     def restore_one(
         self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool
@@ -171,7 +169,7 @@ class Binder:
             )
         if not explicit or after.driver == driver:
             self.state.remove(addr)
-        _log().info("restored %s to %s", addr, after.driver or "no driver")
+        _log_info("restored %s to %s", addr, after.driver or "no driver")
         return after.driver
 
     def rollback(self, touched: list[PciAddress]) -> list[str]:

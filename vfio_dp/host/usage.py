@@ -21,7 +21,6 @@ the root — equivalent to walking every device's subtree, at the cost of a few 
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 
 from vfio_dp.errors import AddressError, HostError
@@ -29,7 +28,6 @@ from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 IFF_UP = 0x1
 
 
@@ -37,7 +35,7 @@ def _pci_ancestor(resolved: str) -> PciAddress | None:
     """The deepest PCI address component of a resolved ``/sys/devices/...`` path."""
     found: PciAddress | None = None
     for part in resolved.split("/"):
-        if _BDF.match(part):
+        if len(part) == 12 and part[4] == ":" and part[10] == ".":
             try:
                 found = PciAddress.parse(part)
             except AddressError:

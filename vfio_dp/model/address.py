@@ -9,13 +9,22 @@ string that reaches a path join has always passed through here first.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from vfio_dp.errors import AddressError
 
-_FULL = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-9a-fA-F])")
-_SHORT = re.compile(r"([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-9a-fA-F])")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex_field(part: str, width: int) -> int | None:
+    """``part`` as an int if it is exactly ``width`` hex digits, else None.
+
+    (Plain string checks, not a regex: `vfioctl bind` parses addresses at every start, and
+    compiling patterns costs real time under emulation.)
+    """
+    if len(part) != width or not _HEX.issuperset(part):
+        return None
+    return int(part, 16)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -40,15 +49,17 @@ class PciAddress:
         """Parse ``DDDD:BB:SS.F`` or ``BB:SS.F``; raise :class:`AddressError` otherwise."""
         if not isinstance(text, str):
             raise AddressError(repr(text), "not a string")
-        m = _FULL.fullmatch(text)
-        if m:
-            dom, bus, slot, fn = (int(g, 16) for g in m.groups())
+        head, dot, fn_text = text.rpartition(".")
+        parts = head.split(":") if dot else []
+        if len(parts) == 3:
+            dom: int | None = _hex_field(parts[0], 4)
+        elif len(parts) == 2:
+            dom, parts = 0, ["", *parts]
         else:
-            m = _SHORT.fullmatch(text)
-            if not m:
-                raise AddressError(text, "wrong shape")
-            dom = 0
-            bus, slot, fn = (int(g, 16) for g in m.groups())
+            raise AddressError(text, "wrong shape")
+        bus, slot, fn = _hex_field(parts[1], 2), _hex_field(parts[2], 2), _hex_field(fn_text, 1)
+        if dom is None or bus is None or slot is None or fn is None:
+            raise AddressError(text, "wrong shape")
         if slot > 0x1F:
             raise AddressError(text, "slot must be 00-1f")
         if fn > 7:
