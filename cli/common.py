@@ -56,8 +56,12 @@ def output_option(f: F) -> F:
 
 
 def print_json(value: object) -> None:
-    json.dump(value, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
+    """Indented for a terminal; compact (and C-encoded: 4,000 devices in milliseconds, not a
+    tenth of a second) when piped to a program."""
+    if sys.stdout.isatty():
+        sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    else:
+        sys.stdout.write(json.dumps(value) + "\n")
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -49,7 +49,9 @@ def _config(path: str | None) -> Any:
     return load_config_text(text, path)
 
 
-def device_json(dev: Any, resource: str) -> dict[str, object]:
+def device_json(
+    dev: Any, resource: str, names: dict[tuple[str, str | None], str]
+) -> dict[str, object]:
     return {
         "address": str(dev.address),
         "vendor": dev.vendor,
@@ -57,8 +59,8 @@ def device_json(dev: Any, resource: str) -> dict[str, object]:
         "class": dev.class_code,
         "subsystem_vendor": dev.subsystem_vendor,
         "subsystem_device": dev.subsystem_device,
-        "vendor_name": dev.vendor_name,
-        "device_name": dev.device_name,
+        "vendor_name": names.get((dev.vendor, None)),
+        "device_name": names.get((dev.vendor, dev.device)),
         "driver": dev.driver,
         "driver_override": dev.driver_override,
         "original_driver": dev.original_driver,
@@ -86,8 +88,10 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
 
     def body() -> int:
         cfg = _config(config)
-        inv = _host(root).scan(names=True)
-        rows = [device_json(d, cfg.would_name(d)) for d in inv.devices.values()]
+        host = _host(root)
+        inv = host.scan()
+        names = host.names(inv)
+        rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
         if output == "json":
             print_json(rows)
             return 0

@@ -183,7 +183,19 @@ class SysfsTree:
             drv = self.ensure_driver(driver)
             self._link(d / "driver", drv)
             self._link(drv / address, d)
+        self._write_uevent(dev)
         self._sync_vfio_node(dev.group)
+
+    def _write_uevent(self, dev: Dev) -> None:
+        """``<bdf>/uevent`` as the kernel renders it (``PCI_CLASS`` is ``%04X``, IDs upper-case)."""
+        lines = [f"DRIVER={dev.driver}"] if dev.driver else []
+        lines += [
+            f"PCI_CLASS={int(dev.cls, 16):04X}",
+            f"PCI_ID={dev.vendor.upper()}:{dev.device.upper()}",
+            f"PCI_SUBSYS_ID={dev.subsystem_vendor.upper()}:{dev.subsystem_device.upper()}",
+            f"PCI_SLOT_NAME={dev.address}",
+        ]
+        (self.dev_dir(dev.address) / "uevent").write_text("\n".join(lines) + "\n")
 
     def _sync_vfio_node(self, group: int | None) -> None:
         if group is None or not self.iommu:

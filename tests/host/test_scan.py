@@ -153,3 +153,13 @@ def test_refresh_sees_driver_changes_hotplug_and_removal(tree: SysfsTree) -> Non
     assert after.devices == full.devices and after.groups == full.groups
     # unchanged devices are the very same objects (cheap comparisons in the daemon)
     assert after.devices[A("0000:3b:00.0")] is before.devices[A("0000:3b:00.0")]
+
+
+def test_uevent_and_individual_files_agree(tree: SysfsTree) -> None:
+    """Discovery reads <bdf>/uevent (one read); without it, the individual files — same result."""
+    with_uevent = Host(tree.root).scan(usage=False).devices
+    for addr in tree.devs:
+        (tree.dev_dir(addr) / "uevent").unlink()
+    without = Host(tree.root).scan(usage=False).devices
+    assert with_uevent == without
+    assert without[A("0000:3b:00.0")].subsystem_device == "12a2"

@@ -61,9 +61,7 @@ class Host:
         return Path(self.fs.base)
 
     # -- discovery ---------------------------------------------------------------------
-    def scan(
-        self, config: Config | None = None, *, usage: bool = True, names: bool = False
-    ) -> Inventory:
+    def scan(self, config: Config | None = None, *, usage: bool = True) -> Inventory:
         """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``.
 
         ``config`` is accepted for symmetry with callers that filter; discovery itself reads
@@ -73,26 +71,26 @@ class Host:
         devices = sysfs.read_devices(self.fs)
         records = self.state.all()
         used = host_usage(self.fs, devices) if usage else {}
-        named: dict[tuple[str, str | None], str] = {}
-        if names:
-            from vfio_dp.host.pciids import load_names
-
-            named = load_names({(d.vendor, d.device) for d in devices.values()})
-        if records or used or named:
-            for addr, dev in list(devices.items()):
-                rec = records.get(addr)
-                reasons = used.get(addr)
-                if rec is None and not reasons and not named:
-                    continue
-                devices[addr] = dataclasses.replace(
-                    dev,
-                    original_driver=rec.driver if rec else None,
-                    in_use=tuple(reasons or ()),
-                    vendor_name=named.get((dev.vendor, None)),
-                    device_name=named.get((dev.vendor, dev.device)),
-                )
+        for addr in records.keys() | used.keys():
+            dev = devices.get(addr)
+            if dev is None:
+                continue
+            rec = records.get(addr)
+            devices[addr] = dataclasses.replace(
+                dev,
+                original_driver=rec.driver if rec else None,
+                in_use=tuple(used.get(addr, ())),
+            )
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
+
+    @staticmethod
+    def names(inv: Inventory) -> dict[tuple[str, str | None], str]:
+        """Vendor and device names from ``pci.ids`` for the devices of ``inv`` (keys
+        ``(vendor, None)`` and ``(vendor, device)``); empty when the database is missing."""
+        from vfio_dp.host.pciids import load_names
+
+        return load_names({(d.vendor, d.device) for d in inv.devices.values()})
 
     def refresh(self, previous: Inventory) -> Inventory:
         """A cheap rescan for the daemon: new addresses are read in full, known ones only for

@@ -56,12 +56,12 @@ def list_addresses(root: Root) -> list[PciAddress]:
     except FileNotFoundError:
         return []
     out = []
-    for name in names:
+    # full lowercase addresses are fixed-width hex: string order is address order
+    for name in sorted(names):
         try:
             out.append(PciAddress.parse(name))
         except AddressError:
             continue
-    out.sort()
     return out
 
 
@@ -109,17 +109,54 @@ def read_device(root: Root, address: PciAddress) -> PciDevice | None:
         os.close(dfd)
 
 
-def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
-    vendor = _read_at(dfd, "vendor")
-    if vendor is None:
+def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | None:
+    """(vendor, device, class, subsystem vendor, subsystem device, driver) from ``<bdf>/uevent``::
+
+        DRIVER=e1000e
+        PCI_CLASS=20000
+        PCI_ID=8086:10D3
+        PCI_SUBSYS_ID=8086:A01F
+        PCI_SLOT_NAME=0000:01:00.0
+
+    One read instead of six: the kernel builds it from the same cached values as the
+    ``vendor``/``device``/``class``/``subsystem_*`` files and the ``driver`` link (never from
+    config space, so it does not wake a suspended device). None if a field is missing.
+    """
+    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    ids, cls, sub = fields.get("PCI_ID"), fields.get("PCI_CLASS"), fields.get("PCI_SUBSYS_ID")
+    if not ids or not cls or not sub or ":" not in ids or ":" not in sub:
         return None
+    vendor, device = ids.split(":", 1)
+    svendor, sdevice = sub.split(":", 1)
+    return (
+        _hex(vendor, 4),
+        _hex(device, 4),
+        _hex(cls, 6),
+        _hex(svendor, 4),
+        _hex(sdevice, 4),
+        fields.get("DRIVER") or None,
+    )
+
+
+def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
+    uevent = _read_at(dfd, "uevent")
+    parsed = _ids_from_uevent(uevent) if uevent else None
+    if parsed is not None:
+        vendor, device, class_code, svendor, sdevice, driver = parsed
+    else:  # no uevent (or an odd one): the individual files
+        raw_vendor = _read_at(dfd, "vendor")
+        if raw_vendor is None:
+            return None  # gone
+        vendor, device = _hex(raw_vendor, 4), _hex(_read_at(dfd, "device"), 4)
+        class_code = _hex(_read_at(dfd, "class"), 6)
+        svendor = _hex(_read_at(dfd, "subsystem_vendor"), 4)
+        sdevice = _hex(_read_at(dfd, "subsystem_device"), 4)
+        driver = _link_at(dfd, "driver")
     numa = _int(_read_at(dfd, "numa_node"))
     override = _read_at(dfd, "driver_override")
-    driver = _link_at(dfd, "driver")
     group = _link_at(dfd, "iommu_group")
     physfn = _link_at(dfd, "physfn")
     numvfs = _read_at(dfd, "sriov_numvfs")
-    class_code = _hex(_read_at(dfd, "class"), 6)
     cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
     try:
         physfn_addr = PciAddress.parse(physfn) if physfn else None
@@ -127,11 +164,11 @@ def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
         physfn_addr = None
     return PciDevice(
         address=address,
-        vendor=_hex(vendor, 4),
-        device=_hex(_read_at(dfd, "device"), 4),
+        vendor=vendor,
+        device=device,
         class_code=class_code,
-        subsystem_vendor=_hex(_read_at(dfd, "subsystem_vendor"), 4),
-        subsystem_device=_hex(_read_at(dfd, "subsystem_device"), 4),
+        subsystem_vendor=svendor,
+        subsystem_device=sdevice,
         driver=driver,
         driver_override=None if override in (None, "", "(null)") else override,
         iommu_group=_int(group) if group is not None else None,

@@ -53,8 +53,6 @@ class PciDevice:
     vfio_cdev: str | None = None  # e.g. "vfio3" from <bdf>/vfio-dev/vfio3
     in_use: tuple[str, ...] = ()  # reasons the host is using it (filled by host.usage)
     original_driver: str | None = None  # recorded before vfioctl bound it, if any
-    vendor_name: str | None = None
-    device_name: str | None = None
 
     @property
     def ids(self) -> str:
