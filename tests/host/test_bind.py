@@ -232,3 +232,25 @@ def test_real_kernel_write_timeout(tmp_path: Path) -> None:
         k.write(str(fifo), "0000:01:00.0")
     assert time.monotonic() - t0 < 2
     os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # release the writer thread
+
+
+def test_real_kernel_writes_and_recovers_after_a_timeout(tmp_path: Path) -> None:
+    import os
+
+    k = RealKernel(timeout=0.2)
+    target = tmp_path / "driver_override"
+    target.write_text("")
+    k.write(str(target), "vfio-pci")
+    assert target.read_text() == "vfio-pci"
+    fifo = tmp_path / "stuck"
+    os.mkfifo(fifo)
+    with pytest.raises(WriteTimeoutError):
+        k.write(str(fifo), "x")
+    # the stuck worker is abandoned; the next write gets a fresh one and succeeds
+    fresh = tmp_path / "unbind"
+    fresh.write_text("")
+    k.write(str(fresh), "0000:01:00.0")
+    assert fresh.read_text() == "0000:01:00.0"
+    with pytest.raises(OSError):
+        k.write(str(tmp_path / "missing" / "file"), "x")
+    os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # release the stranded writer

@@ -9,7 +9,9 @@ go), so every write runs with a timeout.
 from __future__ import annotations
 
 import os
+import queue
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from vfio_dp.errors import BindError, WriteTimeoutError
@@ -23,15 +25,36 @@ class KernelIO(Protocol):
         """Load a kernel module; raise BindError when it cannot be loaded."""
 
 
+def _work(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        jobs.get()()
+
+
 class RealKernel:
-    """The real kernel: one ``write(2)`` per sysfs write, ``modprobe`` for modules."""
+    """The real kernel: one ``write(2)`` per sysfs write, ``modprobe`` for modules.
+
+    Writes run on a worker thread (one per calling thread, reused: starting a thread per
+    write is measurable under emulation) so the caller can give up after ``timeout``; a write
+    that hangs strands its worker — a thread blocked in the kernel cannot be killed — and the
+    next write from that caller gets a fresh one.
+    """
 
     def __init__(self, root_prefix: str = "", timeout: float = 10.0) -> None:
         self.root_prefix = root_prefix
         self.timeout = timeout
+        self._local = threading.local()
+
+    def _jobs(self) -> queue.SimpleQueue[Callable[[], None]]:
+        jobs: queue.SimpleQueue[Callable[[], None]] | None = getattr(self._local, "jobs", None)
+        if jobs is None:
+            jobs = queue.SimpleQueue()
+            threading.Thread(target=_work, args=(jobs,), name="sysfs-writer", daemon=True).start()
+            self._local.jobs = jobs
+        return jobs
 
     def write(self, path: str, data: str) -> None:
         result: list[BaseException | None] = []
+        done = threading.Event()
 
         def do() -> None:
             try:
@@ -43,11 +66,12 @@ class RealKernel:
                 result.append(None)
             except BaseException as e:  # handed to the caller's thread
                 result.append(e)
+            finally:
+                done.set()
 
-        t = threading.Thread(target=do, name=f"sysfs-write {path}", daemon=True)
-        t.start()
-        t.join(self.timeout)
-        if t.is_alive():
+        self._jobs().put(do)
+        if not done.wait(self.timeout):
+            self._local.jobs = None  # that worker is stuck in the kernel: never reuse it
             raise WriteTimeoutError(
                 f"writing {data.strip()!r} to {path} did not return in {self.timeout:g}s; a "
                 "process probably holds the device open (a VM, or a host tool): find it with "
