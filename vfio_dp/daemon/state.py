@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,9 @@ class AllocationStore:
         self.record: AllocationRecord = {}
         self.problem: str | None = None
         self.dirty = False
+        # flushes come from the executor (behind Allocate) and from stop(): one at a time, so
+        # stop() waits for a write in progress instead of seeing "clean" and leaving early
+        self._flush_lock = threading.Lock()
 
     def load(self) -> None:
         """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record."""
@@ -59,6 +63,10 @@ class AllocationStore:
 
     def flush(self) -> None:
         """Write the record if it changed (raises OSError when the disk refuses)."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         if not self.dirty:
             return
         self.dirty = False
