@@ -29,8 +29,6 @@ from vfio_dp.model.plan import plan_bind
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
 
-    from vfio_dp.model.config import Config
-
 
 @dataclass(frozen=True, slots=True)
 class CheckReport:
@@ -61,13 +59,8 @@ class Host:
         return Path(self.fs.base)
 
     # -- discovery ---------------------------------------------------------------------
-    def scan(self, config: Config | None = None, *, usage: bool = True) -> Inventory:
-        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``.
-
-        ``config`` is accepted for symmetry with callers that filter; discovery itself reads
-        everything.
-        """
-        del config
+    def scan(self, *, usage: bool = True) -> Inventory:
+        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``."""
         devices = sysfs.read_devices(self.fs)
         records = self.state.all()
         used = host_usage(self.fs, devices) if usage else {}
