@@ -231,7 +231,7 @@ class Host:
                     if rec is not None and dev.driver == rec.driver:
                         self.state.remove(a)
                     continue
-                if (rec and rec.vendor != dev.vendor) or (rec and rec.device != dev.device):
+                if rec is not None and (rec.vendor, rec.device) != (dev.vendor, dev.device):
                     raise BindError(
                         f"{a} is now {dev.ids} but the record says {rec.vendor}:{rec.device} "
                         f"(hardware changed?); restore explicitly: vfioctl unbind --driver NAME {a}"
