@@ -254,3 +254,15 @@ def test_real_kernel_writes_and_recovers_after_a_timeout(tmp_path: Path) -> None
     with pytest.raises(OSError):
         k.write(str(tmp_path / "missing" / "file"), "x")
     os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # release the stranded writer
+
+
+def test_unbind_refuses_when_the_hardware_behind_a_record_changed(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    host(tree, kernel).bind([A("0000:03:01.0")], group=True)
+    # another card at the same address after a reboot: the record no longer describes it
+    rec = tree.root / "var/lib/vfio_dp/original/0000:03:01.0.json"
+    rec.write_text(rec.read_text().replace('"100e"', '"10d3"'))
+    with pytest.raises(BindError, match=r"record says 8086:10d3.*--driver NAME"):
+        host(tree, kernel).unbind([A("0000:03:01.0")])
+    assert tree.driver_of("0000:03:01.0") == "vfio-pci"  # nothing touched
