@@ -218,6 +218,7 @@ class SysfsTree:
         """Hot-unplug: the device and every link to it disappear."""
         import shutil
 
+        directory = self.dev_dir(address)  # while the device still knows its parents
         dev = self.devs.pop(address)
         for link in (
             self.sys("bus/pci/devices", address),
@@ -229,15 +230,8 @@ class SysfsTree:
             back = self.sys("bus/pci/drivers", dev.driver, address)
             if back.is_symlink():
                 back.unlink()
-        shutil.rmtree(self.dev_dir_raw(address, dev))
+        shutil.rmtree(directory)
         self._sync_vfio_node(dev.group)
-
-    def dev_dir_raw(self, address: str, dev: Dev) -> Path:
-        self.devs[address] = dev
-        try:
-            return self.dev_dir(address)
-        finally:
-            del self.devs[address]
 
     def add_net(self, address: str, ifname: str, *, up: bool, via: str | None = None) -> None:
         """An interface under the device (``via``: e.g. ``virtio2`` in between)."""

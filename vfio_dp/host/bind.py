@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vfio_dp.errors import BindError, RefusedError
+from vfio_dp.errors import BindError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.root import Root, safe_component
 from vfio_dp.host.state import OriginalDriver, StateStore
@@ -195,8 +195,3 @@ class Binder:
             except BindError as e:
                 problems.append(f"{addr}: rollback failed: {e}")
         return problems
-
-
-def refuse_if(reasons: Sequence[str]) -> None:
-    if reasons:
-        raise RefusedError(list(reasons))

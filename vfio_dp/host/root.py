@@ -48,12 +48,6 @@ class Root:
         """Join validated components under the root (no ``..``, no slashes inside a part)."""
         return self.prefix + "/" + "/".join(safe_component(p) for p in parts)
 
-    def host_path(self, path: str) -> str:
-        """The path as the host sees it: strip the root prefix (``/host/dev/vfio/5`` → ``/dev/vfio/5``)."""
-        if self.prefix and path.startswith(self.prefix + "/"):
-            return path[len(self.prefix) :]
-        return path
-
     def resolve(self, path: str) -> str:
         """Resolve every symlink in ``path`` without ever leaving the root.
 

@@ -21,7 +21,7 @@ import os
 import posixpath
 from collections.abc import Iterable
 
-from vfio_dp.errors import AddressError, HostError
+from vfio_dp.errors import AddressError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group, is_vfio_driver
@@ -227,14 +227,6 @@ def read_devices(
     return out
 
 
-def iommu_present(root: Root) -> bool:
-    """True when ``<root>/sys/kernel/iommu_groups`` has at least one group."""
-    try:
-        return bool(os.listdir(root.path("sys", "kernel", "iommu_groups")))
-    except OSError:
-        return False
-
-
 def noiommu_enabled(root: Root) -> bool:
     """``<root>/sys/module/vfio/parameters/enable_unsafe_noiommu_mode`` is ``Y``."""
     flag = read_text(root.path("sys", "module", "vfio", "parameters", "enable_unsafe_noiommu_mode"))
@@ -265,11 +257,3 @@ def read_groups(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[int, I
         is_noiommu = noiommu and read_text(f"{base}/{number}/name") == "vfio-noiommu"
         groups[number] = analyse_group(number, members[number], noiommu=is_noiommu)
     return groups
-
-
-def device_dir(root: Root, address: PciAddress) -> str:
-    """The device's real directory in ``/sys/devices/...`` (links resolved inside the root)."""
-    link = root.path("sys", "bus", "pci", "devices", str(address))
-    if not os.path.lexists(link):
-        raise HostError(f"no PCI device {address} under {root.display}sys/bus/pci/devices")
-    return root.resolve(link)

@@ -22,7 +22,7 @@ With no configuration at all the daemon advertises every device already on vfio-
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,13 +307,3 @@ def load_config_text(text: str, source: str) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(source, [("(file)", source, f"not valid YAML: {e}")]) from e
     return parse_config(data, source)
-
-
-def selectors_matching(config: Config, devices: Iterable[PciDevice]) -> dict[PciDevice, Selector]:
-    """Each device's first matching selector (devices no selector takes are left out)."""
-    out: dict[PciDevice, Selector] = {}
-    for dev in devices:
-        sel = config.select(dev)
-        if sel is not None:
-            out[dev] = sel
-    return out
