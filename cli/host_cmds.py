@@ -130,7 +130,7 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
 
     def body() -> int:
         host = _host(root)
-        inv = host.scan()
+        inv = host.scan(usage=False)
         if not inv.iommu_present:
             click.echo(
                 f"vfioctl: no IOMMU groups under {host.fs.display}sys/kernel/iommu_groups: the "
@@ -140,7 +140,8 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
             if output == "json":
                 print_json([])
             return 0
-        groups = host.with_kernel_verdict(inv) if probe else list(inv.groups.values())
+        status = host.probe_groups(list(inv.groups.values())) if probe else {}
+        unknown = _unknown_status()
         rows = [
             {
                 "group": g.number,
@@ -149,10 +150,10 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
                 "viable": g.viable,
                 "problems": [{"address": str(p.address), "reason": p.reason} for p in g.problems],
                 "noiommu": g.noiommu,
-                "kernel_viable": g.kernel_viable,
-                "in_use": g.kernel_in_use,
+                "kernel_viable": status.get(g.number, unknown).viable,
+                "in_use": status.get(g.number, unknown).in_use,
             }
-            for g in groups
+            for g in inv.groups.values()
         ]
         if output == "json":
             print_json(rows)
@@ -175,6 +176,12 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
         return 0
 
     run_guarded(body)
+
+
+def _unknown_status() -> Any:
+    from vfio_dp.host.vfio import GroupStatus
+
+    return GroupStatus(viable=None, in_use=None)
 
 
 def _report(result: Any, output: str, verb: str) -> None:

@@ -92,12 +92,8 @@ class Host:
         ``in_use`` is not computed (the daemon never needs it to judge health).
         """
         records = self.state.all()
-        devices: dict[PciAddress, PciDevice] = {}
-        for addr in sysfs.list_addresses(self.fs):
-            old = previous.devices.get(addr)
-            dev = sysfs.refresh_device(self.fs, old) if old else sysfs.read_device(self.fs, addr)
-            if dev is None:
-                continue
+        devices = sysfs.refresh_devices(self.fs, previous.devices)
+        for addr, dev in devices.items():
             rec = records.get(addr)
             orig = rec.driver if rec else None
             if dev.original_driver != orig or dev.in_use:
@@ -107,17 +103,15 @@ class Host:
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
-        """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly)."""
-        return {g.number: probe_group(self.fs, g) for g in groups}
-
-    def with_kernel_verdict(self, inv: Inventory) -> list[IommuGroup]:
-        status = self.probe_groups(list(inv.groups.values()))
-        return [
-            dataclasses.replace(
-                g, kernel_viable=status[g.number].viable, kernel_in_use=status[g.number].in_use
-            )
-            for g in inv.groups.values()
-        ]
+        """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly);
+        groups without a node are left out (one directory listing, not one failed open each)."""
+        try:
+            nodes = set(os.listdir(self.fs.path("dev", "vfio")))
+        except OSError:
+            return {}
+        return {
+            g.number: probe_group(self.fs, g) for g in groups if group_node_name(g) in nodes
+        }
 
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)

@@ -92,15 +92,15 @@ class Root:
             return None
 
 
-def read_text(path: str, dir_fd: int | None = None) -> str | None:
-    """Read a small sysfs/proc file (relative to ``dir_fd`` when given), stripped; None if it
-    does not exist or cannot be read."""
+def read_text(path: str, dir_fd: int | None = None, size: int = 65536) -> str | None:
+    """Read a small sysfs/proc file (relative to ``dir_fd`` when given; at most ``size``
+    bytes), stripped; None if it does not exist or cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        return os.read(fd, 65536).decode("utf-8", "replace").strip()
+        return os.read(fd, size).decode("utf-8", "replace").strip()
     except OSError:
         return None
     finally:

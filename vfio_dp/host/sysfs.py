@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from vfio_dp.errors import AddressError
 from vfio_dp.host.root import Root, read_text
@@ -66,7 +66,8 @@ def list_addresses(root: Root) -> list[PciAddress]:
 
 
 def _read_at(dfd: int, name: str) -> str | None:
-    return read_text(name, dir_fd=dfd)
+    # sysfs attributes and uevent are at most one page
+    return read_text(name, dir_fd=dfd, size=4096)
 
 
 def _link_at(dfd: int, name: str) -> str | None:
@@ -76,26 +77,51 @@ def _link_at(dfd: int, name: str) -> str | None:
         return None
 
 
-def open_device_dir(root: Root, address: PciAddress) -> int | None:
-    """Open ``<root>/sys/bus/pci/devices/<bdf>`` (a link into ``/sys/devices``) as a dir fd.
+class _DevicesDir:
+    """``<root>/sys/bus/pci/devices/`` opened once: every device is reached relative to it.
 
-    The link's target is checked to stay under ``<root>/sys/`` before it is opened, so a
-    hostile tree cannot point discovery outside the root; files are then read relative to
-    the fd (one path walk per device instead of one per file).
+    Each entry is a link into ``/sys/devices`` (``../../../devices/pci0000:00/...``); its
+    target is checked to stay under ``<root>/sys/`` before it is opened, so a hostile tree
+    cannot point discovery outside the root. Files are then read relative to the device's
+    own dir fd (one path walk per device instead of one per file).
     """
-    link = root.path("sys", "bus", "pci", "devices", str(address))
-    try:
-        target = os.readlink(link)
-    except OSError:
-        target = None
-    if target is not None:
-        real = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
-        if not real.startswith(root.prefix + "/sys/"):
+
+    __slots__ = ("fd", "path", "sys_prefix")
+
+    def __init__(self, root: Root) -> None:
+        self.path = pci_devices_dir(root)
+        self.sys_prefix = root.prefix + "/sys/"
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def open_device(self, name: str) -> int | None:
+        """A dir fd for ``<name>`` (a validated address string), None if gone or escaping."""
+        try:
+            target = os.readlink(name, dir_fd=self.fd)
+        except OSError:
+            target = None
+        if target is not None:
+            real = posixpath.normpath(f"{self.path}/{target}")
+            if not real.startswith(self.sys_prefix):
+                return None
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
+        except OSError:
             return None
+
+
+def open_device_dir(root: Root, address: PciAddress) -> int | None:
+    """Open ``<root>/sys/bus/pci/devices/<bdf>`` as a dir fd (see :class:`_DevicesDir`)."""
     try:
-        return os.open(link, os.O_RDONLY | os.O_DIRECTORY)
+        devices = _DevicesDir(root)
     except OSError:
         return None
+    try:
+        return devices.open_device(str(address))
+    finally:
+        devices.close()
 
 
 def read_device(root: Root, address: PciAddress) -> PciDevice | None:
@@ -122,12 +148,16 @@ def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | 
     ``vendor``/``device``/``class``/``subsystem_*`` files and the ``driver`` link (never from
     config space, so it does not wake a suspended device). None if a field is missing.
     """
-    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    fields = {}
+    for line in text.split("\n"):
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key] = value
     ids, cls, sub = fields.get("PCI_ID"), fields.get("PCI_CLASS"), fields.get("PCI_SUBSYS_ID")
     if not ids or not cls or not sub or ":" not in ids or ":" not in sub:
         return None
-    vendor, device = ids.split(":", 1)
-    svendor, sdevice = sub.split(":", 1)
+    vendor, _, device = ids.partition(":")
+    svendor, _, sdevice = sub.partition(":")
     return (
         _hex(vendor, 4),
         _hex(device, 4),
@@ -138,7 +168,11 @@ def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | 
     )
 
 
-def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
+def _read_device_at(
+    dfd: int, address: PciAddress, known: dict[str, PciAddress] | None = None
+) -> PciDevice | None:
+    """Read the device whose directory is ``dfd``. ``known`` maps address strings already
+    parsed (the directory listing) so a VF's ``physfn`` is looked up, not parsed again."""
     uevent = _read_at(dfd, "uevent")
     parsed = _ids_from_uevent(uevent) if uevent else None
     if parsed is not None:
@@ -156,12 +190,17 @@ def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
     override = _read_at(dfd, "driver_override")
     group = _link_at(dfd, "iommu_group")
     physfn = _link_at(dfd, "physfn")
-    numvfs = _read_at(dfd, "sriov_numvfs")
+    physfn_addr = None
+    if physfn:
+        physfn_addr = known.get(physfn) if known else None
+        if physfn_addr is None:
+            try:
+                physfn_addr = PciAddress.parse(physfn)
+            except AddressError:
+                physfn_addr = None
+    # a VF never has sriov_* files: skip the failing open (thousands of VFs on big hosts)
+    numvfs = None if physfn else _read_at(dfd, "sriov_numvfs")
     cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
-    try:
-        physfn_addr = PciAddress.parse(physfn) if physfn else None
-    except AddressError:
-        physfn_addr = None
     return PciDevice(
         address=address,
         vendor=vendor,
@@ -180,24 +219,29 @@ def _read_device_at(dfd: int, address: PciAddress) -> PciDevice | None:
     )
 
 
-def refresh_device(root: Root, old: PciDevice) -> PciDevice | None:
-    """Re-read only what changes while a device stays present: ``driver``,
-    ``driver_override`` and the VFIO cdev (``vfio-dev/vfioN``). IDs, class, NUMA node and
-    IOMMU group are fixed for the life of a device at an address (a hot swap at the same
-    address is a remove + add; the daemon's periodic full scan covers a missed pair).
-    None when the device is gone.
+def refresh_devices(
+    root: Root, previous: dict[PciAddress, PciDevice]
+) -> dict[PciAddress, PciDevice]:
+    """Every device now present: new addresses read in full, known ones re-read only for what
+    changes while a device stays present -- ``driver``, ``driver_override`` and the VFIO cdev
+    (``vfio-dev/vfioN``). IDs, class, NUMA node and IOMMU group are fixed for the life of a
+    device at an address (a hot swap at the same address is a remove + add; the daemon's
+    periodic full scan covers a missed pair). Gone devices are left out.
     """
-    dfd = open_device_dir(root, old.address)
-    if dfd is None:
+
+    def read(dfd: int, addr: PciAddress, known: dict[str, PciAddress]) -> PciDevice | None:
+        old = previous.get(addr)
+        return _refresh_at(dfd, old) if old else _read_device_at(dfd, addr, known)
+
+    return _read_each(root, list_addresses(root), read)
+
+
+def _refresh_at(dfd: int, old: PciDevice) -> PciDevice | None:
+    driver = _link_at(dfd, "driver")
+    override = _read_at(dfd, "driver_override")
+    if override is None and _read_at(dfd, "vendor") is None:
         return None
-    try:
-        driver = _link_at(dfd, "driver")
-        override = _read_at(dfd, "driver_override")
-        if override is None and _read_at(dfd, "vendor") is None:
-            return None
-        cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
-    finally:
-        os.close(dfd)
+    cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
     override = None if override in (None, "", "(null)") else override
     if driver == old.driver and override == old.driver_override and cdev == old.vfio_cdev:
         return old
@@ -219,11 +263,37 @@ def _vfio_cdev_at(dfd: int) -> str | None:
 def read_devices(
     root: Root, addresses: Iterable[PciAddress] | None = None
 ) -> dict[PciAddress, PciDevice]:
+    """Every device (or those of ``addresses``) by address; gone ones are left out."""
+    return _read_each(
+        root, list_addresses(root) if addresses is None else addresses, _read_device_at
+    )
+
+
+def _read_each(
+    root: Root,
+    addresses: Iterable[PciAddress],
+    read: Callable[[int, PciAddress, dict[str, PciAddress]], PciDevice | None],
+) -> dict[PciAddress, PciDevice]:
+    """``read(dir_fd, address, known)`` for each address whose directory opens, in order."""
     out: dict[PciAddress, PciDevice] = {}
-    for addr in list_addresses(root) if addresses is None else addresses:
-        dev = read_device(root, addr)
-        if dev is not None:
-            out[addr] = dev
+    try:
+        devices = _DevicesDir(root)
+    except OSError:
+        return out
+    known = {str(a): a for a in addresses}
+    try:
+        for name, addr in known.items():
+            dfd = devices.open_device(name)
+            if dfd is None:
+                continue
+            try:
+                dev = read(dfd, addr, known)
+            finally:
+                os.close(dfd)
+            if dev is not None:
+                out[addr] = dev
+    finally:
+        devices.close()
     return out
 
 

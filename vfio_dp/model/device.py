@@ -87,9 +87,6 @@ class IommuGroup:
     viable: bool
     problems: tuple[GroupProblem, ...] = ()
     noiommu: bool = False  # ``name`` file says vfio-noiommu
-    # The kernel's own verdict, only where an operator asked for a probe of /dev/vfio/<N>.
-    kernel_viable: bool | None = None
-    kernel_in_use: bool | None = None
 
     def endpoints(self, devices: dict[PciAddress, PciDevice]) -> list[PciAddress]:
         """Members that are not bridges (the ones a VM can be given)."""
