@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import vfioctl_command  # noqa: E402
 from tests.daemon.kubelet_standin import KubeletStandin  # noqa: E402
 from tests.sysfs_tree import Dev, SysfsTree  # noqa: E402
 
@@ -94,8 +95,7 @@ async def main() -> int:
     print(f"built a {args.devices}-device tree in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     kubelet = KubeletStandin(kdir)
     await kubelet.start()
-    exe = shutil.which("vfioctl")
-    cmd = [exe] if exe else [sys.executable, "-c", "from cli.main import main; main()"]
+    cmd = vfioctl_command()
     log = open(work / "daemon.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [

@@ -6,7 +6,6 @@ the host layer (stdlib only), so they start fast (no gRPC, no Kubernetes client)
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -34,6 +33,13 @@ def _host(root: str) -> Any:
     from vfio_dp.host import Host
 
     return Host(root)
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (a container's cpuset, not the machine's count)."""
+    import os
+
+    return len(os.sched_getaffinity(0))
 
 
 def _config(path: str | None) -> Any:
@@ -89,7 +95,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
     def body() -> int:
         cfg = _config(config)
         host = _host(root)
-        inv = host.scan()
+        inv = host.scan(workers=_cpus())
         names = host.names(inv)
         rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
         if output == "json":
@@ -130,7 +136,7 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
 
     def body() -> int:
         host = _host(root)
-        inv = host.scan(usage=False)
+        inv = host.scan(usage=False, workers=_cpus())
         if not inv.iommu_present:
             click.echo(
                 f"vfioctl: no IOMMU groups under {host.fs.display}sys/kernel/iommu_groups: the "
@@ -179,9 +185,9 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
 
 
 def _unknown_status() -> Any:
-    from vfio_dp.host.vfio import GroupStatus
+    from vfio_dp.host.vfio import UNKNOWN
 
-    return GroupStatus(viable=None, in_use=None)
+    return UNKNOWN
 
 
 def _report(result: Any, output: str, verb: str) -> None:
@@ -295,8 +301,3 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)
-
-
-COMMANDS = [list_cmd, groups_cmd, bind_cmd, unbind_cmd, check_cmd]
-__all__ = ["COMMANDS"]
-_ = sys

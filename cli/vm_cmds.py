@@ -355,6 +355,3 @@ def hostdev(
         return 0
 
     run_guarded(body)
-
-
-COMMANDS = [webhook, translate, hostdev]

@@ -163,3 +163,99 @@ def test_uevent_and_individual_files_agree(tree: SysfsTree) -> None:
     without = Host(tree.root).scan(usage=False).devices
     assert with_uevent == without
     assert without[A("0000:3b:00.0")].subsystem_device == "12a2"
+
+
+# -- a big host's scan split across processes (the CLI's `list` / `groups`) -----------------
+
+
+def _vfs_tree(base: Path, pfs: int = 3, vfs: int = 7) -> SysfsTree:
+    """PFs with VFs on vfio-pci (one with a VFIO cdev), overrides and NUMA: every field set."""
+    t = SysfsTree(base)
+    group = 10
+    for pf in range(pfs):
+        bus = 0x10 + pf
+        pfa = f"0000:{bus:02x}:00.0"
+        t.add(Dev(pfa, "15b3", "101b", "020000", driver="mlx5_core", group=group, numa=pf % 2,
+                  sriov_totalvfs=vfs, sriov_numvfs=vfs))  # fmt: skip
+        group += 1
+        for vf in range(1, vfs + 1):
+            addr = f"0000:{bus:02x}:00.{vf}"
+            t.add(Dev(addr, "15b3", "101c", "020000", driver="vfio-pci", group=group, physfn=pfa,
+                      numa=pf % 2))  # fmt: skip
+            group += 1
+    t.set_override("0000:12:00.3", "vfio-pci")  # read by a child
+    cdev = t.dev_dir("0000:11:00.2") / "vfio-dev" / "vfio7"
+    cdev.mkdir(parents=True)
+    return t
+
+
+def _as_if_single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads other tests left in this pytest process (gRPC, asyncio executors) would make
+    the scan stay in one process; the CLI, where the split happens, has none. The guard
+    itself is checked with a real thread in test_no_split_while_other_threads_run."""
+    import threading
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+
+
+def test_a_scan_split_across_processes_reads_what_one_process_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vfio_dp.host import sysfs
+
+    t = _vfs_tree(tmp_path / "root")
+    one = Host(t.root).scan(workers=1)
+    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)  # 24 devices: 3 processes
+    _as_if_single_threaded(monkeypatch)
+    pids = []
+    real_fork = os.fork
+
+    def counting_fork() -> int:
+        pid = real_fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counting_fork)
+    split = Host(t.root).scan(workers=3)
+    assert len(pids) == 2, "the scan was not split"
+    assert split == one
+    assert list(split.devices) == list(one.devices)  # address order kept
+    assert split.devices[A("0000:12:00.3")].driver_override == "vfio-pci"
+    assert split.devices[A("0000:11:00.2")].vfio_cdev == "vfio7"
+    assert split.devices[A("0000:12:00.7")].physfn == A("0000:12:00.0")
+
+
+def test_a_reader_process_that_fails_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vfio_dp.host import sysfs
+
+    t = _vfs_tree(tmp_path / "root")
+    one = Host(t.root).scan(workers=1)
+    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
+    _as_if_single_threaded(monkeypatch)
+
+    def broken(dev: object) -> tuple[object, ...]:  # only children hand devices back
+        raise RuntimeError("reader process broke")
+
+    monkeypatch.setattr(sysfs, "_to_wire", broken)
+    assert Host(t.root).scan(workers=3) == one  # the parent re-read their runs
+
+
+def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from vfio_dp.host import sysfs
+
+    t = _vfs_tree(tmp_path / "root")
+    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked with another thread running"))
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert len(Host(t.root).scan(workers=3).devices) == 24
+    finally:
+        stop.set()
+        worker.join()

@@ -21,7 +21,13 @@ from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root
 from vfio_dp.host.state import StateStore
 from vfio_dp.host.usage import host_usage
-from vfio_dp.host.vfio import GroupStatus, device_nodes, group_node_name, probe_group
+from vfio_dp.host.vfio import (
+    GroupStatus,
+    device_nodes,
+    group_node_name,
+    probe_group,
+    probe_groups,
+)
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_driver
 from vfio_dp.model.plan import plan_bind
@@ -59,9 +65,10 @@ class Host:
         return Path(self.fs.base)
 
     # -- discovery ---------------------------------------------------------------------
-    def scan(self, *, usage: bool = True) -> Inventory:
-        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``."""
-        devices = sysfs.read_devices(self.fs)
+    def scan(self, *, usage: bool = True, workers: int = 1) -> Inventory:
+        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``.
+        ``workers`` > 1 lets a big host's scan use that many processes (CLI only)."""
+        devices = sysfs.read_devices(self.fs, workers=workers)
         records = self.state.all()
         used = host_usage(self.fs, devices) if usage else {}
         for addr in records.keys() | used.keys():
@@ -104,14 +111,8 @@ class Host:
 
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
         """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly);
-        groups without a node are left out (one directory listing, not one failed open each)."""
-        try:
-            nodes = set(os.listdir(self.fs.path("dev", "vfio")))
-        except OSError:
-            return {}
-        return {
-            g.number: probe_group(self.fs, g) for g in groups if group_node_name(g) in nodes
-        }
+        groups without a node are left out."""
+        return probe_groups(self.fs, groups)
 
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vfio_dp.host.root import Root
@@ -22,6 +23,7 @@ from vfio_dp.model.device import IommuGroup, PciDevice
 VFIO_GROUP_GET_STATUS = 0x3B67
 VFIO_GROUP_FLAGS_VIABLE = 1
 VFIO_GROUP_FLAGS_CONTAINER_SET = 2
+_STATUS_ARG = struct.pack("<II", 8, 0)  # struct vfio_group_status {argsz = 8, flags = 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,23 +37,51 @@ def group_node_name(group: IommuGroup) -> str:
     return f"noiommu-{group.number}" if group.noiommu else str(group.number)
 
 
+UNKNOWN = GroupStatus(viable=None, in_use=None)  # no node
+_BUSY = GroupStatus(viable=None, in_use=True)
+_NOT_A_GROUP = GroupStatus(viable=None, in_use=False)  # opens, but no VFIO ioctl (test tree)
+_VIABLE = GroupStatus(viable=True, in_use=False)
+_NOT_VIABLE = GroupStatus(viable=False, in_use=False)
+
+
 def probe_group(root: Root, group: IommuGroup) -> GroupStatus:
     """Open ``<root>/dev/vfio/<N>`` briefly and ask the kernel (``VFIO_GROUP_GET_STATUS``)."""
-    node = root.path("dev", "vfio", group_node_name(group))
+    return probe_groups(root, [group]).get(group.number, UNKNOWN)
+
+
+def probe_groups(root: Root, groups: Iterable[IommuGroup]) -> dict[int, GroupStatus]:
+    """:func:`probe_group` for each group with a node in ``<root>/dev/vfio/``; groups without
+    one are left out (one directory listing, not one failed open each; nodes are opened
+    relative to the directory)."""
     try:
-        fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
+        dfd = os.open(root.path("dev", "vfio"), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return {}
+    try:
+        nodes = set(os.listdir(dfd))
+        out = {}
+        for group in groups:
+            name = group_node_name(group)
+            if name in nodes:
+                out[group.number] = _probe_at(dfd, name)
+        return out
+    finally:
+        os.close(dfd)
+
+
+def _probe_at(dfd: int, name: str) -> GroupStatus:
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CLOEXEC, dir_fd=dfd)
     except OSError as e:
-        if e.errno == errno.EBUSY:
-            return GroupStatus(viable=None, in_use=True)
-        return GroupStatus(viable=None, in_use=None)
+        return _BUSY if e.errno == errno.EBUSY else UNKNOWN
     try:
-        buf = bytearray(struct.pack("<II", 8, 0))
+        buf = bytearray(_STATUS_ARG)
         try:
             fcntl.ioctl(fd, VFIO_GROUP_GET_STATUS, buf, True)
         except OSError:
-            return GroupStatus(viable=None, in_use=False)  # not a real VFIO node (test tree)
+            return _NOT_A_GROUP
         _, flags = struct.unpack("<II", buf)
-        return GroupStatus(viable=bool(flags & VFIO_GROUP_FLAGS_VIABLE), in_use=False)
+        return _VIABLE if flags & VFIO_GROUP_FLAGS_VIABLE else _NOT_VIABLE
     finally:
         os.close(fd)
 
