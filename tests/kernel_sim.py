@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,8 @@ class SimulatedKernel:
         self.fail: Callable[[str, str], OSError | None] | None = None
         self.block_seconds: dict[str, float] = {}  # path suffix -> seconds a write hangs
         self.refuse_attach: set[tuple[str, str]] = set()  # (address, driver) probe won't attach
+        # one write's reaction at a time, as the kernel's device lock makes each one atomic
+        self._lock = threading.Lock()
         if vfio_loaded:
             tree.ensure_driver("vfio-pci")
 
@@ -62,6 +65,10 @@ class SimulatedKernel:
             err = self.fail(path, data)
             if err is not None:
                 raise err
+        with self._lock:
+            self._react(path, data)
+
+    def _react(self, path: str, data: str) -> None:
         parts = self._rel(path)
         value = data.strip()
         if parts[:4] == ["sys", "bus", "pci", "devices"] and parts[5] == "driver_override":

@@ -266,3 +266,82 @@ def test_unbind_refuses_when_the_hardware_behind_a_record_changed(
     with pytest.raises(BindError, match=r"record says 8086:10d3.*--driver NAME"):
         host(tree, kernel).unbind([A("0000:03:01.0")])
     assert tree.driver_of("0000:03:01.0") == "vfio-pci"  # nothing touched
+
+
+def test_unbind_restores_groups_concurrently_and_a_cards_functions_in_order(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    h = host(tree, kernel)
+    h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    # Each restore ends with a write to drivers/<original>/bind. Two groups: those writes
+    # must meet in pairs, which only happens when the groups are restored at the same time.
+    meet = threading.Barrier(2)
+
+    def rendezvous(path: str, data: str) -> OSError | None:
+        if path.endswith("/bind"):
+            meet.wait(timeout=10)
+        return None
+
+    kernel.fail = rendezvous
+    start = len(kernel.writes)
+    order = [A("0000:3b:00.0"), A("0000:03:01.0"), A("0000:3b:00.1"), A("0000:03:02.0")]
+    res = h.unbind(order)
+    assert res.restored == [
+        (A("0000:3b:00.0"), "nvidia"),
+        (A("0000:03:01.0"), "e1000"),
+        (A("0000:3b:00.1"), "snd_hda_intel"),
+        (A("0000:03:02.0"), "e1000"),
+    ]
+    # within group 45 (one card) the functions went one after the other, in the order given
+    card = [p + " " + d for p, d in kernel.writes[start:] if "0000:3b:00." in p + d]
+    last_gpu = max(i for i, w in enumerate(card) if "0000:3b:00.0" in w)
+    first_audio = min(i for i, w in enumerate(card) if "0000:3b:00.1" in w)
+    assert last_gpu < first_audio, card
+    assert all(tree.driver_of(str(a)) is not None for a in order)
+
+
+def test_unbind_attempts_every_device_and_names_each_failure(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    h = host(tree, kernel)
+    h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    kernel.refuse_attach.add(("0000:03:01.0", "e1000"))  # the original driver will not take it
+    with pytest.raises(BindError) as e:
+        h.unbind([A("0000:03:01.0"), A("0000:3b:00.0"), A("0000:3b:00.1")])
+    msg = str(e.value)
+    assert "0000:03:01.0: restore to e1000 did not take" in msg
+    assert "vfioctl unbind --driver e1000 0000:03:01.0" in msg
+    assert "0000:3b:00.0: restored to nvidia" in msg
+    assert "0000:3b:00.1: restored to snd_hda_intel" in msg
+    assert tree.driver_of("0000:3b:00.0") == "nvidia"
+    assert tree.driver_of("0000:3b:00.1") == "snd_hda_intel"
+    # the failed device keeps its record, so a later unbind can still restore it
+    assert (tree.root / "var/lib/vfio_dp/original/0000:03:01.0.json").exists()
+
+
+def test_real_kernel_reuses_one_writer_and_adds_one_per_concurrent_write(tmp_path: Path) -> None:
+    import os
+
+    def writers() -> int:
+        return sum(t.name == "sysfs-writer" for t in threading.enumerate())
+
+    before = writers()
+    k = RealKernel(timeout=5)
+    target = tmp_path / "driver_override"
+    target.write_text("")
+    for _ in range(5):
+        k.write(str(target), "vfio-pci")
+    assert writers() == before + 1
+    fifo = tmp_path / "slow"
+    os.mkfifo(fifo)
+    blocked = threading.Thread(target=k.write, args=(str(fifo), "x"))
+    blocked.start()  # holds a writer until the FIFO gets a reader
+    deadline = time.monotonic() + 5
+    while k._idle and time.monotonic() < deadline:  # until it has taken the idle worker
+        time.sleep(0.01)
+    k.write(str(target), "")  # meanwhile another write needs, and gets, a second worker
+    assert writers() == before + 2
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    blocked.join(timeout=5)
+    os.close(fd)
+    assert not blocked.is_alive()

@@ -172,6 +172,51 @@ class Binder:
         _log_info("restored %s to %s", addr, after.driver or "no driver")
         return after.driver
 
+    def restore_all(
+        self, jobs: Sequence[tuple[PciDevice, str | None, str | None]], *, explicit: bool
+    ) -> list[tuple[PciAddress, str | None]]:
+        """:meth:`restore_one` for each ``(device, driver, override)``; ``[(address, driver
+        now)]`` in the order given.
+
+        Devices in different IOMMU groups are restored concurrently, one thread per group: a
+        driver's probe is most of a restore (e1000e's takes 0.15 s under emulation, a GPU
+        driver's can take seconds), and the kernel probes different devices in parallel. The
+        functions of one group -- one card -- go one after another, in the order given. Every
+        device is attempted; the failures are reported together, naming each device.
+        """
+        runs: dict[object, list[tuple[PciAddress, str | None, str | None]]] = {}
+        for dev, driver, override in jobs:
+            key = dev.iommu_group if dev.iommu_group is not None else dev.address
+            runs.setdefault(key, []).append((dev.address, driver, override))
+        now: dict[PciAddress, str | None] = {}
+        failed: dict[PciAddress, BaseException] = {}
+
+        def restore_run(run: list[tuple[PciAddress, str | None, str | None]]) -> None:
+            for addr, driver, override in run:
+                try:
+                    now[addr] = self.restore_one(addr, driver, override, explicit=explicit)
+                except BaseException as e:  # reported by the calling thread
+                    failed[addr] = e
+
+        if len(runs) == 1:
+            restore_run(next(iter(runs.values())))
+        else:
+            import threading
+
+            threads = [threading.Thread(target=restore_run, args=(r,)) for r in runs.values()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()  # each write inside has its own timeout
+        for e in failed.values():
+            if not isinstance(e, BindError):
+                raise e
+        if failed:
+            lines = [f"{a}: {e}" for a, e in failed.items()]
+            lines += [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
+            raise BindError("restore failed\n" + "\n".join(lines))
+        return [(dev.address, now[dev.address]) for dev, _, _ in jobs]
+
     def rollback(self, touched: list[PciAddress]) -> list[str]:
         """Undo every device touched, newest first; return what could not be undone."""
         problems: list[str] = []

@@ -212,6 +212,7 @@ class Host:
         result = BindResult(dry_run=dry_run)
         binder = self._binder()
         with self.state.locked(list(addresses), self.lock_timeout):
+            jobs: list[tuple[PciDevice, str | None, str | None]] = []
             for a in addresses:
                 dev = binder.current(a)
                 rec = self.state.get(a)
@@ -234,8 +235,9 @@ class Host:
                 if dry_run:
                     result.steps.extend(binder.restore_steps(dev, target, override))
                     continue
-                now = binder.restore_one(a, target, override, explicit=driver is not None)
-                result.restored.append((a, now))
+                jobs.append((dev, target, override))
+            # every device was checked before the first write
+            result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
         return result
 
     # -- readiness ---------------------------------------------------------------------

@@ -33,23 +33,25 @@ def _work(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
 class RealKernel:
     """The real kernel: one ``write(2)`` per sysfs write, ``modprobe`` for modules.
 
-    Writes run on a worker thread (one per calling thread, reused: starting a thread per
-    write is measurable under emulation) so the caller can give up after ``timeout``; a write
-    that hangs strands its worker — a thread blocked in the kernel cannot be killed — and the
-    next write from that caller gets a fresh one.
+    Writes run on worker threads so the caller can give up after ``timeout``. Workers are
+    kept and reused (starting a thread per write is measurable under emulation); there are
+    as many as writes ever ran at once (devices restored concurrently each need one). A write
+    that hangs strands its worker -- a thread blocked in the kernel cannot be killed -- and
+    that worker is never handed out again.
     """
 
     def __init__(self, root_prefix: str = "", timeout: float = 10.0) -> None:
         self.root_prefix = root_prefix
         self.timeout = timeout
-        self._local = threading.local()
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
 
-    def _jobs(self) -> queue.SimpleQueue[Callable[[], None]]:
-        jobs: queue.SimpleQueue[Callable[[], None]] | None = getattr(self._local, "jobs", None)
-        if jobs is None:
-            jobs = queue.SimpleQueue()
-            threading.Thread(target=_work, args=(jobs,), name="sysfs-writer", daemon=True).start()
-            self._local.jobs = jobs
+    def _worker(self) -> queue.SimpleQueue[Callable[[], None]]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=_work, args=(jobs,), name="sysfs-writer", daemon=True).start()
         return jobs
 
     def write(self, path: str, data: str) -> None:
@@ -69,14 +71,16 @@ class RealKernel:
             finally:
                 done.set()
 
-        self._jobs().put(do)
-        if not done.wait(self.timeout):
-            self._local.jobs = None  # that worker is stuck in the kernel: never reuse it
+        jobs = self._worker()
+        jobs.put(do)
+        if not done.wait(self.timeout):  # that worker is stuck in the kernel: never reuse it
             raise WriteTimeoutError(
                 f"writing {data.strip()!r} to {path} did not return in {self.timeout:g}s; a "
                 "process probably holds the device open (a VM, or a host tool): find it with "
                 "`fuser -v /dev/vfio/*` and stop it"
             )
+        with self._lock:
+            self._idle.append(jobs)
         if result and result[0] is not None:
             raise result[0]
 
