@@ -115,22 +115,36 @@ def test_check(tree: SysfsTree) -> None:
     assert p.returncode == 0 and "ready" in p.stdout
 
 
-def test_list_is_import_light(tree: SysfsTree) -> None:
+def _loaded_after(tree: SysfsTree, cmd: list[str], modules: tuple[str, ...]) -> str:
+    """Run ``vfioctl <cmd> --root <tree>`` in a fresh interpreter; return its stderr, which
+    ends with ``LOADED [...]``: which of ``modules`` the command imported."""
     code = (
         "import sys; from cli.main import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('grpc', 'kubernetes', 'libvirt', 'aiohttp', 'google.protobuf',"
-        " 'cli.vm_cmds', 'cli.plugin_cmd', 'vm_translate', 'yaml')"
-        " if m in sys.modules]\n"
-        "print('HEAVY', heavy, file=sys.stderr)\n"
+        f"print('LOADED', [m for m in {modules!r} if m in sys.modules], file=sys.stderr)\n"
     )
     e = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    p = subprocess.run(
+        [sys.executable, "-c", code, *cmd, "--root", str(tree.root)],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=60,
+    )
+    return p.stderr
+
+
+def test_list_is_import_light(tree: SysfsTree) -> None:
+    heavy = ("grpc", "kubernetes", "libvirt", "aiohttp", "google.protobuf", "cli.vm_cmds",
+             "cli.plugin_cmd", "vm_translate", "yaml")  # fmt: skip
     for cmd in (["list"], ["groups"], ["bind", "--dry-run", "0000:03:01.0", "--group"]):
-        p = subprocess.run(
-            [sys.executable, "-c", code, *cmd, "--root", str(tree.root)],
-            capture_output=True,
-            text=True,
-            env=e,
-            timeout=60,
-        )
-        assert "HEAVY []" in p.stderr, (cmd, p.stderr)
+        err = _loaded_after(tree, cmd, heavy)
+        assert "LOADED []" in err, (cmd, err)
+
+
+def test_unbind_loads_neither_the_bind_planner_nor_host_usage(tree: SysfsTree) -> None:
+    """Restoring is the path driverctl is timed against in the guest (bench/compare_tools.py)."""
+    err = _loaded_after(
+        tree, ["unbind", "--dry-run", "0000:65:00.0"], ("vfio_dp.model.plan", "vfio_dp.host.usage")
+    )
+    assert "LOADED []" in err, err

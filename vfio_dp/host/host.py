@@ -20,7 +20,6 @@ from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root
 from vfio_dp.host.state import StateStore
-from vfio_dp.host.usage import host_usage
 from vfio_dp.host.vfio import (
     GroupStatus,
     device_nodes,
@@ -30,7 +29,6 @@ from vfio_dp.host.vfio import (
 )
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_driver
-from vfio_dp.model.plan import plan_bind
 
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
@@ -70,7 +68,11 @@ class Host:
         ``workers`` > 1 lets a big host's scan use that many processes (CLI only)."""
         devices = sysfs.read_devices(self.fs, workers=workers)
         records = self.state.all()
-        used = host_usage(self.fs, devices) if usage else {}
+        used = {}
+        if usage:  # imported on use: `unbind` never needs it
+            from vfio_dp.host.usage import host_usage
+
+            used = host_usage(self.fs, devices)
         for addr in records.keys() | used.keys():
             dev = devices.get(addr)
             if dev is None:
@@ -149,6 +151,8 @@ class Host:
             if a not in inv.devices:
                 raise DeviceNotFoundError(str(a), self.fs.display)
         in_use = self._groups_in_use(inv, addresses) if probe else None
+        from vfio_dp.model.plan import plan_bind  # only binding plans: `unbind` stays lighter
+
         plan = plan_bind(
             inv,
             addresses,
