@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -201,8 +202,6 @@ class Binder:
         if len(runs) == 1:
             restore_run(next(iter(runs.values())))
         else:
-            import threading
-
             threads = [threading.Thread(target=restore_run, args=(r,)) for r in runs.values()]
             for t in threads:
                 t.start()
