@@ -345,3 +345,47 @@ def test_real_kernel_reuses_one_writer_and_adds_one_per_concurrent_write(tmp_pat
     blocked.join(timeout=5)
     os.close(fd)
     assert not blocked.is_alive()
+
+
+def test_bind_binds_groups_concurrently_and_reports_in_plan_order(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    # Every bind ends with a drivers_probe write; with two groups those writes can only meet
+    # in pairs when the groups are bound at the same time.
+    meet = threading.Barrier(2)
+
+    def rendezvous(path: str, data: str) -> OSError | None:
+        if path.endswith("drivers_probe"):
+            meet.wait(timeout=10)
+        return None
+
+    kernel.fail = rendezvous
+    res = host(tree, kernel).bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    assert res.bound == [A("0000:3b:00.0"), A("0000:03:01.0"), A("0000:3b:00.1"), A("0000:03:02.0")]
+    for a in ("0000:3b:00.0", "0000:3b:00.1", "0000:03:01.0", "0000:03:02.0"):
+        assert tree.driver_of(a) == "vfio-pci"
+    # within group 45 the functions went one after the other, in plan order
+    probes = [d for p, d in kernel.writes if p.endswith("drivers_probe")]
+    assert probes.index("0000:3b:00.0") < probes.index("0000:3b:00.1")
+
+
+def test_a_failed_group_rolls_back_the_groups_that_bound(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    kernel.refuse_attach.add(("0000:03:02.0", "vfio-pci"))  # the shared group's 2nd endpoint
+    with pytest.raises(BindError) as e:
+        host(tree, kernel).bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    msg = str(e.value)
+    assert "0000:03:02.0: after drivers_probe the device is on no driver" in msg
+    assert "rolled back" in msg and "0000:3b:00.1" in msg  # the GPU's group had bound
+    drivers = {
+        a: tree.driver_of(a)
+        for a in ("0000:3b:00.0", "0000:3b:00.1", "0000:03:01.0", "0000:03:02.0")
+    }
+    assert drivers == {
+        "0000:3b:00.0": "nvidia",
+        "0000:3b:00.1": "snd_hda_intel",
+        "0000:03:01.0": "e1000",
+        "0000:03:02.0": "e1000",
+    }
+    assert list((tree.root / "var/lib/vfio_dp/original").iterdir()) == []

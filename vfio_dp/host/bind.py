@@ -39,6 +39,43 @@ def _log_info(msg: str, *args: object) -> None:
         logging.getLogger("vfio_dp.bind").info(msg, *args)
 
 
+def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
+    """``devices`` split by IOMMU group, in order of first appearance, each run in the order
+    given (a device without a group is a run of its own)."""
+    runs: dict[object, list[PciDevice]] = {}
+    for dev in devices:
+        key = dev.iommu_group if dev.iommu_group is not None else dev.address
+        runs.setdefault(key, []).append(dev)
+    return list(runs.values())
+
+
+def _all_at_once(count: int, work: Callable[[int], None]) -> None:
+    """``work(0) .. work(count - 1)``, each on its own thread when there are several (every
+    sysfs write inside has its own timeout, so each one ends)."""
+    if count == 1:
+        work(0)
+        return
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _raise_failures(failed: dict[PciAddress, BaseException], done: list[str]) -> None:
+    """Re-raise an unexpected error, or a lone failure when nothing else was done, as it is;
+    else one :class:`BindError` naming every failed device (in address order), then what was
+    done."""
+    for e in failed.values():
+        if not isinstance(e, BindError):
+            raise e
+    if len(failed) == 1 and not done:
+        raise next(iter(failed.values()))
+    if failed:
+        lines = [f"{a}: {failed[a]}" for a in sorted(failed)]
+        raise BindError(f"{len(failed)} of the devices failed\n" + "\n".join(lines + done))
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One sysfs write or module load, printable as the shell command it equals."""
@@ -149,6 +186,43 @@ class Binder:
         result.bound.append(addr)
         _log_info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
 
+    def bind_all(
+        self, devices: Sequence[PciDevice], result: BindResult, touched: list[PciAddress]
+    ) -> None:
+        """:meth:`bind_one` for each device. Loads vfio-pci first when needed; then IOMMU
+        groups are bound concurrently, one thread per group (unbinding a host driver can take
+        a while: a GPU driver's seconds), the devices of one group one after another. A
+        failure stops its group only; every other group finishes, ``touched`` then holds every
+        device any of them touched (the caller rolls them all back) and the
+        :class:`BindError` names each failure. ``result`` lists devices in the order given.
+        """
+        if devices and not self.driver_loaded(VFIO_PCI):
+            load = Step("", VFIO_PCI)
+            result.steps.append(load)
+            self.run([load])
+        runs = _group_runs(devices)
+        parts = [(BindResult(), list[PciAddress]()) for _ in runs]
+        failed: dict[PciAddress, BaseException] = {}
+
+        def bind_run(i: int) -> None:
+            part, moved = parts[i]
+            for dev in runs[i]:
+                try:
+                    self.bind_one(dev.address, part, moved)
+                except BaseException as e:  # reported by the calling thread
+                    failed[dev.address] = e
+                    return  # the rest of this group stays as it is
+
+        _all_at_once(len(runs), bind_run)
+        order = {dev.address: i for i, dev in enumerate(devices)}
+        for part, moved in parts:
+            result.bound.extend(part.bound)
+            result.already.extend(part.already)
+            result.steps.extend(part.steps)
+            touched.extend(moved)
+        result.bound.sort(key=order.__getitem__)
+        _raise_failures(failed, [])
+
     def restore_one(
         self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool
     ) -> str | None:
@@ -185,35 +259,24 @@ class Binder:
         functions of one group -- one card -- go one after another, in the order given. Every
         device is attempted; the failures are reported together, naming each device.
         """
-        runs: dict[object, list[tuple[PciAddress, str | None, str | None]]] = {}
-        for dev, driver, override in jobs:
-            key = dev.iommu_group if dev.iommu_group is not None else dev.address
-            runs.setdefault(key, []).append((dev.address, driver, override))
+        target = {dev.address: (driver, override) for dev, driver, override in jobs}
+        runs = _group_runs([dev for dev, _, _ in jobs])
         now: dict[PciAddress, str | None] = {}
         failed: dict[PciAddress, BaseException] = {}
 
-        def restore_run(run: list[tuple[PciAddress, str | None, str | None]]) -> None:
-            for addr, driver, override in run:
+        def restore_run(i: int) -> None:
+            for dev in runs[i]:
+                driver, override = target[dev.address]
                 try:
-                    now[addr] = self.restore_one(addr, driver, override, explicit=explicit)
+                    now[dev.address] = self.restore_one(
+                        dev.address, driver, override, explicit=explicit
+                    )
                 except BaseException as e:  # reported by the calling thread
-                    failed[addr] = e
+                    failed[dev.address] = e
 
-        if len(runs) == 1:
-            restore_run(next(iter(runs.values())))
-        else:
-            threads = [threading.Thread(target=restore_run, args=(r,)) for r in runs.values()]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()  # each write inside has its own timeout
-        for e in failed.values():
-            if not isinstance(e, BindError):
-                raise e
-        if failed:
-            lines = [f"{a}: {e}" for a, e in failed.items()]
-            lines += [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
-            raise BindError("restore failed\n" + "\n".join(lines))
+        _all_at_once(len(runs), restore_run)
+        done = [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
+        _raise_failures(failed, done)
         return [(dev.address, now[dev.address]) for dev, _, _ in jobs]
 
     def rollback(self, touched: list[PciAddress]) -> list[str]:

@@ -174,8 +174,7 @@ class Host:
         touched: list[PciAddress] = []
         with self.state.locked([*plan.targets, *plan.already], self.lock_timeout):
             try:
-                for a in plan.targets:
-                    binder.bind_one(a, result, touched)
+                binder.bind_all([inv.devices[a] for a in plan.targets], result, touched)
             except BindError as e:
                 problems = binder.rollback(touched)
                 msg = f"bind failed: {e}"
