@@ -30,16 +30,12 @@ def _parse(addresses: tuple[str, ...]) -> list[Any]:
 
 
 def _host(root: str) -> Any:
-    from vfio_dp.host import Host
-
-    return Host(root)
-
-
-def _cpus() -> int:
-    """CPUs this process may run on (a container's cpuset, not the machine's count)."""
     import os
 
-    return len(os.sched_getaffinity(0))
+    from vfio_dp.host import Host
+
+    # a big host's scan may use the CPUs this process may run on (a container's cpuset)
+    return Host(root, scan_processes=len(os.sched_getaffinity(0)))
 
 
 def _config(path: str | None) -> Any:
@@ -95,7 +91,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
     def body() -> int:
         cfg = _config(config)
         host = _host(root)
-        inv = host.scan(workers=_cpus())
+        inv = host.scan()
         names = host.names(inv)
         rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
         if output == "json":
@@ -136,7 +132,7 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
 
     def body() -> int:
         host = _host(root)
-        inv = host.scan(usage=False, workers=_cpus())
+        inv = host.scan(usage=False)
         if not inv.iommu_present:
             click.echo(
                 f"vfioctl: no IOMMU groups under {host.fs.display}sys/kernel/iommu_groups: the "

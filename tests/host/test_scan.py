@@ -204,7 +204,7 @@ def test_a_scan_split_across_processes_reads_what_one_process_reads(
     from vfio_dp.host import sysfs
 
     t = _vfs_tree(tmp_path / "root")
-    one = Host(t.root).scan(workers=1)
+    one = Host(t.root).scan()
     monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)  # 24 devices: 3 processes
     _as_if_single_threaded(monkeypatch)
     pids = []
@@ -217,7 +217,7 @@ def test_a_scan_split_across_processes_reads_what_one_process_reads(
         return pid
 
     monkeypatch.setattr(os, "fork", counting_fork)
-    split = Host(t.root).scan(workers=3)
+    split = Host(t.root, scan_processes=3).scan()
     assert len(pids) == 2, "the scan was not split"
     assert split == one
     assert list(split.devices) == list(one.devices)  # address order kept
@@ -232,7 +232,7 @@ def test_a_reader_process_that_fails_is_not_trusted(
     from vfio_dp.host import sysfs
 
     t = _vfs_tree(tmp_path / "root")
-    one = Host(t.root).scan(workers=1)
+    one = Host(t.root).scan()
     monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
     _as_if_single_threaded(monkeypatch)
 
@@ -240,7 +240,7 @@ def test_a_reader_process_that_fails_is_not_trusted(
         raise RuntimeError("reader process broke")
 
     monkeypatch.setattr(sysfs, "_to_wire", broken)
-    assert Host(t.root).scan(workers=3) == one  # the parent re-read their runs
+    assert Host(t.root, scan_processes=3).scan() == one  # the parent re-read their runs
 
 
 def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,7 +255,7 @@ def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.Mo
     worker = threading.Thread(target=stop.wait)
     worker.start()
     try:
-        assert len(Host(t.root).scan(workers=3).devices) == 24
+        assert len(Host(t.root, scan_processes=3).scan().devices) == 24
     finally:
         stop.set()
         worker.join()

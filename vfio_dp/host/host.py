@@ -49,8 +49,12 @@ class Host:
         kernel: KernelIO | None = None,
         write_timeout: float = 10.0,
         lock_timeout: float = 10.0,
+        scan_processes: int = 1,
     ) -> None:
+        """``scan_processes`` > 1 lets a big host's full scan use that many processes (the
+        CLI passes the CPUs it may use; the daemon, which has threads, keeps 1)."""
         self.fs = Root(root)
+        self.scan_processes = scan_processes
         self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout)
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
@@ -63,10 +67,9 @@ class Host:
         return Path(self.fs.base)
 
     # -- discovery ---------------------------------------------------------------------
-    def scan(self, *, usage: bool = True, workers: int = 1) -> Inventory:
-        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``.
-        ``workers`` > 1 lets a big host's scan use that many processes (CLI only)."""
-        devices = sysfs.read_devices(self.fs, workers=workers)
+    def scan(self, *, usage: bool = True) -> Inventory:
+        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``."""
+        devices = sysfs.read_devices(self.fs, workers=self.scan_processes)
         records = self.state.all()
         used = {}
         if usage:  # imported on use: `unbind` never needs it
