@@ -243,6 +243,34 @@ def test_a_reader_process_that_fails_is_not_trusted(
     assert Host(t.root, scan_processes=3).scan() == one  # the parent re-read their runs
 
 
+def test_a_scan_that_cannot_fork_reads_everything_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from vfio_dp.host import sysfs
+
+    t = _vfs_tree(tmp_path / "root")
+    one = Host(t.root).scan()
+    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
+    _as_if_single_threaded(monkeypatch)
+    forks = []
+    real_fork = os.fork
+
+    def fork_once() -> int:  # the second fork hits a pid limit
+        if forks:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork_once)
+    split = Host(t.root, scan_processes=3).scan()
+    assert len(forks) == 1
+    assert split == one and list(split.devices) == list(one.devices)
+
+
 def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 

@@ -331,14 +331,26 @@ def _read_forked(root: Root, addrs: list[PciAddress], procs: int) -> dict[PciAdd
     """Read ``addrs`` in ``procs`` contiguous runs: runs 2..n in forked children that hand
     their devices back over a pipe (:mod:`marshal`), run 1 here meanwhile. Sysfs reads are
     system calls, so a second CPU halves a 4,096-function scan. A child that fails (or
-    returns anything odd) is not trusted: its run is read again here.
+    returns anything odd) is not trusted: its run is read again here, as is a run no child
+    could be started for (no fork allowed, a pid limit).
     """
     size = -(-len(addrs) // procs)
     runs = [addrs[i : i + size] for i in range(0, len(addrs), size)]
     children: list[tuple[int, int, list[PciAddress]]] = []
+    mine = runs[0]
     for run in runs[1:]:
-        rfd, wfd = os.pipe()
-        pid = os.fork()
+        try:
+            rfd, wfd = os.pipe()
+        except OSError:  # out of fds: read the rest here
+            mine = mine + run
+            continue
+        try:
+            pid = os.fork()
+        except OSError:  # pid limit, seccomp: read it here
+            os.close(rfd)
+            os.close(wfd)
+            mine = mine + run
+            continue
         if pid == 0:  # the child: read, hand back, leave without running any cleanup
             code = 1
             try:
@@ -351,7 +363,7 @@ def _read_forked(root: Root, addrs: list[PciAddress], procs: int) -> dict[PciAdd
                 os._exit(code)
         os.close(wfd)
         children.append((pid, rfd, run))
-    found = _read_each(root, runs[0], _read_device_at)
+    found = _read_each(root, mine, _read_device_at)
     known = {str(a): a for a in addrs}
     for pid, rfd, run in children:
         with open(rfd, "rb") as pipe:
@@ -365,7 +377,7 @@ def _read_forked(root: Root, addrs: list[PciAddress], procs: int) -> dict[PciAdd
                 found[dev.address] = dev
         except (ValueError, TypeError, EOFError, IndexError, AddressError):
             found.update(_read_each(root, run, _read_device_at))
-    return found
+    return {a: found[a] for a in addrs if a in found}  # address order, whoever read it
 
 
 def _read_each(
