@@ -268,21 +268,27 @@ def test_unbind_refuses_when_the_hardware_behind_a_record_changed(
     assert tree.driver_of("0000:03:01.0") == "vfio-pci"  # nothing touched
 
 
+def _meet_in_pairs(kernel: SimulatedKernel, suffix: str) -> None:
+    """Writes to paths ending in ``suffix`` wait for a second one (10 s at most, then the
+    write fails). With two IOMMU groups that only works when the groups are worked on at the
+    same time: proof of concurrency without timing anything."""
+    meet = threading.Barrier(2)
+
+    def rendezvous(path: str, data: str) -> OSError | None:
+        if path.endswith(suffix):
+            meet.wait(timeout=10)
+        return None
+
+    kernel.fail = rendezvous
+
+
 def test_unbind_restores_groups_concurrently_and_a_cards_functions_in_order(
     tree: SysfsTree, kernel: SimulatedKernel
 ) -> None:
     h = host(tree, kernel)
     h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
-    # Each restore ends with a write to drivers/<original>/bind. Two groups: those writes
-    # must meet in pairs, which only happens when the groups are restored at the same time.
-    meet = threading.Barrier(2)
-
-    def rendezvous(path: str, data: str) -> OSError | None:
-        if path.endswith("/bind"):
-            meet.wait(timeout=10)
-        return None
-
-    kernel.fail = rendezvous
+    # Each restore ends with a write to drivers/<original>/bind.
+    _meet_in_pairs(kernel, "/bind")
     start = len(kernel.writes)
     order = [A("0000:3b:00.0"), A("0000:03:01.0"), A("0000:3b:00.1"), A("0000:03:02.0")]
     res = h.unbind(order)
@@ -350,16 +356,7 @@ def test_real_kernel_reuses_one_writer_and_adds_one_per_concurrent_write(tmp_pat
 def test_bind_binds_groups_concurrently_and_reports_in_plan_order(
     tree: SysfsTree, kernel: SimulatedKernel
 ) -> None:
-    # Every bind ends with a drivers_probe write; with two groups those writes can only meet
-    # in pairs when the groups are bound at the same time.
-    meet = threading.Barrier(2)
-
-    def rendezvous(path: str, data: str) -> OSError | None:
-        if path.endswith("drivers_probe"):
-            meet.wait(timeout=10)
-        return None
-
-    kernel.fail = rendezvous
+    _meet_in_pairs(kernel, "drivers_probe")  # every bind ends with a drivers_probe write
     res = host(tree, kernel).bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
     assert res.bound == [A("0000:3b:00.0"), A("0000:03:01.0"), A("0000:3b:00.1"), A("0000:03:02.0")]
     for a in ("0000:3b:00.0", "0000:3b:00.1", "0000:03:01.0", "0000:03:02.0"):

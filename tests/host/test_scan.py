@@ -12,6 +12,7 @@ from vfio_dp.errors import PathEscapeError
 from vfio_dp.host import Host
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import Inventory
 
 
 def A(s: str) -> PciAddress:
@@ -198,25 +199,42 @@ def _as_if_single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threading, "active_count", lambda: 1)
 
 
-def test_a_scan_split_across_processes_reads_what_one_process_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _split_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SysfsTree, Inventory]:
+    """The VF tree, what one process reads from it, and a threshold that splits its 24
+    devices across 3 processes."""
     from vfio_dp.host import sysfs
 
     t = _vfs_tree(tmp_path / "root")
     one = Host(t.root).scan()
-    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)  # 24 devices: 3 processes
+    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
     _as_if_single_threaded(monkeypatch)
-    pids = []
+    return t, one
+
+
+def _watch_forks(monkeypatch: pytest.MonkeyPatch, allowed: int = 99) -> list[int]:
+    """Record the pid of every child forked; forks beyond ``allowed`` fail like a pid limit."""
+    import errno
+
+    pids: list[int] = []
     real_fork = os.fork
 
-    def counting_fork() -> int:
+    def fork() -> int:
+        if len(pids) >= allowed:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
         pid = real_fork()
         if pid:
             pids.append(pid)
         return pid
 
-    monkeypatch.setattr(os, "fork", counting_fork)
+    monkeypatch.setattr(os, "fork", fork)
+    return pids
+
+
+def test_a_scan_split_across_processes_reads_what_one_process_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t, one = _split_ready(tmp_path, monkeypatch)
+    pids = _watch_forks(monkeypatch)
     split = Host(t.root, scan_processes=3).scan()
     assert len(pids) == 2, "the scan was not split"
     assert split == one
@@ -231,10 +249,7 @@ def test_a_reader_process_that_fails_is_not_trusted(
 ) -> None:
     from vfio_dp.host import sysfs
 
-    t = _vfs_tree(tmp_path / "root")
-    one = Host(t.root).scan()
-    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
-    _as_if_single_threaded(monkeypatch)
+    t, one = _split_ready(tmp_path, monkeypatch)
 
     def broken(dev: object) -> tuple[object, ...]:  # only children hand devices back
         raise RuntimeError("reader process broke")
@@ -246,28 +261,10 @@ def test_a_reader_process_that_fails_is_not_trusted(
 def test_a_scan_that_cannot_fork_reads_everything_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import errno
-
-    from vfio_dp.host import sysfs
-
-    t = _vfs_tree(tmp_path / "root")
-    one = Host(t.root).scan()
-    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
-    _as_if_single_threaded(monkeypatch)
-    forks = []
-    real_fork = os.fork
-
-    def fork_once() -> int:  # the second fork hits a pid limit
-        if forks:
-            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-        pid = real_fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", fork_once)
+    t, one = _split_ready(tmp_path, monkeypatch)
+    pids = _watch_forks(monkeypatch, allowed=1)  # the second fork hits a pid limit
     split = Host(t.root, scan_processes=3).scan()
-    assert len(forks) == 1
+    assert len(pids) == 1
     assert split == one and list(split.devices) == list(one.devices)
 
 
