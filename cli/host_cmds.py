@@ -142,8 +142,9 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
             if output == "json":
                 print_json([])
             return 0
+        from vfio_dp.host.vfio import UNKNOWN as unknown
+
         status = host.probe_groups(list(inv.groups.values())) if probe else {}
-        unknown = _unknown_status()
         rows = [
             {
                 "group": g.number,
@@ -178,12 +179,6 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
         return 0
 
     run_guarded(body)
-
-
-def _unknown_status() -> Any:
-    from vfio_dp.host.vfio import UNKNOWN
-
-    return UNKNOWN
 
 
 def _report(result: Any, output: str, verb: str) -> None:
