@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vfio_dp.errors import DraError
-from vfio_dp.host.state import remove_durably, write_atomic
+from vfio_dp.host.atomic import remove_durably, write_atomic
 from vfio_dp.model import naming
 
 CDI_VERSION = "0.5.0"

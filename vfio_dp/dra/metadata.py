@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from vfio_dp.dra import cdi
 from vfio_dp.errors import MetadataFormatError
-from vfio_dp.host.state import write_atomic
+from vfio_dp.host.atomic import write_atomic
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming
 

@@ -17,7 +17,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -25,51 +24,6 @@ from dataclasses import asdict, dataclass
 from vfio_dp.errors import AddressError, HostError, LockTimeoutError
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
-
-
-def write_atomic(path: str, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content, never
-    a mix: a temp file in the same directory, fsync, rename over ``path``, fsync of the
-    directory. Creates the directory when missing. The one atomic writer of the node side
-    (bind records, DRA checkpoint, CDI specs, device-metadata files)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-    try:
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def remove_durably(path: str) -> bool:
-    """Unlink ``path`` and fsync its directory; False when it was not there."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +85,22 @@ class StateStore:
         return out
 
     def put(self, record: OriginalDriver) -> None:
-        """Write atomically (:func:`write_atomic`)."""
+        """Write atomically: temp file + fsync + rename + fsync(dir)."""
         import json
 
+        os.makedirs(self.state_dir, exist_ok=True)
         final = self._file(PciAddress.parse(record.address))
-        write_atomic(final, json.dumps(asdict(record), sort_keys=True))
+        tmp = f"{final}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(asdict(record), f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        dfd = os.open(self.state_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def remove(self, address: PciAddress) -> None:
         with contextlib.suppress(FileNotFoundError):
