@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from vfio_dp.errors import BindError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import OriginalDriver, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, OriginalDriver, StateStore
 from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
@@ -107,6 +107,8 @@ class Binder:
         self.root = root
         self.kernel = kernel
         self.state = state
+        #: Who the bind records of this binder name (``operator``, ``daemon``, ``claim:<uid>``).
+        self.bound_by = BOUND_BY_OPERATOR
 
     # -- paths -------------------------------------------------------------------------
     def _dev(self, addr: PciAddress, name: str) -> str:
@@ -168,9 +170,21 @@ class Binder:
         if dev.on_vfio:
             result.already.append(addr)
             return
-        if self.state.get(addr) is None:
+        rec = self.state.get(addr)
+        if rec is None or rec.bound_by != self.bound_by or dev.driver is not None:
+            # A record left from an earlier boot (the device is back on a host driver) or an
+            # interrupted bind is taken over: the driver it has now is what to give back
+            # (driverless: keep the recorded one), and whoever binds it now owns the binding.
+            keep = rec is not None and dev.driver is None
             self.state.put(
-                OriginalDriver(str(addr), dev.driver, dev.driver_override, dev.vendor, dev.device)
+                OriginalDriver(
+                    str(addr),
+                    rec.driver if keep and rec is not None else dev.driver,
+                    rec.driver_override if keep and rec is not None else dev.driver_override,
+                    dev.vendor,
+                    dev.device,
+                    self.bound_by,
+                )
             )
         touched.append(addr)
         steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))

@@ -19,7 +19,7 @@ from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root
-from vfio_dp.host.state import StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import (
     GroupStatus,
     device_nodes,
@@ -143,11 +143,14 @@ class Host:
         force: bool = False,
         dry_run: bool = False,
         probe: bool = True,
+        bound_by: str = BOUND_BY_OPERATOR,
     ) -> BindResult:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
         first write, rolls back every device it touched and raises :class:`BindError`.
+        ``bound_by`` goes into each new bind record (``operator``, ``daemon``,
+        ``claim:<uid>``); devices already on vfio-pci keep their record and owner.
         """
         inv = self.scan()
         for a in addresses:
@@ -168,6 +171,7 @@ class Host:
             raise RefusedError(list(plan.refusals))
         result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=list(plan.forced))
         binder = self._binder()
+        binder.bound_by = bound_by
         if dry_run:
             need = not binder.driver_loaded("vfio-pci")
             for a in plan.targets:
