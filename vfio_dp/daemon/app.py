@@ -125,7 +125,7 @@ class Endpoint:
 class Daemon:
     def __init__(self, options: Options, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root)
+        self.host = host or Host(options.root, owner="daemon")
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
@@ -169,6 +169,7 @@ class Daemon:
             self._http = await serve_http(
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
+        await self._run(self.host.recover, owner="daemon")  # undo binds a kill interrupted
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),

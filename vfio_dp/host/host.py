@@ -8,18 +8,27 @@ rules of :mod:`vfio_dp.model`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import BindError, DeviceNotFoundError, RefusedError
+from vfio_dp.errors import (
+    BindError,
+    DeviceNotFoundError,
+    HostError,
+    LockTimeoutError,
+    PathEscapeError,
+    RefusedError,
+    StateWriteError,
+)
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root
-from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, OpDevice, Operation, OriginalDriver, StateStore
 from vfio_dp.host.vfio import (
     GroupStatus,
     device_nodes,
@@ -32,6 +41,45 @@ from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_drive
 
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
+
+
+def _log_warning(msg: str, *args: object) -> None:
+    """Through ``logging`` when the process uses it (the daemon); free for the CLI."""
+    import sys
+
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger("vfio_dp.bind").warning(msg, *args)
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """An operation whose process died midway (its journal is left, its locks are free)."""
+
+    op: Operation
+    in_progress: bool  # its process still holds the locks: not interrupted (yet)
+
+    def message(self) -> str:
+        addrs = " ".join(d.address for d in self.op.devices)
+        if self.in_progress:
+            return f"{self.op.describe()} is in progress on {addrs}"
+        if self.op.failed:
+            lines = [f"UNFINISHED {self.op.describe()}: {self.op.failed}"]
+        else:
+            lines = [f"INTERRUPTED {self.op.describe()}: the process died midway"]
+        lines += [f"  {p}" for p in self.op.progress()]
+        lines.append(f"  restore every device of it: vfioctl unbind {addrs}")
+        return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What :meth:`Host.recover` did: one line per device restored, and what it could not do."""
+
+    recovered: list[str] = field(default_factory=list)  # operation descriptions
+    restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # others' or live operations
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +98,17 @@ class Host:
         write_timeout: float = 10.0,
         lock_timeout: float = 10.0,
         scan_processes: int = 1,
+        owner: str = "vfioctl",
     ) -> None:
         """``scan_processes`` > 1 lets a big host's full scan use that many processes (the
-        CLI passes the CPUs it may use; the daemon, which has threads, keeps 1)."""
+        CLI passes the CPUs it may use; the daemon, which has threads, keeps 1). ``owner``
+        names who runs the operations in their journals (the daemon passes ``"daemon"``)."""
         self.fs = Root(root)
         self.scan_processes = scan_processes
-        self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout)
+        self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout, self.fs.open)
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
+        self.owner = owner
 
     @property
     def root(self) -> Path:
@@ -127,6 +178,14 @@ class Host:
         return self.fs.path("dev", "vfio", group_node_name(group))
 
     # -- binding -----------------------------------------------------------------------
+    def _all_found(self, inv: Inventory, addresses: Sequence[PciAddress]) -> None:
+        """Raise for the first address not in ``inv``: :class:`PathEscapeError` when its
+        sysfs entry leads out of the root (discovery skipped it), else not found."""
+        for a in addresses:
+            if a not in inv.devices:
+                self.fs.check_inside(f"{sysfs.pci_devices_dir(self.fs)}/{a}/driver_override")
+                raise DeviceNotFoundError(str(a), self.fs.display)
+
     def _binder(self) -> Binder:
         return Binder(self.fs, self.kernel, self.state)
 
@@ -153,9 +212,7 @@ class Host:
         ``claim:<uid>``); devices already on vfio-pci keep their record and owner.
         """
         inv = self.scan()
-        for a in addresses:
-            if a not in inv.devices:
-                raise DeviceNotFoundError(str(a), self.fs.display)
+        self._all_found(inv, addresses)
         in_use = self._groups_in_use(inv, addresses) if probe else None
         from vfio_dp.model.plan import plan_bind  # only binding plans: `unbind` stays lighter
 
@@ -179,9 +236,11 @@ class Host:
                 need = False
             return result
         touched: list[PciAddress] = []
-        with self.state.locked([*plan.targets, *plan.already], self.lock_timeout):
+        with self._locked([*plan.targets, *plan.already]):
+            targets = [inv.devices[a] for a in plan.targets]
+            op = self._begin_bind(binder, targets)
             try:
-                binder.bind_all([inv.devices[a] for a in plan.targets], result, touched)
+                binder.bind_all(targets, result, touched)
             except BindError as e:
                 problems = binder.rollback(touched)
                 msg = f"bind failed: {e}"
@@ -189,8 +248,155 @@ class Host:
                     msg += f"\nrolled back {', '.join(map(str, touched))}"
                 if problems:
                     msg += "\n" + "\n".join(problems)
+                    self._failed(op, msg)
+                else:
+                    self._finish(op)
                 raise BindError(msg) from e
+            self._finish(op)
         return result
+
+    # -- the journal around every operation -----------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, addresses: Sequence[PciAddress]) -> Iterator[None]:
+        try:
+            with self.state.locked(list(addresses), self.lock_timeout):
+                yield
+        except StateWriteError as e:
+            raise StateWriteError(f"refused before the first sysfs write: {e}") from e
+
+    def _preflight(self, binder: Binder, steps: Sequence[Step]) -> None:
+        """Every sysfs file an operation will write resolves inside the root (else refuse
+        before the first write, naming the path and the link)."""
+        for s in steps:
+            if s.path:
+                self.fs.check_inside(s.path)
+
+    def _begin_bind(self, binder: Binder, targets: Sequence[PciDevice]) -> Operation | None:
+        """Check every path, write the journal and every device's original driver, all
+        before the first sysfs write; a failure here refuses the bind, changing nothing."""
+        if not targets:
+            return None
+        for dev in targets:
+            self._preflight(binder, binder.bind_steps(dev, need_module=False))
+        written: list[PciAddress] = []
+        replaced: list[OriginalDriver] = []
+        op: Operation | None = None
+        try:
+            op = self.state.begin(
+                "bind", self.owner, [OpDevice(str(d.address), "vfio-pci", None) for d in targets]
+            )
+            for dev in targets:
+                before = self.state.get(dev.address)
+                record = binder.record_to_write(dev)
+                if record is not None and record != before:
+                    self.state.put(record)
+                    written.append(dev.address)
+                    if before is not None:
+                        replaced.append(before)
+        except (StateWriteError, PathEscapeError) as e:
+            for a in written:
+                self.state.remove(a)
+            for rec in replaced:
+                with contextlib.suppress(StateWriteError, PathEscapeError):
+                    self.state.put(rec)
+            if op is not None:
+                self.state.finish(op)
+            raise StateWriteError(
+                f"bind refused before the first sysfs write (nothing was changed): {e}"
+            ) from e
+        binder.op = op
+        return op
+
+    def _finish(self, op: Operation | None) -> None:
+        if op is not None:
+            self.state.finish(op)
+
+    def _failed(self, op: Operation | None, why: str) -> None:
+        """The operation ended with devices it could not put back: keep its journal, marked,
+        so ``vfioctl list`` shows it and ``vfioctl unbind`` / :meth:`recover` retry it."""
+        if op is None:
+            return
+        op.failed = why.splitlines()[0][:500]
+        with contextlib.suppress(HostError):
+            self.state.save(op)
+
+    def interrupted(self) -> tuple[list[Interrupted], list[str]]:
+        """Every operation journal on disk (each marked in progress or interrupted), and a
+        message for every unreadable record or journal (they are kept, never dropped)."""
+        ops, problems = self.state.operations()
+        found = [Interrupted(op, self.state.busy(op.addresses())) for op in ops]
+        return found, problems + self.state.problems()
+
+    def recover(self, *, owner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
+        """Undo every INTERRUPTED operation (a bind or unbind whose process was killed):
+        each of its devices goes back to the driver it had before the bind (an interrupted
+        bind is rolled back, an interrupted unbind is finished), then its journal is removed.
+
+        ``owner="daemon"``: only what the daemon started (the daemon calls this at start,
+        before it binds anything); ``only``: only operations that include one of these
+        devices (``vfioctl unbind <addresses>``). An operation whose process still runs (its
+        locks are held) is left alone. Reads ``<root>/var/lib/vfio_dp/ops/*.json`` and
+        ``original/<bdf>.json``; writes the same sysfs files as :meth:`unbind`. A device
+        that cannot be restored keeps its records and is named in ``problems``.
+        """
+        out = Recovery()
+        ops, problems = self.state.operations()
+        out.problems.extend(problems)
+        wanted = set(only)
+        for op in ops:
+            addrs = op.addresses()
+            if owner is not None and op.owner != owner:
+                out.skipped.append(f"{op.describe()}: not started by {owner}")
+                continue
+            if wanted and not wanted & set(addrs):
+                continue
+            try:
+                with self.state.locked(addrs, timeout=0):
+                    self._recover_one(op, out)
+            except LockTimeoutError:
+                out.skipped.append(f"{op.describe()}: still in progress")
+        for p in out.problems:
+            _log_warning("recovery: %s", p)
+        return out
+
+    def _recover_one(self, op: Operation, out: Recovery) -> None:
+        current, _ = self.state.operations()
+        if not any(o.id == op.id for o in current):
+            return  # it finished between our listing and our locking
+        binder = self._binder()
+        binder.op = op
+        jobs: list[tuple[PciDevice, str | None, str | None]] = []
+        for d in op.devices:
+            addr = PciAddress.parse(d.address)
+            dev = sysfs.read_device(self.fs, addr)
+            if dev is None:
+                out.problems.append(f"{addr} ({op.describe()}) is gone from the host")
+                continue
+            try:
+                rec = self.state.get(addr)
+            except HostError as e:
+                out.problems.append(str(e))
+                continue
+            if op.kind == "bind":
+                if rec is None:
+                    continue  # recorded before its first write: never touched
+                target, override = rec.driver, rec.driver_override
+            else:
+                target, override = d.target, d.override
+            if dev.driver == target and dev.driver_override == override:
+                if rec is not None and rec.driver == target:
+                    self.state.remove(addr)
+                continue
+            jobs.append((dev, target, override))
+        try:
+            out.restored.extend(binder.restore_all(jobs, explicit=False))
+        except BindError as e:
+            out.problems.append(f"{op.describe()}: {e}")
+            return
+        if not out.problems:
+            self.state.finish(op)
+        out.recovered.append(op.describe())
+        _log_warning("recovered the interrupted %s", op.describe())
 
     def unbind(
         self,
@@ -207,9 +413,7 @@ class Host:
         ``force`` (the unbind would block until the VM lets go).
         """
         inv = self.scan(usage=False)
-        for a in addresses:
-            if a not in inv.devices:
-                raise DeviceNotFoundError(str(a), self.fs.display)
+        self._all_found(inv, addresses)
         refusals = []
         for n, busy in self._groups_in_use(inv, addresses).items():
             if busy and not force:
@@ -220,8 +424,16 @@ class Host:
         if refusals:
             raise RefusedError(refusals)
         result = BindResult(dry_run=dry_run)
+        recovered: set[PciAddress] = set()
+        if not dry_run:  # an interrupted bind/unbind of these devices: finish it first
+            rec_out = self.recover(only=addresses)
+            result.restored.extend(rec_out.restored)
+            recovered = {a for a, _ in rec_out.restored}
+            result.warnings.extend(f"undid the interrupted {d}" for d in rec_out.recovered)
+            if rec_out.problems:
+                raise BindError("\n".join(rec_out.problems))
         binder = self._binder()
-        with self.state.locked(list(addresses), self.lock_timeout):
+        with self._locked(addresses):
             jobs: list[tuple[PciDevice, str | None, str | None]] = []
             for a in addresses:
                 dev = binder.current(a)
@@ -233,7 +445,8 @@ class Host:
                     and dev.driver_override is None
                     and (driver is None or dev.driver == driver)
                 ):
-                    result.already.append(a)
+                    if a not in recovered:
+                        result.already.append(a)
                     if rec is not None and dev.driver == rec.driver:
                         self.state.remove(a)
                     continue
@@ -247,7 +460,25 @@ class Host:
                     continue
                 jobs.append((dev, target, override))
             # every device was checked before the first write
-            result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
+            if not jobs:
+                return result
+            for dev, _, _ in jobs:
+                self._preflight(binder, binder.restore_steps(dev, *_targets(jobs, dev)))
+            try:
+                op = self.state.begin(
+                    "unbind", self.owner, [OpDevice(str(d.address), t, o) for d, t, o in jobs]
+                )
+            except (StateWriteError, PathEscapeError) as e:
+                raise StateWriteError(
+                    f"unbind refused before the first sysfs write (nothing was changed): {e}"
+                ) from e
+            binder.op = op
+            try:
+                result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
+            except BindError as e:
+                self._failed(op, str(e))
+                raise
+            self._finish(op)
         return result
 
     # -- readiness ---------------------------------------------------------------------
@@ -299,4 +530,13 @@ class Host:
         return out
 
 
-__all__ = ["BindResult", "CheckReport", "Host", "Step"]
+def _targets(
+    jobs: Sequence[tuple[PciDevice, str | None, str | None]], dev: PciDevice
+) -> tuple[str | None, str | None]:
+    for d, t, o in jobs:
+        if d is dev:
+            return t, o
+    return None, None
+
+
+__all__ = ["BindResult", "CheckReport", "Host", "Interrupted", "Recovery", "Step"]
