@@ -42,6 +42,14 @@ class ConfigError(UsageError):
         super().__init__(f"invalid configuration {source}:\n" + "\n".join(lines))
 
 
+class SocketPathError(VfioError):
+    """Where a socket of ours must go, something else is (or the directory is unusable)."""
+
+    def __init__(self, path: str, what: str, fix: str) -> None:
+        self.path = path
+        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+
+
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
