@@ -152,6 +152,28 @@ class StaleAllocationError(PluginError):
         )
 
 
+class DriverNameError(UsageError, ValueError):
+    """A DRA driver name is not a lowercase DNS subdomain (it names sockets and slices)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name = name
+        self.why = why
+        super().__init__(
+            f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', at most 63 each, 253 in all)"
+        )
+
+
+class SocketPathError(VfioError):
+    """A unix socket cannot be served at ``path``: something that is not a stale socket is
+    there (a directory, a regular file, a symlink), or the path is too long or not writable."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"cannot serve a socket at {path}: {why}; {fix}")
+
+
 class DraError(VfioError):
     """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
 

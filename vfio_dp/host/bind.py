@@ -189,7 +189,7 @@ class Binder:
     # -- operations ----------------------------------------------------------------------
     def record_to_write(self, dev: PciDevice) -> OriginalDriver | None:
         """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
-        existing one. A record left from an earlier boot (the device is back on a host
+        existing one (also when it already says exactly this). A record left from an earlier boot (the device is back on a host
         driver) or by an interrupted bind is taken over: the driver the device has now is
         what to give back (driverless: keep the recorded one), and whoever binds it now
         (:attr:`bound_by`) owns the binding."""
@@ -197,7 +197,7 @@ class Binder:
         if rec is not None and rec.bound_by == self.bound_by and dev.driver is None:
             return None
         keep = rec is not None and dev.driver is None
-        return OriginalDriver(
+        new = OriginalDriver(
             str(dev.address),
             rec.driver if keep and rec is not None else dev.driver,
             rec.driver_override if keep and rec is not None else dev.driver_override,
@@ -205,6 +205,7 @@ class Binder:
             dev.device,
             self.bound_by,
         )
+        return None if new == rec else new
 
     def bind_one(self, addr: PciAddress, result: BindResult, touched: list[PciAddress]) -> None:
         dev = self.current(addr)

@@ -288,7 +288,7 @@ class Host:
             for dev in targets:
                 before = self.state.get(dev.address)
                 record = binder.record_to_write(dev)
-                if record is not None and record != before:
+                if record is not None:
                     self.state.put(record)
                     written.append(dev.address)
                     if before is not None:

@@ -47,6 +47,20 @@ def resource_name_problem(name: str) -> str | None:
     return None
 
 
+def dns_subdomain_problem(name: str) -> str | None:
+    """Why ``name`` is not a lowercase RFC 1123 DNS subdomain (a DRA driver name), or None."""
+    if not name:
+        return "it is empty"
+    if len(name) > 253:
+        return f"it is {len(name)} characters long, more than 253"
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        return "it is not a lowercase DNS subdomain"
+    long = [label for label in name.split(".") if len(label) > 63]
+    if long:
+        return f"label {long[0][:70]!r} is longer than 63 characters"
+    return None
+
+
 def is_dns_label(text: str) -> bool:
     """A Kubernetes DNS label (RFC 1123): <= 63 of ``[a-z0-9-]``, alphanumeric at both ends
     (namespaces, DRA request and device names)."""
@@ -54,9 +68,9 @@ def is_dns_label(text: str) -> bool:
 
 
 def is_dns_subdomain(text: str) -> bool:
-    """A Kubernetes DNS subdomain: <= 253, dot-separated DNS labels (object names such as a
-    ResourceClaim's, DRA driver names)."""
-    return len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
+    """A Kubernetes DNS subdomain (object names such as a ResourceClaim's, DRA driver names):
+    :func:`dns_subdomain_problem` finds nothing."""
+    return dns_subdomain_problem(text) is None
 
 
 def dra_device_name(address: PciAddress) -> str:
