@@ -12,7 +12,8 @@
 
 ``state`` is ``preparing`` from before the first bind until the CDI spec and metadata are
 written, then ``prepared``; a crash in between leaves ``preparing`` for reconcile to finish or
-undo. Each claim carries the boot ID (``<root>/proc/sys/kernel/random/boot_id``) it was
+undo. ``releasing``: kubelet unprepared the claim but a group it bound was still held open;
+reconcile gives it back once nobody holds it. Each claim carries the boot ID (``<root>/proc/sys/kernel/random/boot_id``) it was
 prepared or last verified in: after a reboot the IOMMU group numbers and drivers may have
 changed, so a claim from another boot is *untrusted* until it has been re-verified against
 the hardware (:meth:`Checkpoint.untrusted`, :meth:`Checkpoint.mark_verified`).
@@ -41,6 +42,7 @@ from vfio_dp.host.root import Root, read_text
 VERSION = 1
 PREPARING = "preparing"
 PREPARED = "prepared"
+RELEASING = "releasing"  # unprepared by kubelet, devices still to give back (held open)
 _MAX_BYTES = 64 << 20
 
 
@@ -127,7 +129,7 @@ def _claim_from_json(c: object) -> ClaimRecord:
     if not isinstance(c, dict):
         raise TypeError("claim must be an object")
     state = str(c.get("state", PREPARING))
-    if state not in (PREPARING, PREPARED):
+    if state not in (PREPARING, PREPARED, RELEASING):
         raise ValueError(f"unknown claim state {state!r}")
     pcn = c.get("podClaimName")
     devices = c.get("devices", [])

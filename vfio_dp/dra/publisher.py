@@ -169,13 +169,19 @@ class SlicePublisher:
         current = self._list()
         highest = max(
             [self.generation]
-            + [int(s.get("spec", {}).get("pool", {}).get("generation") or 0) for s in current.values()]
+            + [
+                int(s.get("spec", {}).get("pool", {}).get("generation") or 0)
+                for s in current.values()
+            ]
         )
         self.generation = highest
         if (
             devices == self.written_devices
             and set(current) == set(self.written)
-            and all(current[n]["metadata"].get("resourceVersion") == rv for n, rv in self.written.items())
+            and all(
+                current[n]["metadata"].get("resourceVersion") == rv
+                for n, rv in self.written.items()
+            )
         ):
             return False
         if self.written_devices is None and self._adopt(devices, current, highest):
@@ -220,7 +226,11 @@ class SlicePublisher:
                 return False
         self.written = {n: s["metadata"].get("resourceVersion", "") for n, s in current.items()}
         self.written_devices = devices
-        log.info("the %d ResourceSlice(s) on the server are current (generation %d)", len(current), generation)
+        log.info(
+            "the %d ResourceSlice(s) on the server are current (generation %d)",
+            len(current),
+            generation,
+        )
         return True
 
     def _write(self, body: Slice, old: Slice | None) -> str:
