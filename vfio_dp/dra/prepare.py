@@ -460,14 +460,15 @@ class ClaimPreparer:
             pod_claim_name=view.pod_claim_name,
             devices_by_request=by_request,
         )
-        cdi_devices: list[cdi.CdiDevice] = []
+        cdi_devices: list[cdi.CdiDevice] = []  # the groups first, then the metadata mounts
+        metadata_devices: list[cdi.CdiDevice] = []
         metadata_ids: dict[str, str] = {}
         for req, (host_path, container_path) in files.items():
             dev = cdi.CdiDevice(
                 cdi.metadata_device_name(claim.uid, req),
                 mounts=(cdi.Mount(host_path, container_path),),
             )
-            cdi_devices.append(dev)
+            metadata_devices.append(dev)
             metadata_ids[req] = cdi.device_id(self.driver, dev.name)
         out: list[PreparedDevice] = []
         given_metadata: set[str] = set()
@@ -484,7 +485,7 @@ class ClaimPreparer:
                 given_metadata.add(req)
                 ids.append(metadata_ids[req])
             out.append(PreparedDevice((r.request,), r.pool, r.device, tuple(ids)))
-        cdi.write_spec(self.cdi_dir, self.driver, claim.uid, cdi_devices)
+        cdi.write_spec(self.cdi_dir, self.driver, claim.uid, cdi_devices + metadata_devices)
         return tuple(out)
 
     # -- NodeUnprepareResources ----------------------------------------------------------
