@@ -52,8 +52,10 @@ def _config(path: str | None) -> Any:
 
 
 def device_json(
-    dev: Any, resource: str, names: dict[tuple[str, str | None], str]
+    dev: Any, serving: Any, names: dict[tuple[str, str | None], str]
 ) -> dict[str, object]:
+    """One row of ``vfioctl list -o json``; ``serving`` is a
+    :class:`vfio_dp.plugin.paths.DeviceServing` (one field per path)."""
     return {
         "address": str(dev.address),
         "vendor": dev.vendor,
@@ -71,9 +73,21 @@ def device_json(
         "physfn": str(dev.physfn) if dev.physfn else None,
         "sriov_numvfs": dev.sriov_numvfs,
         "bridge": dev.is_bridge,
-        "resource": resource,
+        "path": serving.path,
+        "resource": serving.resource,
+        "dra_device": serving.dra_device,
+        "not_served": serving.not_served,
         "in_use": list(dev.in_use),
     }
+
+
+def _serving(inv: Any, cfg: Any) -> Any:
+    """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules)."""
+    from vfio_dp.plugin.listing import compute_listing
+    from vfio_dp.plugin.paths import device_serving, dra_units
+
+    listing = compute_listing(inv, cfg)
+    return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg))
 
 
 @click.command("list")
@@ -83,22 +97,28 @@ def device_json(
     "--config",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Daemon config (YAML) used to compute each device's resource name.",
+    help="Node config (YAML): the table gets what each path would serve (device-plugin "
+    "resource, DRA device). Without it: what a process without --config would serve.",
 )
 def list_cmd(root: str, output: str, config: str | None) -> None:
-    """Every PCI device: IDs, driver, IOMMU group, NUMA node, resource name, host use."""
+    """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
+    path would serve: the device-plugin resource and the DRA device (null: not served)."""
 
     def body() -> int:
         cfg = _config(config)
         host = _host(root)
         inv = host.scan()
         names = host.names(inv)
-        rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
+        serving = _serving(inv, cfg)
+        rows = [device_json(d, serving[a], names) for a, d in inv.devices.items()]
         if output == "json":
             print_json(rows)
             return 0
+        headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
+        if config:
+            headers += ["resource", "dra device", "not served"]
         print_table(
-            ["address", "ids", "class", "driver", "group", "numa", "name", "in use"],
+            headers,
             [
                 (
                     r["address"],
@@ -109,6 +129,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                     r["numa_node"],
                     " ".join(str(x) for x in (r["vendor_name"], r["device_name"]) if x) or None,
                     "; ".join(r["in_use"]) or None,  # type: ignore[arg-type]
+                    *((r["resource"], r["dra_device"], r["not_served"]) if config else ()),
                 )
                 for r in rows
             ],
@@ -127,10 +148,18 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
     show_default=True,
     help="Ask the kernel (VFIO_GROUP_GET_STATUS) for groups with a /dev/vfio node.",
 )
-def groups_cmd(root: str, output: str, probe: bool) -> None:
-    """Every IOMMU group: members, viability with reasons, the kernel's own verdict."""
+@option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Node config (YAML): say which path serves each group, or why none does.",
+)
+def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
+    """Every IOMMU group: members, viability with reasons, the kernel's own verdict, and
+    which path serves it (a group split between paths is served by neither: why)."""
 
     def body() -> int:
+        cfg = _config(config)
         host = _host(root)
         inv = host.scan(usage=False)
         if not inv.iommu_present:
@@ -145,6 +174,10 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
         from vfio_dp.host.vfio import UNKNOWN as unknown
 
         status = host.probe_groups(list(inv.groups.values())) if probe else {}
+        from vfio_dp.plugin.paths import group_paths, path_splits
+
+        paths = group_paths(inv, cfg)
+        splits = path_splits(inv, cfg)
         rows = [
             {
                 "group": g.number,
@@ -155,6 +188,8 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
                 "noiommu": g.noiommu,
                 "kernel_viable": status.get(g.number, unknown).viable,
                 "in_use": status.get(g.number, unknown).in_use,
+                "paths": {str(a): p for a, p in paths.get(g.number, {}).items()},
+                "not_served": splits.get(g.number),
             }
             for g in inv.groups.values()
         ]
@@ -162,7 +197,7 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
             print_json(rows)
             return 0
         print_table(
-            ["group", "viable", "kernel", "devices", "problems"],
+            ["group", "viable", "kernel", "path", "devices", "problems"],
             [
                 (
                     r["group"],
@@ -170,8 +205,13 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
                     {True: "viable", False: "not viable", None: None}[r["kernel_viable"]]
                     if not r["in_use"]
                     else "in use",
+                    "SPLIT" if r["not_served"] else (",".join(sorted(set(r["paths"].values()))) or None),
                     " ".join(f"{a}({d or '-'})" for a, d in r["drivers"].items()),
-                    " | ".join(p["reason"] for p in r["problems"]) or None,
+                    " | ".join(
+                        [p["reason"] for p in r["problems"]]
+                        + ([r["not_served"]] if r["not_served"] else [])
+                    )
+                    or None,
                 )
                 for r in rows
             ],

@@ -157,7 +157,7 @@ def _make_room(path: str, flag: str) -> None:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise SocketPathError(
             path,
-            f"the path is {len(os.fsencode(path))} bytes, unix sockets allow {MAX_SOCKET_PATH}",
+            f"is {len(os.fsencode(path))} bytes long, unix sockets allow {MAX_SOCKET_PATH}",
             f"choose a shorter {flag} or driver name",
         )
     parent = os.path.dirname(path)
@@ -166,7 +166,7 @@ def _make_room(path: str, flag: str) -> None:
     except OSError as e:
         raise SocketPathError(
             path,
-            f"cannot create its directory {parent}: {e.strerror or e}",
+            f"needs the directory {parent}, which cannot be created: {e.strerror or e}",
             f"make {parent} a writable directory or choose another {flag}",
         ) from e
     try:
@@ -175,7 +175,7 @@ def _make_room(path: str, flag: str) -> None:
         return
     except OSError as e:
         raise SocketPathError(
-            path, f"cannot inspect it: {e.strerror or e}", "check the permissions"
+            path, f"cannot be inspected: {e.strerror or e}", "check the permissions"
         ) from e
     if not stat.S_ISSOCK(st.st_mode):
         kind = (
@@ -189,7 +189,7 @@ def _make_room(path: str, flag: str) -> None:
         )
         raise SocketPathError(
             path,
-            f"it is {kind}, not a stale socket",
+            f"is {kind}, not a stale socket",
             f"remove it (rm -r {path}) or choose another {flag}",
         )
     # a socket: stale (an earlier run) or someone else's at our path; the rename in
@@ -344,7 +344,7 @@ class KubeletFrontEnd:
         if len(os.fsencode(hidden)) > MAX_SOCKET_PATH:
             raise SocketPathError(
                 served.path,
-                f"its directory is too long for a unix socket ({MAX_SOCKET_PATH} bytes)",
+                f"is in a directory too long for a unix socket ({MAX_SOCKET_PATH} bytes)",
                 f"choose a shorter {served.flag}",
             )
         with contextlib.suppress(FileNotFoundError):
@@ -366,9 +366,9 @@ class KubeletFrontEnd:
         try:
             port = server.add_insecure_port("unix:" + hidden)
         except RuntimeError as e:
-            port, why = 0, str(e)
+            port, why = 0, f"cannot be bound: {e}"
         else:
-            why = "gRPC could not bind it"
+            why = "cannot be bound (gRPC refused it)"
         if port == 0:
             await server.stop(None)
             raise SocketPathError(served.path, why, "check the directory's permissions")
@@ -381,7 +381,7 @@ class KubeletFrontEnd:
                 os.unlink(hidden)
             raise SocketPathError(
                 served.path,
-                f"cannot put the socket in place: {e.strerror or e}",
+                f"cannot be put in place: {e.strerror or e}",
                 f"remove it (rm -r {served.path}) or choose another {served.flag}",
             ) from e
         served.server = server

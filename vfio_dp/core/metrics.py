@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import ClassVar
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.core")
 
 Labels = tuple[tuple[str, str], ...]
 
