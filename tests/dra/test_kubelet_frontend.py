@@ -7,75 +7,23 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from tests.dra.conftest import DRIVER, NODE
 from tests.dra.kubelet_dra_standin import KubeletDraStandin
+from tests.dra.recording_handler import UID_A, UID_B, RecordingHandler
 from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.dra.kubelet import (
     MAX_ECHO,
-    ClaimRef,
-    ClaimResult,
     KubeletFrontEnd,
-    PreparedDevice,
 )
 from vfio_dp.errors import DriverNameError, SocketPathError
-
-UID_A = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-UID_B = "11111111-2222-3333-4444-555555555555"
-
-
-class RecordingHandler:
-    """A handler with real (in-memory) semantics: prepare is idempotent, unprepare forgets."""
-
-    def __init__(self) -> None:
-        self.prepared: dict[str, ClaimRef] = {}
-        self.calls: list[tuple[str, list[str]]] = []
-        self.omit: set[str] = set()
-        self.fail_with: Exception | None = None
-        self.delay = 0.0
-        self.finished: list[str] = []
-
-    def device(self, claim: ClaimRef) -> PreparedDevice:
-        return PreparedDevice(
-            request_names=("gpu",),
-            pool_name=NODE,
-            device_name="pci-0000-3b-00-0",
-            cdi_device_ids=(f"{DRIVER}/pci=g{claim.uid[:8]}",),
-        )
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        self.calls.append(("prepare", [c.uid for c in claims]))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.fail_with is not None:
-            raise self.fail_with
-        out = {}
-        for c in claims:
-            if c.uid in self.omit:
-                continue
-            self.prepared[c.uid] = c
-            out[c.uid] = ClaimResult(devices=(self.device(c),))
-        self.finished.append("prepare")
-        return out
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        self.calls.append(("unprepare", [c.uid for c in claims]))
-        if self.fail_with is not None:
-            raise self.fail_with
-        out = {}
-        for c in claims:
-            if c.uid in self.omit:
-                continue
-            self.prepared.pop(c.uid, None)
-            out[c.uid] = ""
-        return out
 
 
 @pytest.fixture
