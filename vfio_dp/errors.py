@@ -42,6 +42,14 @@ class ConfigError(UsageError):
         super().__init__(f"invalid configuration {source}:\n" + "\n".join(lines))
 
 
+class SocketPathError(VfioError):
+    """Where a socket of ours must go, something else is (or the directory is unusable)."""
+
+    def __init__(self, path: str, what: str, fix: str) -> None:
+        self.path = path
+        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+
+
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
@@ -162,16 +170,6 @@ class DriverNameError(UsageError, ValueError):
             f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
             "e.g. vfio.example.com (labels of a-z, 0-9 and '-', at most 63 each, 253 in all)"
         )
-
-
-class SocketPathError(VfioError):
-    """A unix socket cannot be served at ``path``: something that is not a stale socket is
-    there (a directory, a regular file, a symlink), or the path is too long or not writable."""
-
-    def __init__(self, path: str, why: str, fix: str) -> None:
-        self.path = path
-        self.why = why
-        super().__init__(f"cannot serve a socket at {path}: {why}; {fix}")
 
 
 class DraError(VfioError):

@@ -701,7 +701,10 @@ class ApiServerStandin:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(
-            target=self.server.serve_forever, name="apiserver-standin", daemon=True
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="apiserver-standin",
+            daemon=True,
         )
         self.thread.start()
         os.makedirs(self.dir, exist_ok=True)
@@ -751,6 +754,9 @@ class ApiServerStandin:
                 for (p, ns, _), o in sorted(self.store.objects.items())
                 if p == kind.plural and (not namespace or ns == namespace)
             ]
+
+    def objects_of_plural(self, plural: str) -> list[dict[str, Any]]:
+        return self.objects(next(k for k in KINDS if k.plural == plural))
 
     def wait_for(
         self, what: str, predicate: Callable[[ApiServerStandin], bool], timeout: float = 10.0
@@ -1049,6 +1055,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
+            # read (and drop) a bounded amount so the client sees the answer, then hang up
+            left = min(length, 2 * MAX_BODY)
+            while left > 0:
+                got = self.rfile.read(min(left, 1 << 16))
+                if not got:
+                    break
+                left -= len(got)
+            self.close_connection = True
             raise ApiError(
                 413,
                 "RequestEntityTooLarge",

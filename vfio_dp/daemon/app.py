@@ -97,11 +97,11 @@ def ensure_socket_dir(directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
         raise SocketPathError(
-            directory, "it is not a directory", "give a directory (--kubelet-dir)"
+            directory, "is not a directory", "give a directory (--kubelet-dir)"
         ) from e
     except OSError as e:
         raise SocketPathError(
-            directory, f"it cannot be created ({e.strerror})", "check --kubelet-dir"
+            directory, f"cannot be created ({e.strerror})", "check --kubelet-dir"
         ) from e
 
 
@@ -117,7 +117,7 @@ def clear_stale_socket(path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    kind = "it is a directory" if stat.S_ISDIR(st.st_mode) else "it is not a socket"
+    kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "is not a socket"
     fix = f"remove it (rm -r {path})" if stat.S_ISDIR(st.st_mode) else f"remove it (rm {path})"
     raise SocketPathError(path, kind, fix)
 

@@ -149,7 +149,7 @@ def _file_id(path: str) -> FileId | None:
 
 
 def _make_room(path: str, flag: str) -> None:
-    """Make ``path`` free for a new socket: create its directory, remove a stale socket.
+    """Check that ``path`` can take a new socket: create its directory; a socket there is stale.
 
     Refuses (``SocketPathError``) anything that is not a socket, and a path too long for
     ``sun_path``; ``flag`` names the option that chose the directory, for the fix.
@@ -157,7 +157,7 @@ def _make_room(path: str, flag: str) -> None:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise SocketPathError(
             path,
-            f"the path is {len(os.fsencode(path))} bytes, unix sockets allow {MAX_SOCKET_PATH}",
+            f"is {len(os.fsencode(path))} bytes long, unix sockets allow {MAX_SOCKET_PATH}",
             f"choose a shorter {flag} or driver name",
         )
     parent = os.path.dirname(path)
@@ -166,7 +166,7 @@ def _make_room(path: str, flag: str) -> None:
     except OSError as e:
         raise SocketPathError(
             path,
-            f"cannot create its directory {parent}: {e.strerror or e}",
+            f"needs the directory {parent}, which cannot be created: {e.strerror or e}",
             f"make {parent} a writable directory or choose another {flag}",
         ) from e
     try:
@@ -175,7 +175,7 @@ def _make_room(path: str, flag: str) -> None:
         return
     except OSError as e:
         raise SocketPathError(
-            path, f"cannot inspect it: {e.strerror or e}", "check the permissions"
+            path, f"cannot be inspected: {e.strerror or e}", "check the permissions"
         ) from e
     if not stat.S_ISSOCK(st.st_mode):
         kind = (
@@ -189,17 +189,11 @@ def _make_room(path: str, flag: str) -> None:
         )
         raise SocketPathError(
             path,
-            f"it is {kind}, not a stale socket",
+            f"is {kind}, not a stale socket",
             f"remove it (rm -r {path}) or choose another {flag}",
         )
-    try:
-        os.unlink(path)  # a stale socket of an earlier run
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise SocketPathError(
-            path, f"cannot remove the stale socket: {e.strerror or e}", "check the permissions"
-        ) from e
+    # a socket: stale (an earlier run) or someone else's at our path; the rename in
+    # KubeletFrontEnd._serve replaces it atomically
 
 
 class _DraServicer:
@@ -295,6 +289,7 @@ class KubeletFrontEnd:
         self.registered = False
         self.registration_error = ""
         self._running: set[asyncio.Task[Any]] = set()
+        self._serial = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -336,7 +331,24 @@ class KubeletFrontEnd:
         self.registered = False
 
     async def _serve(self, served: _Served) -> None:
+        """Serve ``served.path``: bind a hidden name beside it, then rename it into place.
+
+        gRPC unlinks the path it bound when its server stops; binding ``.<pid>.<n>.sock`` and
+        renaming means that unlink hits a name nobody uses, never a socket someone else put
+        at our path meanwhile. The rename also replaces a stale socket atomically. kubelet's
+        watcher ignores names starting with ``.``.
+        """
         _make_room(served.path, served.flag)
+        self._serial += 1
+        hidden = os.path.join(os.path.dirname(served.path), f".{os.getpid()}.{self._serial}.sock")
+        if len(os.fsencode(hidden)) > MAX_SOCKET_PATH:
+            raise SocketPathError(
+                served.path,
+                f"is in a directory too long for a unix socket ({MAX_SOCKET_PATH} bytes)",
+                f"choose a shorter {served.flag}",
+            )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(hidden)  # our own leftover (pid reused after a crash)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -352,15 +364,26 @@ class KubeletFrontEnd:
         else:
             reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
         try:
-            port = server.add_insecure_port("unix:" + served.path)
+            port = server.add_insecure_port("unix:" + hidden)
         except RuntimeError as e:
-            port, why = 0, str(e)
+            port, why = 0, f"cannot be bound: {e}"
         else:
-            why = "gRPC could not bind it"
+            why = "cannot be bound (gRPC refused it)"
         if port == 0:
             await server.stop(None)
             raise SocketPathError(served.path, why, "check the directory's permissions")
         await server.start()
+        try:
+            os.rename(hidden, served.path)
+        except OSError as e:
+            await server.stop(None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hidden)
+            raise SocketPathError(
+                served.path,
+                f"cannot be put in place: {e.strerror or e}",
+                f"remove it (rm -r {served.path}) or choose another {served.flag}",
+            ) from e
         served.server = server
         served.file_id = _file_id(served.path)
         log.info("%s: serving %s", self.driver_name, served.path)

@@ -1,0 +1,305 @@
+"""A kubelet DRA stand-in: behaves like kubelet's plugin watcher + DRA manager as documented
+(``../shared/reference/dra.md``; test fixture), built from the vendored official protos.
+
+Named as such on purpose — it is not the kubelet, but it follows the kubelet's protocol:
+
+- at :meth:`start` it deletes ALL of the node's ResourceSlices through the API server
+  (DeleteCollection with ``fieldSelector=spec.nodeName=<node>``), as a starting kubelet does;
+- it watches the registry dir (``/var/lib/kubelet/plugins_registry``) and dials every new
+  socket in it (the real watcher takes any socket not starting with ``.``; :attr:`attempts`
+  records each socket's file name so tests can check ``<driver>-reg.sock``);
+- on each: ``pluginregistration.Registration/GetInfo``; refuses (NotifyRegistrationStatus
+  ``plugin_registered=false`` with the reason) a ``type`` other than ``DRAPlugin``, an empty
+  name, an empty endpoint, or ``supported_versions`` naming no service it speaks; otherwise
+  takes the FIRST entry it supports of ``v1.DRAPlugin``/``v1beta1.DRAPlugin`` and answers
+  ``plugin_registered=true``;
+- :meth:`prepare` / :meth:`unprepare` call ``NodePrepareResources`` /
+  ``NodeUnprepareResources`` of the chosen version on the registered ``endpoint``, with a
+  deadline, and — like kubelet — treat a claim missing from the response as a failure;
+- a registration socket that disappears (or is replaced) deregisters that plugin; when no
+  instance of the driver is left for ``wipe_grace`` seconds (30 s in kubelet; shorter in tests)
+  it deletes that driver's slices on this node (``spec.nodeName=<node>,spec.driver=<driver>``);
+  a re-registration within the grace cancels that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
+from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
+from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
+from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+DRA_PLUGIN_TYPE = "DRAPlugin"
+# the services this kubelet speaks, by the names plugins list in supported_versions
+SERVICES: dict[str, tuple[Any, Any]] = {
+    "v1.DRAPlugin": (v1_pb2, v1_grpc),
+    "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc),
+}
+KUBELET_WIPE_GRACE = 30.0
+GET_INFO_TIMEOUT = 10.0
+PREPARE_TIMEOUT = 45.0
+
+
+@dataclass
+class Attempt:
+    """One registration attempt: the socket dialled and what came of it."""
+
+    socket: str  # file name in the registry dir
+    info: Any = None  # the PluginInfo answered, if any
+    accepted: bool = False
+    error: str = ""
+
+
+@dataclass
+class DraPluginView:
+    """What the stand-in knows about one registered driver."""
+
+    driver: str
+    socket: str  # registration socket path
+    socket_id: tuple[int, int, int]
+    endpoint: str
+    version: str  # the chosen service, e.g. "v1.DRAPlugin"
+    channel: Any = None
+    stub: Any = None
+    calls: list[str] = field(default_factory=list)
+
+
+class KubeletDraStandin:
+    def __init__(
+        self,
+        registry_dir: str,
+        node_name: str,
+        *,
+        api_client: Any = None,
+        wipe_grace: float = KUBELET_WIPE_GRACE,
+        poll: float = 0.05,
+        versions: tuple[str, ...] = tuple(SERVICES),
+    ) -> None:
+        """``api_client``: a ``kubernetes.client.ApiClient`` (e.g. the API-server stand-in's);
+        None = no API server (slices are not wiped). ``versions``: the services this kubelet
+        speaks (an older kubelet knows only ``v1beta1.DRAPlugin``)."""
+        self.dir = registry_dir
+        self.node = node_name
+        self.api_client = api_client
+        self.wipe_grace = wipe_grace
+        self.poll = poll
+        self.versions = versions
+        self.plugins: dict[str, DraPluginView] = {}  # driver -> view
+        self.attempts: list[Attempt] = []
+        self.wipes: list[str] = []  # field selectors of the DeleteCollection calls made
+        self.changed = asyncio.Condition()
+        self._known: dict[str, tuple[int, int, int]] = {}  # socket path -> file id dialled
+        self._wipe_timers: dict[str, asyncio.Task[None]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        if self.api_client is not None:
+            await self._wipe(f"spec.nodeName={self.node}")
+        self._watcher = asyncio.create_task(self._watch(), name="kubelet-dra-standin watch")
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        for timer in self._wipe_timers.values():
+            timer.cancel()
+        self._wipe_timers.clear()
+        for view in list(self.plugins.values()):
+            await self._close(view)
+        self.plugins.clear()
+        self._known.clear()
+
+    async def restart(self) -> None:
+        """A kubelet restart: forget every plugin, wipe the node's slices, re-discover the
+        sockets still in the registry dir."""
+        await self.stop()
+        await self.start()
+
+    # -- the watcher -----------------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            await self._scan()
+            await asyncio.sleep(self.poll)
+
+    async def _scan(self) -> None:
+        present: dict[str, tuple[int, int, int]] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.dir):
+                if name.startswith("."):
+                    continue
+                path = os.path.join(self.dir, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISSOCK(st.st_mode):
+                    present[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        for path, fid in list(self._known.items()):
+            if present.get(path) != fid:
+                del self._known[path]
+                await self._deregister(path, fid)
+        for path, fid in present.items():
+            if path not in self._known:
+                self._known[path] = fid
+                await self._register(path, fid)
+
+    async def _register(self, path: str, fid: tuple[int, int, int]) -> None:
+        attempt = Attempt(os.path.basename(path))
+        self.attempts.append(attempt)
+        try:
+            async with grpc.aio.insecure_channel("unix:" + path) as channel:
+                stub = reg_grpc.RegistrationStub(channel)
+                try:
+                    info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+                except grpc.aio.AioRpcError as e:
+                    attempt.error = f"GetInfo failed: {e.code().name}: {e.details()}"
+                    return
+                attempt.info = info
+                why, version = self._validate(info)
+                if why:
+                    attempt.error = why
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await stub.NotifyRegistrationStatus(
+                            reg_pb2.RegistrationStatus(plugin_registered=False, error=why),
+                            timeout=GET_INFO_TIMEOUT,
+                        )
+                    return
+                old = self.plugins.get(info.name)
+                if old is not None:
+                    await self._close(old)
+                view = DraPluginView(info.name, path, fid, info.endpoint, version)
+                pb_grpc = SERVICES[version][1]
+                view.channel = grpc.aio.insecure_channel("unix:" + info.endpoint)
+                view.stub = pb_grpc.DRAPluginStub(view.channel)
+                self.plugins[info.name] = view
+                timer = self._wipe_timers.pop(info.name, None)
+                if timer is not None:
+                    timer.cancel()
+                try:
+                    await stub.NotifyRegistrationStatus(
+                        reg_pb2.RegistrationStatus(plugin_registered=True), timeout=GET_INFO_TIMEOUT
+                    )
+                except grpc.aio.AioRpcError as e:
+                    attempt.error = f"NotifyRegistrationStatus failed: {e.code().name}"
+                attempt.accepted = True
+        finally:
+            async with self.changed:
+                self.changed.notify_all()
+
+    def _validate(self, info: Any) -> tuple[str, str]:
+        """(why refused or "", the chosen service) — kubelet's checks, in its order."""
+        if info.type != DRA_PLUGIN_TYPE:
+            return f"no handler registered for plugin type: {info.type}", ""
+        if not info.name:
+            return "plugin name is empty", ""
+        if not info.endpoint:
+            return f"{info.name}: endpoint is empty", ""
+        for v in info.supported_versions:
+            if v in self.versions:
+                return "", v
+        return (
+            f"{info.name}: none of the versions {list(info.supported_versions)} is supported "
+            f"(kubelet speaks {list(self.versions)})",
+            "",
+        )
+
+    async def _deregister(self, path: str, fid: tuple[int, int, int]) -> None:
+        for driver, view in list(self.plugins.items()):
+            if view.socket == path and view.socket_id == fid:
+                del self.plugins[driver]
+                await self._close(view)
+                if self.api_client is not None and driver not in self._wipe_timers:
+                    self._wipe_timers[driver] = asyncio.create_task(self._wipe_later(driver))
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _wipe_later(self, driver: str) -> None:
+        await asyncio.sleep(self.wipe_grace)
+        self._wipe_timers.pop(driver, None)
+        if driver not in self.plugins:
+            await self._wipe(f"spec.nodeName={self.node},spec.driver={driver}")
+
+    async def _wipe(self, selector: str) -> None:
+        from kubernetes.client import ResourceV1Api
+
+        api = ResourceV1Api(self.api_client)
+        await asyncio.to_thread(api.delete_collection_resource_slice, field_selector=selector)
+        self.wipes.append(selector)
+        async with self.changed:
+            self.changed.notify_all()
+
+    @staticmethod
+    async def _close(view: DraPluginView) -> None:
+        if view.channel is not None:
+            await view.channel.close()
+            view.channel = None
+
+    # -- kubelet's calls -------------------------------------------------------------------
+    def _pb(self, driver: str) -> tuple[DraPluginView, Any]:
+        view = self.plugins.get(driver)
+        if view is None:
+            raise LookupError(f"kubelet DRA stand-in: driver {driver!r} is not registered")
+        return view, SERVICES[view.version][0]
+
+    async def prepare(
+        self, driver: str, claims: list[tuple[str, str, str]], *, timeout: float = PREPARE_TIMEOUT
+    ) -> dict[str, Any]:
+        """NodePrepareResources for ``(namespace, uid, name)`` claims → uid -> per-claim answer.
+        Raises AssertionError, as kubelet fails the pod, when a claim is missing."""
+        view, pb = self._pb(driver)
+        request = pb.NodePrepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        view.calls.append("NodePrepareResources")
+        response = await view.stub.NodePrepareResources(request, timeout=timeout)
+        missing = [uid for _, uid, _ in claims if uid not in response.claims]
+        if missing:
+            raise AssertionError(
+                f"NodePrepareResources: claims {missing} missing from the response"
+            )
+        return dict(response.claims)
+
+    async def unprepare(
+        self, driver: str, claims: list[tuple[str, str, str]], *, timeout: float = PREPARE_TIMEOUT
+    ) -> dict[str, str]:
+        view, pb = self._pb(driver)
+        request = pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        view.calls.append("NodeUnprepareResources")
+        response = await view.stub.NodeUnprepareResources(request, timeout=timeout)
+        missing = [uid for _, uid, _ in claims if uid not in response.claims]
+        if missing:
+            raise AssertionError(
+                f"NodeUnprepareResources: claims {missing} missing from the response"
+            )
+        return {uid: r.error for uid, r in response.claims.items()}
+
+    async def wait_for(
+        self, what: str, predicate: Callable[[KubeletDraStandin], bool], timeout: float = 10.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        async with self.changed:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"kubelet DRA stand-in: timed out waiting for {what}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), min(left, 0.1))
