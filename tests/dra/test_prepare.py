@@ -353,6 +353,12 @@ def test_claims_of_one_call_are_answered_separately(
             "device pci-0000-99-00-0: no such device on this node",
         ),
         (
+            [result("pci-0000-03-01-0", request="../../etc")],
+            {},
+            None,
+            "device pci-0000-03-01-0: request name '../../etc' is not a DNS label",
+        ),
+        (
             [result("pci-0000-00-03-0")],
             {},
             None,

@@ -16,7 +16,9 @@ For each claim kubelet names (namespace, uid, name), :meth:`ClaimPreparer.prepar
    the claim as ``prepared`` and returns every CDI device ID.
 
 ``adminAccess: true`` results never bind and never get the VFIO group: their device carries
-only the metadata mount. Every per-claim error names the claim, the device and the reason.
+only the metadata mount. A claim reserved for several pods (``status.reservedFor``) is
+prepared once per node, but a VFIO group can be opened by ONE process only: the first VM to
+open ``/dev/vfio/<N>`` has it, the others get ``EBUSY``. Every per-claim error names the claim, the device and the reason.
 
 One claim is handled by one worker at a time (an ``asyncio.Lock`` per UID); kubelet's
 retry of a claim whose bind is still running waits for it, then answers from the device
@@ -63,6 +65,7 @@ from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_node_name
 from vfio_dp.model import dra_metadata as md
+from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
@@ -273,6 +276,11 @@ class ClaimPreparer:
                 )
         if not ours:
             raise ClaimError(who, f"no device of driver {self.driver} is allocated to it")
+        for r in ours:  # request names reach file paths: refuse before anything is touched
+            if not naming.is_dns_label(md.request_base(r.request)):
+                raise ClaimError(
+                    who, f"request name {r.request[:80]!r} is not a DNS label", r.device[:80]
+                )
         requests = {md.request_base(r.request) for r in ours} | {r.request for r in ours}
         for driver, reqs in view.opaque_config:
             if driver != self.driver:
@@ -554,7 +562,8 @@ class ClaimPreparer:
             if node is not None and scan.held(node) is not False:
                 problems.append(
                     f"IOMMU group {n} ({', '.join(map(str, addrs))}) kept on vfio-pci: "
-                    f"{scan.describe(node)}; it is given back once that process closes it"
+                    f"{scan.describe(node)} (a VFIO group is opened by one process only, "
+                    "typically the VM's QEMU); it is given back once that process closes it"
                 )
                 continue
             present = [a for a in addrs if a in inv.devices]
