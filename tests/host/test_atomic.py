@@ -1,48 +1,39 @@
-"""The atomic writer: whole content or old content, no temp files left, directory created."""
+"""The one atomic writer (vfio_dp.host.atomic) on a real temp directory."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from vfio_dp.host.atomic import remove_durably, write_atomic
+from vfio_dp.host.atomic import write_atomic
 
 
-def test_write_replace_remove(tmp_path: Path) -> None:
-    p = tmp_path / "a" / "b" / "f.json"
-    write_atomic(str(p), "one")
-    write_atomic(str(p), b"two", mode=0o600)
-    assert p.read_text() == "two" and (p.stat().st_mode & 0o777) == 0o600
-    assert os.listdir(p.parent) == ["f.json"]
-    assert remove_durably(str(p)) is True and remove_durably(str(p)) is False
+def test_writes_creates_the_directory_and_replaces_whole(tmp_path: Path) -> None:
+    target = tmp_path / "var/lib/vfio_dp/rec.json"
+    write_atomic(str(target), b'{"a": 1}')
+    assert target.read_bytes() == b'{"a": 1}'
+    write_atomic(str(target), b"{}")
+    assert target.read_bytes() == b"{}"
+    assert os.listdir(target.parent) == ["rec.json"]  # no temp file left behind
 
 
-def test_failed_write_keeps_old_content_and_no_temp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """fsync failing (EIO from a dying disk) after the temp file was written."""
-    p = tmp_path / "f"
-    write_atomic(str(p), "old")
-
-    def eio(fd: int) -> None:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(os, "fsync", eio)
-    with pytest.raises(OSError, match="Input/output"):
-        write_atomic(str(p), "new")
-    assert p.read_text() == "old" and os.listdir(tmp_path) == ["f"]
+def test_a_failed_replace_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    (tmp_path / "busy").mkdir()  # a directory where the file should go: rename fails
+    (tmp_path / "busy" / "x").write_text("")
+    with pytest.raises(OSError):
+        write_atomic(str(tmp_path / "busy"), b"new")
+    assert sorted(os.listdir(tmp_path)) == ["busy"]
+    assert os.listdir(tmp_path / "busy") == ["x"]
 
 
-def test_refuses_to_write_through_a_planted_temp_symlink(tmp_path: Path) -> None:
-    """A symlink planted at the temp name is not followed (O_NOFOLLOW)."""
+def test_never_writes_through_a_planted_temp_link(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep")
-    p = tmp_path / "f"
-    import threading
-
-    (tmp_path / f"f.tmp.{os.getpid()}.{threading.get_ident()}").symlink_to(victim)
-    with pytest.raises(OSError):
-        write_atomic(str(p), "x")
-    assert victim.read_text() == "keep"
+    tmp = f".rec.json.{os.getpid()}.{threading.get_ident()}.tmp"
+    os.symlink(victim, tmp_path / tmp)
+    with pytest.raises(FileExistsError):
+        write_atomic(str(tmp_path / "rec.json"), b"data")
+    assert victim.read_text() == "keep" and not (tmp_path / "rec.json").exists()

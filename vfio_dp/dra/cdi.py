@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vfio_dp.errors import DraError
-from vfio_dp.host.atomic import remove_durably, write_atomic
+from vfio_dp.host.atomic import write_atomic
 from vfio_dp.model import naming
 
 CDI_VERSION = "0.5.0"
@@ -121,8 +121,22 @@ def build_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, object]:
 def write_spec(cdi_dir: str, driver: str, claim_uid: str, devices: Sequence[CdiDevice]) -> str:
     """Write (atomically replace) the claim's spec; return its path."""
     path = spec_path(cdi_dir, driver, claim_uid)
-    write_atomic(path, json.dumps(build_spec(driver, devices), indent=2) + "\n")
+    write_atomic(path, (json.dumps(build_spec(driver, devices), indent=2) + "\n").encode())
     return path
+
+
+def remove_durably(path: str) -> bool:
+    """Unlink ``path`` and fsync its directory; False when it was not there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return True
 
 
 def remove_spec(cdi_dir: str, driver: str, claim_uid: str) -> bool:

@@ -210,7 +210,7 @@ class Checkpoint:
             "driver": self.driver,
             "claims": {u: _claim_to_json(c) for u, c in sorted(self._claims.items())},
         }
-        write_atomic(self.path, json.dumps(body, indent=1, sort_keys=True) + "\n", mode=0o600)
+        write_atomic(self.path, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
 
     def get(self, uid: str) -> ClaimRecord | None:
         with self._lock:

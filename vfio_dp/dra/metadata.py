@@ -72,7 +72,7 @@ def write_claim(
             pod_claim_name=pod_claim_name,
         )
         path = host_path(plugins_dir, driver, uid, req)
-        write_atomic(path, md.render(meta))
+        write_atomic(path, md.render(meta).encode())
         out[req] = (path, md.container_path(claim_name, req, driver, pod_claim_name))
     return out
 

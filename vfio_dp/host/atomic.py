@@ -1,10 +1,10 @@
-"""Whole-or-nothing files: the node side's atomic writer.
+"""The one atomic file writer: every persisted record (the original-driver records of
+:mod:`vfio_dp.host.state`, the daemon's allocation record) is written whole or not at all.
 
-``write_atomic(path, data)``: a temp file in the same directory, ``fsync``, ``rename`` over
-``path``, ``fsync`` of the directory -- a crash or power loss leaves the old content or the
-new one, never a mix. Used for the DRA checkpoint, CDI specs and device-metadata files.
-(``StateStore.put`` in :mod:`.state` follows the same sequence for bind records; branch
-``house`` unifies the writers.)
+The sequence: a temp file in the same directory (``O_EXCL | O_NOFOLLOW``: never through a
+planted link), every byte written, ``fsync``; ``rename`` over the old file; ``fsync`` of the
+directory so the rename itself survives a crash. A reader sees the old file or the new one,
+never a torn one; a failure removes the temp file and raises the :class:`OSError`.
 """
 
 from __future__ import annotations
@@ -14,46 +14,37 @@ import os
 import threading
 
 
-def write_atomic(path: str, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content, never
-    a mix: a temp file in the same directory, fsync, rename over ``path``, fsync of the
-    directory. Creates the directory when missing. The one atomic writer of the node side
-    (bind records, DRA checkpoint, CDI specs, device-metadata files)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+def replace_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace ``name`` in the open directory ``dir_fd`` with ``data``, atomically."""
+    tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=dir_fd,
+    )
     try:
         try:
-            view = memoryview(raw)
+            view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    os.fsync(dir_fd)
 
 
-def remove_durably(path: str) -> bool:
-    """Unlink ``path`` and fsync its directory; False when it was not there."""
+def write_atomic(path: str, data: bytes) -> None:
+    """:func:`replace_at` for ``path`` (its directory is created when missing)."""
+    directory, name = os.path.split(path)
+    os.makedirs(directory or ".", exist_ok=True)
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
+        replace_at(dfd, name, data)
     finally:
         os.close(dfd)
-    return True
