@@ -96,6 +96,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
         rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
         if output == "json":
             print_json(rows)
+            _report_operations(host)
             return 0
         print_table(
             ["address", "ids", "class", "driver", "group", "numa", "name", "in use"],
@@ -113,9 +114,20 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                 for r in rows
             ],
         )
+        _report_operations(host)
         return 0
 
     run_guarded(body)
+
+
+def _report_operations(host: Any) -> None:
+    """Interrupted binds/unbinds and unreadable records, plainly, on stderr (stdout stays a
+    table or JSON)."""
+    found, problems = host.interrupted()
+    for op in found:
+        click.echo(f"vfioctl: {op.message()}", err=True)
+    for p in problems:
+        click.echo(f"vfioctl: warning: {p}", err=True)
 
 
 @click.command("groups")
@@ -195,7 +207,8 @@ def _report(result: Any, output: str, verb: str) -> None:
         )
         return
     for w in result.warnings:
-        click.echo(f"warning: forced: {w}", err=True)
+        label = "forced: " if verb == "on vfio-pci" else ""
+        click.echo(f"warning: {label}{w}", err=True)
     if result.dry_run:
         for s in result.steps:
             click.echo(str(s))

@@ -80,6 +80,7 @@ class Recovery:
     restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # others' or live operations
+    unreadable: list[str] = field(default_factory=list)  # journals that cannot be read (kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,8 +337,7 @@ class Host:
         that cannot be restored keeps its records and is named in ``problems``.
         """
         out = Recovery()
-        ops, problems = self.state.operations()
-        out.problems.extend(problems)
+        ops, out.unreadable = self.state.operations()
         wanted = set(only)
         for op in ops:
             addrs = op.addresses()
@@ -351,7 +351,7 @@ class Host:
                     self._recover_one(op, out)
             except LockTimeoutError:
                 out.skipped.append(f"{op.describe()}: still in progress")
-        for p in out.problems:
+        for p in out.problems + out.unreadable:
             _log_warning("recovery: %s", p)
         return out
 
@@ -361,6 +361,7 @@ class Host:
             return  # it finished between our listing and our locking
         binder = self._binder()
         binder.op = op
+        failures = len(out.problems)
         jobs: list[tuple[PciDevice, str | None, str | None]] = []
         for d in op.devices:
             addr = PciAddress.parse(d.address)
@@ -389,7 +390,7 @@ class Host:
         except BindError as e:
             out.problems.append(f"{op.describe()}: {e}")
             return
-        if not out.problems:
+        if len(out.problems) == failures:
             self.state.finish(op)
         out.recovered.append(op.describe())
         _log_warning("recovered the interrupted %s", op.describe())
@@ -426,6 +427,7 @@ class Host:
             result.restored.extend(rec_out.restored)
             recovered = {a for a, _ in rec_out.restored}
             result.warnings.extend(f"undid the interrupted {d}" for d in rec_out.recovered)
+            result.warnings.extend(rec_out.unreadable)
             if rec_out.problems:
                 raise BindError("\n".join(rec_out.problems))
         binder = self._binder()

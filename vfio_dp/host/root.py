@@ -83,6 +83,8 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
                     return int(fd), ctypes.get_errno()
 
                 _openat2_fn = call
+    fd: int
+    err: int
     fd, err = _openat2_fn(dirfd, rel, flags, mode)
     if fd >= 0:
         _openat2_ok = True
