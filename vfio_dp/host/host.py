@@ -255,11 +255,15 @@ class Host:
     # -- the journal around every operation -----------------------------------------------
     @contextlib.contextmanager
     def _locked(self, addresses: Sequence[PciAddress]) -> Iterator[None]:
-        try:
-            with self.state.locked(list(addresses), self.lock_timeout):
-                yield
-        except StateWriteError as e:
-            raise StateWriteError(f"refused before the first sysfs write: {e}") from e
+        """The devices' locks; a lock that cannot be created refuses the operation."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.state.locked(list(addresses), self.lock_timeout))
+            except StateWriteError as e:
+                raise StateWriteError(
+                    f"refused before the first sysfs write (nothing was changed): {e}"
+                ) from e
+            yield
 
     def _preflight(self, binder: Binder, steps: Sequence[Step]) -> None:
         """Every sysfs file an operation will write resolves inside the root (else refuse
