@@ -13,12 +13,12 @@ how many devices were left without a driver after recovery (must be 0).
 
 Where the results come from (said in each row's note):
 
-- by default, the results saved by the last guest test run
-  (``pytest tests/guest/test_crash_real_kernel.py``, kept in
-  ``$VFIO_DP_CACHE/reliability_bind.json``), else a fresh guest run;
-- ``--rerun``: a fresh guest run (all cases: about 10 minutes under emulation);
-- ``--quick``: a fresh guest run of a subset (the lone device's bind at every kill point,
-  ENOSPC, EROFS, the hang: about 3 minutes).
+- the results saved by the last guest test run (``pytest
+  tests/guest/test_crash_real_kernel.py`` keeps them in
+  ``$VFIO_DP_CACHE/reliability_bind.json``; the note says when it ran), else a fresh guest
+  run: every case (about 10 minutes under emulation), or with ``--quick`` a subset (the
+  lone device's bind at every kill point, ENOSPC, EROFS, the hang: about 3 minutes);
+- ``--rerun``: a fresh guest run even when saved results exist.
 
 ``rows() -> list[dict[str, object]]`` is what the reliability aggregator calls.
 """
@@ -60,7 +60,7 @@ def run_guest(quick: bool) -> dict[str, Any]:
 def load(*, rerun: bool = False, quick: bool = False) -> tuple[dict[str, Any], str]:
     """The scenario's results and where they came from."""
     path = results_cache()
-    if not rerun and not quick and path.is_file():
+    if not rerun and path.is_file():
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
         return json.loads(path.read_text()), f"guest test run of {when}"
     data = run_guest(quick)
@@ -155,8 +155,8 @@ def rows(*, rerun: bool = False, quick: bool = False) -> list[dict[str, object]]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fresh guest run of a subset")
-    ap.add_argument("--rerun", action="store_true", help="fresh guest run of every case")
+    ap.add_argument("--quick", action="store_true", help="a fresh run covers a subset only")
+    ap.add_argument("--rerun", action="store_true", help="a fresh guest run, not saved results")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     table = rows(rerun=args.rerun, quick=args.quick)

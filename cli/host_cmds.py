@@ -207,8 +207,7 @@ def _report(result: Any, output: str, verb: str) -> None:
         )
         return
     for w in result.warnings:
-        label = "forced: " if verb == "on vfio-pci" else ""
-        click.echo(f"warning: {label}{w}", err=True)
+        click.echo(f"warning: {w}", err=True)
     if result.dry_run:
         for s in result.steps:
             click.echo(str(s))

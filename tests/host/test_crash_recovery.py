@@ -246,3 +246,17 @@ def test_list_shows_the_interrupted_operation(tree: SysfsTree) -> None:
     assert f"{NIC_A}: 2 sysfs write(s) made, stopped at: echo '{NIC_A}'" in p.stderr
     assert f"vfioctl unbind {NIC_A} {NIC_B}" in p.stderr
     assert json.loads(p.stdout)  # stdout stays JSON
+
+
+def test_bind_after_a_killed_bind_undoes_it_first_and_keeps_the_true_original(
+    tree: SysfsTree,
+) -> None:
+    with pytest.raises(Killed):  # killed with the NIC unbound from e1000, on no driver
+        Host(tree.root, kernel=KilledAfter(tree, 2)).bind([A(NIC_A)], group=True)
+    assert tree.driver_of(NIC_A) is None
+    res = Host(tree.root, kernel=SimulatedKernel(tree)).bind([A(NIC_A)], group=True)
+    assert any("undid the interrupted bind by vfioctl" in w for w in res.warnings)
+    assert drivers(tree, NIC_A, NIC_B) == {NIC_A: "vfio-pci", NIC_B: "vfio-pci"}
+    assert journals(tree) == []
+    rec = json.loads((tree.root / f"var/lib/vfio_dp/original/{NIC_A}.json").read_text())
+    assert rec["driver"] == "e1000"  # not "no driver", the state the kill left

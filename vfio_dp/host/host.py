@@ -207,8 +207,16 @@ class Host:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
-        first write, rolls back every device it touched and raises :class:`BindError`.
+        first write, rolls back every device it touched and raises :class:`BindError`. An
+        interrupted operation on these devices (its process was killed) is undone first
+        (:meth:`recover`), so the original drivers recorded stay the true ones.
         """
+        undone: list[str] = []
+        if not dry_run:
+            rec_out = self.recover(only=addresses)
+            if rec_out.problems:
+                raise BindError("\n".join(rec_out.problems))
+            undone = [f"undid the interrupted {d} first" for d in rec_out.recovered]
         inv = self.scan()
         self._all_found(inv, addresses)
         in_use = self._groups_in_use(inv, addresses) if probe else None
@@ -224,7 +232,8 @@ class Host:
         )
         if plan.refusals:
             raise RefusedError(list(plan.refusals))
-        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=list(plan.forced))
+        forced = [f"forced: {w}" for w in plan.forced]
+        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=undone + forced)
         binder = self._binder()
         if dry_run:
             need = not binder.driver_loaded("vfio-pci")
