@@ -364,6 +364,8 @@ class Host:
                     self._recover_one(op, out)
             except LockTimeoutError:
                 out.skipped.append(f"{op.describe()}: still in progress")
+            except HostError as e:  # reported, never fatal: the daemon calls this at start
+                out.problems.append(f"{op.describe()}: {e}")
         for p in out.problems + out.unreadable:
             _log_warning("recovery: %s", p)
         return out
