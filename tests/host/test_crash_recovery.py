@@ -260,3 +260,13 @@ def test_bind_after_a_killed_bind_undoes_it_first_and_keeps_the_true_original(
     assert journals(tree) == []
     rec = json.loads((tree.root / f"var/lib/vfio_dp/original/{NIC_A}.json").read_text())
     assert rec["driver"] == "e1000"  # not "no driver", the state the kill left
+
+
+def test_bind_over_an_unreadable_record_is_refused_and_leaves_no_journal(tree: SysfsTree) -> None:
+    kernel = SimulatedKernel(tree)
+    rec = tree.root / f"var/lib/vfio_dp/original/{NIC_A}.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text("{")
+    with pytest.raises(CorruptRecordError, match=str(rec)):
+        Host(tree.root, kernel=kernel).bind([A(NIC_A)], group=True)
+    assert kernel.writes == [] and journals(tree) == [] and rec.read_text() == "{"

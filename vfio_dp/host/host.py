@@ -306,11 +306,13 @@ class Host:
                         )
                     )
                     written.append(dev.address)
-        except (StateWriteError, PathEscapeError) as e:
+        except HostError as e:  # full, read-only, escaping, or an unreadable old record
             for a in written:
                 self.state.remove(a)
             if op is not None:
                 self.state.finish(op)
+            if not isinstance(e, (StateWriteError, PathEscapeError)):
+                raise
             raise StateWriteError(
                 f"bind refused before the first sysfs write (nothing was changed): {e}"
             ) from e
