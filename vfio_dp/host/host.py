@@ -80,6 +80,7 @@ class Recovery:
     restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # others' or live operations
+    unreadable: list[str] = field(default_factory=list)  # journals that cannot be read (kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,10 +208,18 @@ class Host:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
-        first write, rolls back every device it touched and raises :class:`BindError`.
+        first write, rolls back every device it touched and raises :class:`BindError`. An
+        interrupted operation on these devices (its process was killed) is undone first
+        (:meth:`recover`), so the original drivers recorded stay the true ones.
         ``bound_by`` goes into each new bind record (``operator``, ``daemon``,
         ``claim:<uid>``); devices already on vfio-pci keep their record and owner.
         """
+        undone: list[str] = []
+        if not dry_run:
+            rec_out = self.recover(only=addresses)
+            if rec_out.problems:
+                raise BindError("\n".join(rec_out.problems))
+            undone = [f"undid the interrupted {d} first" for d in rec_out.recovered]
         inv = self.scan()
         self._all_found(inv, addresses)
         in_use = self._groups_in_use(inv, addresses) if probe else None
@@ -226,7 +235,8 @@ class Host:
         )
         if plan.refusals:
             raise RefusedError(list(plan.refusals))
-        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=list(plan.forced))
+        forced = [f"forced: {w}" for w in plan.forced]
+        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=undone + forced)
         binder = self._binder()
         binder.bound_by = bound_by
         if dry_run:
@@ -258,11 +268,15 @@ class Host:
     # -- the journal around every operation -----------------------------------------------
     @contextlib.contextmanager
     def _locked(self, addresses: Sequence[PciAddress]) -> Iterator[None]:
-        try:
-            with self.state.locked(list(addresses), self.lock_timeout):
-                yield
-        except StateWriteError as e:
-            raise StateWriteError(f"refused before the first sysfs write: {e}") from e
+        """The devices' locks; a lock that cannot be created refuses the operation."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.state.locked(list(addresses), self.lock_timeout))
+            except StateWriteError as e:
+                raise StateWriteError(
+                    f"refused before the first sysfs write (nothing was changed): {e}"
+                ) from e
+            yield
 
     def _preflight(self, binder: Binder, steps: Sequence[Step]) -> None:
         """Every sysfs file an operation will write resolves inside the root (else refuse
@@ -293,7 +307,7 @@ class Host:
                     written.append(dev.address)
                     if before is not None:
                         replaced.append(before)
-        except (StateWriteError, PathEscapeError) as e:
+        except HostError as e:  # full, read-only, escaping, or an unreadable old record
             for a in written:
                 self.state.remove(a)
             for rec in replaced:
@@ -301,6 +315,8 @@ class Host:
                     self.state.put(rec)
             if op is not None:
                 self.state.finish(op)
+            if not isinstance(e, (StateWriteError, PathEscapeError)):
+                raise
             raise StateWriteError(
                 f"bind refused before the first sysfs write (nothing was changed): {e}"
             ) from e
@@ -340,8 +356,7 @@ class Host:
         that cannot be restored keeps its records and is named in ``problems``.
         """
         out = Recovery()
-        ops, problems = self.state.operations()
-        out.problems.extend(problems)
+        ops, out.unreadable = self.state.operations()
         wanted = set(only)
         for op in ops:
             addrs = op.addresses()
@@ -355,7 +370,9 @@ class Host:
                     self._recover_one(op, out)
             except LockTimeoutError:
                 out.skipped.append(f"{op.describe()}: still in progress")
-        for p in out.problems:
+            except HostError as e:  # reported, never fatal: the daemon calls this at start
+                out.problems.append(f"{op.describe()}: {e}")
+        for p in out.problems + out.unreadable:
             _log_warning("recovery: %s", p)
         return out
 
@@ -365,6 +382,7 @@ class Host:
             return  # it finished between our listing and our locking
         binder = self._binder()
         binder.op = op
+        failures = len(out.problems)
         jobs: list[tuple[PciDevice, str | None, str | None]] = []
         for d in op.devices:
             addr = PciAddress.parse(d.address)
@@ -393,7 +411,7 @@ class Host:
         except BindError as e:
             out.problems.append(f"{op.describe()}: {e}")
             return
-        if not out.problems:
+        if len(out.problems) == failures:
             self.state.finish(op)
         out.recovered.append(op.describe())
         _log_warning("recovered the interrupted %s", op.describe())
@@ -430,6 +448,7 @@ class Host:
             result.restored.extend(rec_out.restored)
             recovered = {a for a, _ in rec_out.restored}
             result.warnings.extend(f"undid the interrupted {d}" for d in rec_out.recovered)
+            result.warnings.extend(rec_out.unreadable)
             if rec_out.problems:
                 raise BindError("\n".join(rec_out.problems))
         binder = self._binder()
