@@ -521,9 +521,18 @@ def test_reconcile_never_acts_on_a_claim_it_cannot_read(
 
 
 def test_reconcile_keeps_held_group_of_a_deleted_claim(
-    tree: SysfsTree, preparer: ClaimPreparer, claims: Claims
+    tree: SysfsTree,
+    kernel: SimulatedKernel,
+    config: Config,
+    claims: Claims,
+    dirs: tuple[str, str],
 ) -> None:
-    """Force-deleted pod: the ResourceClaim is gone but its QEMU still holds the group."""
+    """Force-deleted pod: the ResourceClaim is gone but its QEMU still holds the group (kept,
+    retried, logged and counted)."""
+    from vfio_dp.core.metrics import Metrics
+
+    metrics = Metrics()
+    preparer = _preparer(tree, kernel, config, claims, dirs, metrics=metrics)
     ref = claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")])
     run(preparer.prepare([ref]))
     del claims.objects[("default", "vm-nic")]
@@ -531,11 +540,14 @@ def test_reconcile_keeps_held_group_of_a_deleted_claim(
     report = run(preparer.reconcile())
     assert report.unprepared == [] and "held open by pid 777" in report.kept[0]
     assert tree.driver_of(E1000_A) == "vfio-pci"
+    assert metrics.get("vfio_dp_dra_held_groups") == 1
+    assert "vfio_dp_dra_prepared_total 1" in metrics.render()
     import shutil
 
     shutil.rmtree(tree.root / "proc/777")
     report = run(preparer.reconcile())
     assert tree.driver_of(E1000_A) == "e1000" and len(report.unprepared) == 1
+    assert metrics.get("vfio_dp_dra_held_groups") == 0
 
 
 def test_reconcile_restores_a_claim_binding_no_checkpoint_knows(
