@@ -684,3 +684,21 @@ def test_prepare_reads_claims_from_the_api_server_standin(
     assert "does not exist" in out["uid-nope"].error
     assert run(p.unprepare([ok])) == {uid: ""}
     assert tree.driver_of(E1000_A) == "e1000"
+
+
+def test_a_group_a_stale_claim_bound_is_taken_over(
+    tree: SysfsTree, kernel: SimulatedKernel, preparer: ClaimPreparer, claims: Claims
+) -> None:
+    """The group was bound by claim A (gone, not reconciled yet) and is now allocated to claim
+    B: B owns the binding, so A's release never pulls the group from under B's pod."""
+    Host(tree.root, kernel=kernel).bind(
+        [PciAddress.parse(E1000_A)], group=True, probe=False, bound_by=bound_by_claim("uid-old")
+    )
+    ref = claims.add("vm-new", "uid-new", [result("pci-0000-03-01-0")])
+    assert run(preparer.prepare([ref]))["uid-new"].error == ""
+    assert _record(tree, E1000_A)["bound_by"] == "claim:uid-new"  # type: ignore[index]
+    assert _record(tree, E1000_B)["bound_by"] == "claim:uid-new"  # type: ignore[index]
+    report = run(preparer.reconcile())  # nothing of uid-old is left to release
+    assert report.unprepared == [] and tree.driver_of(E1000_A) == "vfio-pci"
+    assert run(preparer.unprepare([ref])) == {"uid-new": ""}
+    assert tree.driver_of(E1000_A) == "e1000" and tree.driver_of(E1000_B) == "e1000"

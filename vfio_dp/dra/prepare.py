@@ -360,6 +360,7 @@ class ClaimPreparer:
                     who, f"binding the IOMMU group to vfio-pci failed: {e}", names
                 ) from e
             inv = await asyncio.to_thread(self.host.scan, usage=False)
+        await asyncio.to_thread(self._adopt, chosen, claim.uid)
         self._verify(who, chosen, inv)
         devices = await asyncio.to_thread(self._write_files, claim, view, chosen, inv)
         stored = ClaimRecord(
@@ -388,6 +389,28 @@ class ClaimPreparer:
             "prepared claim %s: %s", who, ", ".join(f"{d.device_name}" for d in devices) or "-"
         )
         return devices
+
+    def _adopt(self, chosen: Sequence[tuple[AllocationResult, DraUnit]], uid: str) -> None:
+        """A group another (stale, not yet reconciled) claim bound now belongs to this claim:
+        its record is rewritten to ``claim:<uid>``, so the stale claim's release never gives
+        back a group this claim hands to its pod. Operator and daemon bindings stay theirs."""
+        addrs = [a for r, u in chosen if not r.admin_access for a in u.endpoints]
+        foreign = [
+            a
+            for a in addrs
+            if (rec := self.host.state.get(a)) is not None
+            and claim_of(rec.bound_by) not in (None, uid)
+        ]
+        if not foreign:
+            return
+        with self.host.state.locked(foreign, self.host.lock_timeout):
+            for a in foreign:
+                rec = self.host.state.get(a)
+                if rec is not None and claim_of(rec.bound_by) not in (None, uid):
+                    self.host.state.put(replace(rec, bound_by=bound_by_claim(uid)))
+                    log.info(
+                        "%s: bind record taken over from %s by claim uid %s", a, rec.bound_by, uid
+                    )
 
     def _bound_by_this_claim(self, unit: DraUnit, uid: str) -> bool:
         owner = bound_by_claim(uid)
