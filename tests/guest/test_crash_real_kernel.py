@@ -153,4 +153,4 @@ def test_hung_write_times_out_is_named_and_rolled_back(run: dict[str, Any]) -> N
     assert c["drivers_after"] == run["original"]
     assert set(c["overrides_after"].values()) == {"(null)"}
     assert c["state_after"]["journals"] == [] and c["state_after"]["records"] == {}
-    assert 10 <= c["run"]["secs"] < 40
+    assert 10 <= c["run"]["first_stderr_secs"] < 25  # the 10 s timeout, then the rollback
