@@ -79,14 +79,25 @@ def overrides() -> dict[str, str]:
 
 
 def run(cmd: list[str], timeout: float = 180) -> dict[str, Any]:
+    """Run ``cmd``; the outputs are kept cut to their last 4,000 characters (``json_ok``
+    says whether the whole stdout was JSON)."""
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return {
         "rc": p.returncode,
         "stdout": p.stdout[-4000:],
+        "json_ok": _is_json(p.stdout),
         "stderr": p.stderr[-4000:],
         "secs": round(time.monotonic() - t0, 2),
     }
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def targets() -> list[str]:
