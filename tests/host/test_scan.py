@@ -76,8 +76,14 @@ def test_bridge_on_dma_driver_is_a_problem(tmp_path: Path) -> None:
 
 def test_host_usage(tree: SysfsTree) -> None:
     inv = Host(tree.root).scan()
-    used = {str(a): d.in_use for a, d in inv.devices.items() if d.in_use}
+    used = {str(a): [str(u) for u in d.in_use] for a, d in inv.devices.items() if d.in_use}
+    fixes = {str(a): [u.fix for u in d.in_use] for a, d in inv.devices.items() if d.in_use}
     assert "boot GPU" in used["0000:00:01.0"][0]
+    assert "pick another GPU" in fixes["0000:00:01.0"][0]
+    assert any("umount /dev/vda1" in f for f in fixes["0000:00:02.0"])
+    # eth0 is the only interface that is up: taking it cuts the host off, and says so
+    assert any("only interface that is up" in f for f in fixes["0000:00:03.0"])
+    assert any("echo 0 > sriov_numvfs" in f for f in fixes["0000:af:00.0"])
     # virtio disk: 0000:00:02.0/virtio1/block/vda/vda1 is mounted at /
     assert any("vda1 is mounted" in r for r in used["0000:00:02.0"])
     # virtio NIC: 0000:00:03.0/virtio2/net/eth0 is up and routed
@@ -98,10 +104,13 @@ def test_usage_swap_holders_and_down_interface(tmp_path: Path) -> None:
     t.add_net("0000:04:00.0", "enp4s0", up=False)
     t.set_proc(swaps=["/dev/nvme1n1"], routes=["enp4s0"])
     inv = Host(t.root).scan()
-    assert inv.devices[A("0000:01:00.0")].in_use == ("block device nvme0n1 is held by dm-0",)
-    assert inv.devices[A("0000:02:00.0")].in_use == ("block device nvme1n1 is used as swap",)
-    assert inv.devices[A("0000:03:00.0")].in_use == ()  # down, no address: free to take
-    assert inv.devices[A("0000:04:00.0")].in_use == ("network interface enp4s0 has routes",)
+    used = {a: tuple(map(str, d.in_use)) for a, d in inv.devices.items()}
+    assert used[A("0000:01:00.0")] == ("block device nvme0n1 is held by dm-0",)
+    assert used[A("0000:02:00.0")] == ("block device nvme1n1 is used as swap",)
+    assert used[A("0000:03:00.0")] == ()  # down, no address: free to take
+    assert used[A("0000:04:00.0")] == ("network interface enp4s0 has routes",)
+    assert inv.devices[A("0000:02:00.0")].in_use[0].fix == "swapoff /dev/nvme1n1 first"
+    assert "ip link set enp4s0 down" in inv.devices[A("0000:04:00.0")].in_use[0].fix
 
 
 def test_no_iommu_host(tmp_path: Path) -> None:
