@@ -293,3 +293,57 @@ def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.Mo
     finally:
         stop.set()
         worker.join()
+
+
+def _rng_host(tmp_path: Path) -> SysfsTree:
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:00:04.0", "1af4", "1005", "00ff00", driver="virtio-pci", group=4))
+    t.add(Dev("0000:00:05.0", "8086", "10d3", "020000", driver="e1000e", group=5))
+    return t
+
+
+def test_current_hardware_rng_is_a_host_use(tmp_path: Path) -> None:
+    """``rng_current`` names the virtio RNG at 0000:00:04.0/virtio3: the host uses it."""
+    t = _rng_host(tmp_path)
+    t.add_hwrng("0000:00:04.0", "virtio_rng.0", available="virtio_rng.0 tpm-rng-0")
+    inv = Host(t.root).scan()
+    (use,) = inv.devices[A("0000:00:04.0")].in_use
+    assert str(use) == "it is the host's current hardware RNG (virtio_rng.0)"
+    assert "sys/class/misc/hw_random/rng_current" in use.fix and "rng_available" in use.fix
+    assert inv.devices[A("0000:00:05.0")].in_use == ()
+
+
+def test_hardware_rng_not_current_or_absent_is_no_use(tmp_path: Path) -> None:
+    t = _rng_host(tmp_path)
+    assert Host(t.root).scan().devices[A("0000:00:04.0")].in_use == ()  # no hw_random at all
+    t.add_hwrng("0000:00:04.0", "none", available="virtio_rng.0")
+    assert Host(t.root).scan().devices[A("0000:00:04.0")].in_use == ()  # host uses no RNG
+    t.add_hwrng("0000:00:04.0", "tpm-rng-0", available="virtio_rng.0 tpm-rng-0")
+    assert Host(t.root).scan().devices[A("0000:00:04.0")].in_use == ()  # another RNG is current
+
+
+def test_several_virtio_rngs_are_each_reported_as_possibly_current(tmp_path: Path) -> None:
+    """The ``.N`` of ``virtio_rng.N`` is the driver's counter, not a virtio index: with two
+    virtio RNGs sysfs does not say which is current, so neither is taken silently."""
+    t = _rng_host(tmp_path)
+    t.add(Dev("0000:00:06.0", "1af4", "1005", "00ff00", driver="virtio-pci", group=6))
+    t.add_hwrng("0000:00:04.0", "virtio_rng.1", via="virtio3")
+    t.add_hwrng("0000:00:06.0", "virtio_rng.1", via="virtio4")
+    inv = Host(t.root).scan()
+    for a in ("0000:00:04.0", "0000:00:06.0"):
+        (use,) = inv.devices[A(a)].in_use
+        assert "may be the host's current hardware RNG (virtio_rng.1; one of 2" in str(use)
+
+
+def test_bind_refuses_the_current_hardware_rng_unless_forced(tmp_path: Path) -> None:
+    from tests.kernel_sim import SimulatedKernel
+    from vfio_dp.errors import RefusedError
+
+    t = _rng_host(tmp_path)
+    t.add_hwrng("0000:00:04.0", "virtio_rng.0")
+    kernel = SimulatedKernel(t)
+    with pytest.raises(RefusedError, match=r"current hardware RNG.*--force"):
+        Host(t.root, kernel=kernel).bind([A("0000:00:04.0")])
+    assert kernel.writes == []
+    res = Host(t.root, kernel=kernel).bind([A("0000:00:04.0")], force=True)
+    assert res.bound == [A("0000:00:04.0")] and "hardware RNG" in res.warnings[0]
