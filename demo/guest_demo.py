@@ -311,10 +311,7 @@ def step6(vmi: str, env_name: str, addr: str) -> None:
     p = run([VFIOCTL, "hostdev", vmi], env=env, show=False)
     for line in p.stdout.splitlines():
         say(f"  {line}")
-    m = re.search(
-        r"bus=[\"']0x([0-9a-f]+)[\"'] slot=[\"']0x([0-9a-f]+)[\"'] function=[\"']0x([0-7])[\"']",
-        p.stdout,
-    )
+    m = re.search(r"bus=[\"']0x([0-9a-f]+)[\"'] slot=[\"']0x([0-9a-f]+)[\"'] function=[\"']0x([0-7])[\"']", p.stdout)
     xml_addr = f"0000:{m.group(1)}:{m.group(2)}.{m.group(3)}" if m else None
     check(
         "6",
