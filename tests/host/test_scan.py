@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from vfio_dp.errors import PathEscapeError
 from vfio_dp.host import Host
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import Inventory
+from vfio_dp.model.device import PciDevice
 
 
 def A(s: str) -> PciAddress:
@@ -199,97 +200,122 @@ def _vfs_tree(base: Path, pfs: int = 3, vfs: int = 7) -> SysfsTree:
     return t
 
 
-def _as_if_single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Threads other tests left in this pytest process (gRPC, asyncio executors) would make
-    the scan stay in one process; the CLI, where the split happens, has none. The guard
-    itself is checked with a real thread in test_no_split_while_other_threads_run."""
-    import threading
-
-    monkeypatch.setattr(threading, "active_count", lambda: 1)
-
-
-def _split_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SysfsTree, Inventory]:
-    """The VF tree, what one process reads from it, and a threshold that splits its 24
-    devices across 3 processes."""
+def _split_ready(tmp_path: Path) -> tuple[Root, list[PciAddress], dict[PciAddress, PciDevice]]:
+    """The VF tree's root, its addresses, and what one process reads from it."""
     from vfio_dp.host import sysfs
 
     t = _vfs_tree(tmp_path / "root")
-    one = Host(t.root).scan()
-    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
-    _as_if_single_threaded(monkeypatch)
-    return t, one
+    root = Root(t.root)
+    addrs = sysfs.list_addresses(root)
+    return root, addrs, dict(sysfs.read_devices(root, addrs))
 
 
-def _watch_forks(monkeypatch: pytest.MonkeyPatch, allowed: int = 99) -> list[int]:
-    """Record the pid of every child forked; forks beyond ``allowed`` fail like a pid limit."""
+def _split(
+    root: Root, addrs: list[PciAddress], *, fork: Callable[[], int] = os.fork
+) -> dict[PciAddress, PciDevice]:
+    """The scanner with a threshold that splits the tree's 24 devices across 3 processes, in
+    a process taken as single-threaded (threads other tests left in this pytest process
+    would keep it in one; the guard itself: test_no_split_while_other_threads_run)."""
+    from vfio_dp.host import sysfs
+    from vfio_dp.host.parallel_scan import read_split
+
+    return dict(
+        read_split(
+            addrs,
+            lambda run: sysfs.read_devices(root, run),
+            processes=3,
+            min_per_process=4,
+            alone=lambda: True,
+            fork=fork,
+        )
+    )
+
+
+def _watching_fork(allowed: int = 99) -> tuple[Callable[[], int], list[int]]:
+    """A fork that records the pid of every child; forks beyond ``allowed`` fail like a pid
+    limit."""
     import errno
 
     pids: list[int] = []
-    real_fork = os.fork
 
     def fork() -> int:
         if len(pids) >= allowed:
             raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-        pid = real_fork()
+        pid = os.fork()
         if pid:
             pids.append(pid)
         return pid
 
-    monkeypatch.setattr(os, "fork", fork)
-    return pids
+    return fork, pids
 
 
-def test_a_scan_split_across_processes_reads_what_one_process_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    t, one = _split_ready(tmp_path, monkeypatch)
-    pids = _watch_forks(monkeypatch)
-    split = Host(t.root, scan_processes=3).scan()
+def test_a_scan_split_across_processes_reads_what_one_process_reads(tmp_path: Path) -> None:
+    root, addrs, one = _split_ready(tmp_path)
+    fork, pids = _watching_fork()
+    split = _split(root, addrs, fork=fork)
     assert len(pids) == 2, "the scan was not split"
     assert split == one
-    assert list(split.devices) == list(one.devices)  # address order kept
-    assert split.devices[A("0000:12:00.3")].driver_override == "vfio-pci"
-    assert split.devices[A("0000:11:00.2")].vfio_cdev == "vfio7"
-    assert split.devices[A("0000:12:00.7")].physfn == A("0000:12:00.0")
+    assert list(split) == list(one)  # address order kept
+    assert split[A("0000:12:00.3")].driver_override == "vfio-pci"
+    assert split[A("0000:11:00.2")].vfio_cdev == "vfio7"
+    assert split[A("0000:12:00.7")].physfn == A("0000:12:00.0")
 
 
-def test_a_reader_process_that_fails_is_not_trusted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_reader_process_that_fails_is_not_trusted(tmp_path: Path) -> None:
     from vfio_dp.host import sysfs
+    from vfio_dp.host.parallel_scan import read_split
 
-    t, one = _split_ready(tmp_path, monkeypatch)
+    root, addrs, one = _split_ready(tmp_path)
+    parent = os.getpid()
+    reread: list[int] = []
 
-    def broken(dev: object) -> tuple[object, ...]:  # only children hand devices back
-        raise RuntimeError("reader process broke")
+    def read(run: Sequence[PciAddress]) -> dict[PciAddress, PciDevice]:
+        if os.getpid() != parent:  # a child: fail as a broken reader would
+            raise RuntimeError("reader process broke")
+        reread.append(1)
+        return sysfs.read_devices(root, run)
 
-    monkeypatch.setattr(sysfs, "_to_wire", broken)
-    assert Host(t.root, scan_processes=3).scan() == one  # the parent re-read their runs
+    split = read_split(addrs, read, processes=3, min_per_process=4, alone=lambda: True)
+    assert split == one and list(split) == list(one)  # the parent re-read their runs
+    assert len(reread) == 3  # its own run and the two children's
 
 
-def test_a_scan_that_cannot_fork_reads_everything_itself(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    t, one = _split_ready(tmp_path, monkeypatch)
-    pids = _watch_forks(monkeypatch, allowed=1)  # the second fork hits a pid limit
-    split = Host(t.root, scan_processes=3).scan()
+def test_a_child_handing_back_the_wrong_shape_is_not_trusted() -> None:
+    from vfio_dp.host.parallel_scan import from_wire, to_wire
+
+    dev = PciDevice(A("0000:12:00.3"), "15b3", "101c", "020000", physfn=A("0000:12:00.0"))
+    assert from_wire(to_wire(dev), {}) == dev
+    with pytest.raises(ValueError, match="values, not"):
+        from_wire(to_wire(dev)[:-1], {})
+
+
+def test_a_scan_that_cannot_fork_reads_everything_itself(tmp_path: Path) -> None:
+    root, addrs, one = _split_ready(tmp_path)
+    fork, pids = _watching_fork(allowed=1)  # the second fork hits a pid limit
+    split = _split(root, addrs, fork=fork)
     assert len(pids) == 1
-    assert split == one and list(split.devices) == list(one.devices)
+    assert split == one and list(split) == list(one)
 
 
-def test_no_split_while_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_split_while_other_threads_run(tmp_path: Path) -> None:
     import threading
 
     from vfio_dp.host import sysfs
+    from vfio_dp.host.parallel_scan import read_split
 
-    t = _vfs_tree(tmp_path / "root")
-    monkeypatch.setattr(sysfs, "PARALLEL_MIN_DEVICES", 4)
-    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked with another thread running"))
+    root, addrs, one = _split_ready(tmp_path)
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
     worker.start()
     try:
-        assert len(Host(t.root, scan_processes=3).scan().devices) == 24
+        split = read_split(
+            addrs,
+            lambda run: sysfs.read_devices(root, run),
+            processes=3,
+            min_per_process=4,
+            fork=lambda: pytest.fail("forked with another thread running"),
+        )
+        assert split == one
     finally:
         stop.set()
         worker.join()
