@@ -324,3 +324,29 @@ def test_bad_uri_is_named() -> None:
 
     with pytest.raises(LibvirtError, match="cannot connect to libvirt at bogus:///x"):
         libvirt_adapter.define("bogus:///x", [], domain_xml="<domain/>")
+
+
+def test_define_or_attach_places_against_the_domain_it_will_change() -> None:
+    """By name: the persistent XML is read first and handed to the placement; live: attach."""
+    from vm_translate import libvirt_adapter
+    from vm_translate.errors import TranslateUsageError
+
+    seen: list[str | None] = []
+    hs = [Hostdev("ua-gpu-g", GPU, PciAddress.parse("0000:65:00.0"))]
+
+    def build(xml: str | None) -> list[Hostdev]:
+        seen.append(xml)
+        return hs
+
+    out = libvirt_adapter.define_or_attach("test:///default", build, domain_name="test")
+    assert (out.action, out.domain, out.aliases) == ("defined", "test", ("ua-gpu-g",))
+    assert seen[0] is not None and "<name>test</name>" in seen[0]
+    base = (DATA / "domain_base.xml").read_text()
+    out = libvirt_adapter.define_or_attach("test:///default", build, domain_xml=base)
+    assert out.domain == "vm1" and seen[1] == base
+    with pytest.raises(LibvirtError, match="attaching ua-gpu-g"):
+        libvirt_adapter.define_or_attach("test:///default", build, domain_name="test", live=True)
+    with pytest.raises(TranslateUsageError, match="--domain-xml FILE or --domain NAME"):
+        libvirt_adapter.define_or_attach("test:///default", build)
+    with pytest.raises(TranslateUsageError, match="--live needs --domain"):
+        libvirt_adapter.define_or_attach("test:///default", build, live=True)
