@@ -231,10 +231,11 @@ def cache_root() -> Path:
     return Path(base) / "guest"
 
 
-def in_guest() -> bool:
-    """True when running inside a rig guest (safe place for real bind/unbind)."""
+def in_guest(cmdline: Path = Path("/proc/cmdline")) -> bool:
+    """True when running inside a rig guest (safe place for real bind/unbind): the kernel
+    command line (``cmdline``) carries the rig's own ``guestrig=1``."""
     try:
-        return "guestrig=1" in Path("/proc/cmdline").read_text().split()
+        return "guestrig=1" in cmdline.read_text().split()
     except OSError:
         return False
 
