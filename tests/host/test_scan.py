@@ -81,16 +81,31 @@ def test_host_usage(tree: SysfsTree) -> None:
     fixes = {str(a): [u.fix for u in d.in_use] for a, d in inv.devices.items() if d.in_use}
     assert "boot GPU" in used["0000:00:01.0"][0]
     assert "pick another GPU" in fixes["0000:00:01.0"][0]
-    assert any("umount /dev/vda1" in f for f in fixes["0000:00:02.0"])
+    # the boot disk: not "unmount it" but another device
+    assert any("the host cannot run without its root disk" in f for f in fixes["0000:00:02.0"])
     # eth0 is the only interface that is up: taking it cuts the host off, and says so
     assert any("only interface that is up" in f for f in fixes["0000:00:03.0"])
-    assert any("echo 0 > sriov_numvfs" in f for f in fixes["0000:af:00.0"])
+    numvfs = f"{tree.root}/sys/bus/pci/devices/0000:af:00.0/sriov_numvfs"
+    assert any(f"echo 0 > {numvfs} first" in f for f in fixes["0000:af:00.0"])
     # virtio disk: 0000:00:02.0/virtio1/block/vda/vda1 is mounted at /
-    assert any("vda1 is mounted" in r for r in used["0000:00:02.0"])
+    assert "block device vda1 is mounted at / (the host's root filesystem)" in used["0000:00:02.0"]
     # virtio NIC: 0000:00:03.0/virtio2/net/eth0 is up and routed
     assert any("eth0 is up" in r for r in used["0000:00:03.0"])
     assert any("VFs enabled" in r for r in used["0000:af:00.0"])
     assert set(used) == {"0000:00:01.0", "0000:00:02.0", "0000:00:03.0", "0000:af:00.0"}
+
+
+def test_a_data_disk_is_freed_by_unmounting_it(tmp_path: Path) -> None:
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:01:00.0", "144d", "a808", "010802", driver="nvme", group=1))
+    t.add_block("0000:01:00.0", "nvme/nvme0/nvme0n1", devno="259:0")
+    t.add_block("0000:01:00.0", "nvme/nvme0/nvme0n1/nvme0n1p1", devno="259:1")
+    t.set_proc(mounts=[("259:1", "/srv/data", "/dev/nvme0n1p1")])
+    (use,) = Host(t.root).scan().devices[A("0000:01:00.0")].in_use
+    assert (str(use), use.fix) == (
+        "block device nvme0n1p1 is mounted",
+        "unmount it first: umount /srv/data",
+    )
 
 
 def test_usage_swap_holders_and_down_interface(tmp_path: Path) -> None:

@@ -83,19 +83,20 @@ def _host_net_state(root: Root) -> tuple[set[str], set[str]]:
     return with_addr, routed
 
 
-def _mounted(root: Root) -> tuple[set[str], set[str]]:
-    """(major:minor, source basenames) of every mount in the host's mount namespace."""
-    majmin: set[str] = set()
-    sources: set[str] = set()
+def _mounted(root: Root) -> tuple[dict[str, str], dict[str, str]]:
+    """Mount points of every mount in the host's mount namespace, by major:minor and by
+    source basename (the first mount of each)."""
+    majmin: dict[str, str] = {}
+    sources: dict[str, str] = {}
     text = read_text(root.path("proc", "1", "mountinfo")) or ""
     for line in text.splitlines():
         left, _, right = line.partition(" - ")
         f = left.split()
-        if len(f) >= 3:
-            majmin.add(f[2])
+        if len(f) >= 5:
+            majmin.setdefault(f[2], f[4])
         r = right.split()
-        if len(r) >= 2 and r[1].startswith("/dev/"):
-            sources.add(os.path.basename(r[1]))
+        if len(r) >= 2 and r[1].startswith("/dev/") and len(f) >= 5:
+            sources.setdefault(os.path.basename(r[1]), f[4])
     return majmin, sources
 
 
@@ -156,7 +157,8 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             reasons[addr].append(
                 HostUse(
                     f"SR-IOV PF with {dev.sriov_numvfs} VFs enabled: unbinding it destroys them",
-                    "echo 0 > sriov_numvfs first, or pass the VFs through instead",
+                    f"echo 0 > {root.path('sys', 'bus', 'pci', 'devices', str(addr), 'sriov_numvfs')} "
+                    "first, or pass the VFs through instead",
                 )
             )
     nets = _class_members(root, "net")
@@ -197,13 +199,17 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             if owner is None or owner not in devices:
                 continue
             dev_no = read_text(resolved + "/dev")
-            if (dev_no and dev_no in majmin) or name in sources:
+            where = majmin.get(dev_no or "") or sources.get(name)
+            if where == "/":
                 reasons[owner].append(
                     HostUse(
-                        f"block device {name} is mounted",
-                        f"unmount it first (umount /dev/{name}); if it holds the host's own "
-                        "root, pick another device",
+                        f"block device {name} is mounted at / (the host's root filesystem)",
+                        "pick another device: the host cannot run without its root disk",
                     )
+                )
+            elif where is not None:
+                reasons[owner].append(
+                    HostUse(f"block device {name} is mounted", f"unmount it first: umount {where}")
                 )
             if name in swaps:
                 reasons[owner].append(
