@@ -32,14 +32,53 @@ class AddressError(UsageError, ValueError):
         )
 
 
+#: What an error message shows of a value from outside (a config value, a device ID):
+#: enough to recognise it, never the whole of a hostile megabyte.
+SHOWN_CHARS = 80
+
+#: At most this many problems of one config file are listed (the count of the rest follows).
+LISTED_PROBLEMS = 20
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` itself, or its first ``limit`` characters and ``...[N chars]``."""
+    return text if len(text) <= limit else f"{text[:limit]}...[{len(text)} chars]"
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for a message, bounded in time and length: nested containers are cut
+    by :mod:`reprlib` (so a shared, alias-built structure is never expanded) and the text to
+    ``limit`` characters with ``...[N chars]`` saying how long the original string was."""
+    if isinstance(value, str):
+        text = repr(value[:limit])
+        return text if len(value) <= limit else f"{text}...[{len(value)} chars]"
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 4, 4, 4, 4
+    r.maxstring, r.maxother, r.maxlong = limit, limit, limit
+    text = r.repr(value)
+    return text if len(text) <= limit + 20 else text[: limit + 20] + "..."
+
+
 class ConfigError(UsageError):
-    """A configuration file is invalid; ``problems`` lists every (key, value, why)."""
+    """A configuration file is invalid; ``problems`` lists every (key, value, why).
+
+    The message lists at most :data:`LISTED_PROBLEMS` of them, each value cut by
+    :func:`shown`, so a hostile file cannot make the error itself huge."""
 
     def __init__(self, source: str, problems: list[tuple[str, object, str]]) -> None:
         self.source = source
         self.problems = problems
-        lines = [f"  {key}: {value!r}: {why}" for key, value, why in problems]
-        super().__init__(f"invalid configuration {source}:\n" + "\n".join(lines))
+        lines = [
+            f"  {clip(key, 120)}: {clip(why, 400)}"
+            if value is None and key == "(file)"
+            else f"  {clip(key, 120)}: {shown(value)}: {clip(why, 400)}"
+            for key, value, why in problems[:LISTED_PROBLEMS]
+        ]
+        if len(problems) > LISTED_PROBLEMS:
+            lines.append(f"  ... and {len(problems) - LISTED_PROBLEMS} more problems")
+        super().__init__(f"invalid configuration {clip(source, 400)}:\n" + "\n".join(lines))
 
 
 class HostError(VfioError):

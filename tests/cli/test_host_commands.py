@@ -148,3 +148,29 @@ def test_unbind_loads_neither_the_bind_planner_nor_host_usage(tree: SysfsTree) -
         tree, ["unbind", "--dry-run", "0000:65:00.0"], ("vfio_dp.model.plan", "vfio_dp.host.usage")
     )
     assert "LOADED []" in err, err
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        (None, "aliases"),  # billion laughs
+        (
+            b"x: &x {vendor: zz, device: yy}\nselectors: [" + b",".join([b"*x"] * 3000) + b"]\n",
+            "more problems",
+        ),
+        (b"selectors: " + b"[" * 2000 + b"]" * 2000, "nested deeper"),
+        (b"selectors:\n- resourceName: ger\xe4t\n", "not UTF-8"),
+        (b"selectors:\n- vendor: 8086\n", 'vendor: "8086"'),
+    ],
+)
+def test_list_with_a_hostile_config_is_a_usage_error_with_bounded_output(
+    tree: SysfsTree, tmp_path: Path, content: bytes | None, expect: str
+) -> None:
+    from tests.model.test_config import BILLION_LAUGHS
+
+    cfg = tmp_path / "cm.yaml"
+    cfg.write_bytes(content if content is not None else BILLION_LAUGHS.encode())
+    p = run("list", "--root", str(tree.root), "--config", str(cfg))
+    assert p.returncode == 2, p.stderr[:2000]
+    assert expect in p.stderr and str(cfg) in p.stderr
+    assert len(p.stderr) < 5000 and "Traceback" not in p.stderr and p.stdout == ""
