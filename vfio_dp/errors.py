@@ -85,6 +85,20 @@ class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
 
+class SysfsValueError(HostError):
+    """A sysfs file holds what the kernel never writes there (binary, not hex, a FIFO): the
+    device it describes is skipped rather than trusted (its IDs would become resource names)."""
+
+    def __init__(self, path: str, value: object, why: str) -> None:
+        self.path = path
+        self.value = value
+        self.why = why
+        super().__init__(
+            f"{path} reads {shown(value)}: {why}; the device is skipped "
+            "(a kernel writes no such value: check what created this file)"
+        )
+
+
 class PathEscapeError(HostError):
     """A path or symlink would leave the configured root."""
 
@@ -139,13 +153,18 @@ class PluginError(VfioError):
     """A device-plugin request cannot be served (unknown device, unhealthy, renumbered group)."""
 
 
+class PluginRequestError(PluginError):
+    """The request itself is malformed (no device IDs at all): gRPC ``INVALID_ARGUMENT``."""
+
+
 class UnknownDeviceError(PluginError):
-    """The kubelet named a device ID this resource does not list (never advertised or gone)."""
+    """The kubelet named a device ID this resource does not list (never advertised or gone).
+    The message shows at most :data:`SHOWN_CHARS` of the ID (a 1 MB ID is not echoed)."""
 
     def __init__(self, resource: str, device_id: str, why: str) -> None:
         self.resource = resource
         self.device_id = device_id
-        super().__init__(f"{resource}: unknown device {device_id!r}: {why}")
+        super().__init__(f"{resource}: unknown device {shown(device_id)}: {why}")
 
 
 class UnhealthyDeviceError(PluginError):
@@ -155,7 +174,9 @@ class UnhealthyDeviceError(PluginError):
         self.resource = resource
         self.device_id = device_id
         self.reasons = reasons
-        super().__init__(f"{resource}: device {device_id} is unhealthy: " + "; ".join(reasons))
+        super().__init__(
+            f"{resource}: device {clip(device_id)} is unhealthy: " + "; ".join(reasons)
+        )
 
 
 class StaleAllocationError(PluginError):
@@ -167,6 +188,6 @@ class StaleAllocationError(PluginError):
         self.resource = resource
         self.device_id = device_id
         super().__init__(
-            f"{resource}: device {device_id}: {why}; the container would get the wrong device "
+            f"{resource}: device {clip(device_id)}: {why}; the container would get the wrong device "
             "group: delete the pod so that the kubelet allocates again"
         )

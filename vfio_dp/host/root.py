@@ -94,9 +94,14 @@ class Root:
 
 def read_text(path: str, dir_fd: int | None = None, size: int = 65536) -> str | None:
     """Read a small sysfs/proc file (relative to ``dir_fd`` when given; at most ``size``
-    bytes), stripped; None if it does not exist or cannot be read."""
+    bytes), stripped; None if it does not exist or cannot be read.
+
+    Opened ``O_NONBLOCK``: a FIFO (or a device) planted where an attribute should be never
+    hangs the reader -- a FIFO without a writer reads as empty, a device that would block
+    fails with ``EAGAIN`` (None); sysfs attributes and ``/proc`` files ignore the flag. Binary
+    content decodes with replacement characters, which the callers' checks refuse."""
     try:
-        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
     except OSError:
         return None
     try:

@@ -119,10 +119,12 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             if owner is None or owner not in devices:
                 continue
             flags = read_text(resolved + "/flags")
-            up = flags is not None and bool(int(flags, 0) & IFF_UP)
             why = []
-            if up:
-                why.append("is up")
+            try:
+                if flags is not None and int(flags, 16) & IFF_UP:
+                    why.append("is up")
+            except ValueError:  # not what the kernel writes (0x1003): count it as in use
+                why.append(f"has unreadable flags {str(flags)[:20]!r}")
             if name in with_addr:
                 why.append("has addresses")
             if name in routed:
