@@ -96,9 +96,8 @@ async def test_malformed_allocate_requests_get_clean_bounded_errors(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "no device IDs" in (err.value.details() or "")
     huge = "x" * 1_000_000
-    with caplog.at_level("INFO", logger="vfio_dp"):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await kubelet.allocate(NIC, [huge])
+    with caplog.at_level("INFO", logger="vfio_dp"), pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, [huge])
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert len(err.value.details() or "") < 300 and "[1000000 chars]" in (err.value.details() or "")
     assert "[1000000 chars]" in caplog.text and len(caplog.text) < 10_000
