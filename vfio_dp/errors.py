@@ -61,6 +61,17 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit + 20 else text[: limit + 20] + "..."
 
 
+class RootNotFoundError(UsageError):
+    """``--root`` names no directory: every command would see an empty host and say nothing."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(
+            f"--root {clip(root, 400)!r} is not a directory; give the host's root "
+            "(/ on a node, the host mount such as /host in a pod)"
+        )
+
+
 class ConfigError(UsageError):
     """A configuration file is invalid; ``problems`` lists every (key, value, why).
 

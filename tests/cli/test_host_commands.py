@@ -174,3 +174,22 @@ def test_list_with_a_hostile_config_is_a_usage_error_with_bounded_output(
     assert p.returncode == 2, p.stderr[:2000]
     assert expect in p.stderr and str(cfg) in p.stderr
     assert len(p.stderr) < 5000 and "Traceback" not in p.stderr and p.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list"],
+        ["groups"],
+        ["check", "0000:65:00.0"],
+        ["bind", "0000:65:00.0"],
+        ["unbind", "0000:65:00.0"],
+        ["plugin", "--metrics-port", "0"],
+    ],
+)
+def test_a_root_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "no-such-root"
+    p = run(*args, "--root", str(missing))
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert str(missing) in p.stderr and "not a directory" in p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""

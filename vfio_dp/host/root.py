@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from vfio_dp.errors import HostError, PathEscapeError
+from vfio_dp.errors import HostError, PathEscapeError, RootNotFoundError
 
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-")
 _MAX_LINKS = 40
@@ -32,7 +32,11 @@ class Root:
     __slots__ = ("base", "prefix")
 
     def __init__(self, base: str | os.PathLike[str]) -> None:
+        """Raises :class:`RootNotFoundError` when ``base`` is not a directory (a mistyped
+        ``--root`` would otherwise read as a host without devices)."""
         real = os.path.realpath(os.fspath(base))
+        if not os.path.isdir(real):
+            raise RootNotFoundError(os.fspath(base))
         self.base = real
         self.prefix = "" if real == "/" else real
 

@@ -45,6 +45,8 @@ class _Garbage(Exception):
 def _hex(text: str | None, width: int, name: str) -> str:
     """``0x10de`` / ``10DE`` / ``20000`` → ``10de`` / ``020000``: 1..``width`` hex digits
     after an optional ``0x``, left-padded; anything else raises (binary, a sign, too long)."""
+    if text and len(text) <= width and _HEX_DIGITS.issuperset(text):  # uevent's form
+        return text.lower().rjust(width, "0")
     if text is None:
         raise _Garbage(name, text, "missing")
     t = text[2:] if text[:2] in ("0x", "0X") else text
