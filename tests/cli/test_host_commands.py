@@ -193,3 +193,16 @@ def test_a_root_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert str(missing) in p.stderr and "not a directory" in p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_list_skips_a_device_with_garbage_and_says_why(tree: SysfsTree) -> None:
+    d = tree.dev_dir("0000:65:00.0")
+    (d / "uevent").write_bytes(
+        b"PCI_CLASS=20000\nPCI_ID=\x00\x00\x00\x00:10D3\nPCI_SUBSYS_ID=0:0\n"
+    )
+    p = run("list", "--root", str(tree.root), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert "0000:65:00.0" not in rows and "0000:3b:00.0" in rows
+    assert not any("\x00" in r["resource"] for r in rows.values())
+    assert "0000:65:00.0/uevent" in p.stderr and "skipped" in p.stderr
