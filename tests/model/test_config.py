@@ -98,9 +98,18 @@ def test_every_error_is_listed() -> None:
     assert "'../etc'" in str(e.value)
 
 
-def test_bad_yaml() -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "selectors: [",
+        "a: \x00",  # a control character: refused by the reader itself
+        "!!python/object/apply:os.system ['true']",  # no unsafe constructors
+        "selectors: !!binary aGk=\n---\nb: 2\n",  # two documents
+    ],
+)
+def test_bad_yaml(text: str) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config_text("selectors: [", "x.yaml")
+        load_config_text(text, "x.yaml")
 
 
 def test_empty_file_is_default() -> None:

@@ -428,18 +428,19 @@ def _bounded_yaml(text: str, source: str) -> object:
     Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     Loader.add_constructor("tag:yaml.org,2002:float", construct_float)
 
-    loader = Loader(text)
+    loader = None
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.YAMLError as e:
-            raise ConfigError(source, [("(file)", None, f"not valid YAML: {e}")]) from None
+        loader = Loader(text)  # the reader refuses control characters (NUL) right here
+        node = loader.get_single_node()
         if node is None:
             return None
         _expanded_size(node, too_much)
-        return loader.construct_document(node)
+        return loader.construct_document(node)  # safe constructors only: unknown tags raise
+    except yaml.YAMLError as e:
+        raise ConfigError(source, [("(file)", None, f"not valid YAML: {e}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _expanded_size(top: Any, too_much: Any) -> int:
