@@ -225,7 +225,7 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
             started = False
             detail.append(str(e)[:300])
         ready = time.monotonic() - t0
-        s = sample(proc.pid)
+        s = at_start = sample(proc.pid)
         rows.append(
             {
                 "area": AREA,
@@ -258,7 +258,8 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
                 "devices_without_driver": devices_col,
                 "rss_peak_mb": round(s.hwm_mib, 1),
                 "note": f"{stats.right}/{stats.made} right; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
-                f"{stats.made / took:.0f} calls/s",
+                f"{stats.made / took:.0f} calls/s; fds {at_start.fds} -> {s.fds}, threads "
+                f"{at_start.threads} -> {s.threads}",
             }
         )
 
