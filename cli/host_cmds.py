@@ -45,16 +45,9 @@ def _host(root: str) -> Host:
 
 
 def _config(path: str | None) -> Config:
-    from vfio_dp.model.config import DEFAULT_CONFIG, load_config_text
+    from vfio_dp.host.files import load_config
 
-    if not path:
-        return DEFAULT_CONFIG
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        fail(f"cannot read config {path}: {e.strerror}", 2)
-    return load_config_text(text, path)
+    return load_config(path)
 
 
 def device_json(

@@ -228,3 +228,61 @@ def test_unbind_all_dry_run_lists_every_recorded_device(tree: SysfsTree) -> None
     steps = json.loads(p.stdout)["steps"]
     assert steps[-1].endswith("/sys/bus/pci/drivers/e1000e/bind") and "0000:65:00.0" in steps[-1]
     assert (state / "0000:65:00.0.json").exists()  # a dry run changes nothing
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        (None, "aliases"),  # billion laughs
+        (
+            b"x: &x {vendor: zz, device: yy}\nselectors: [" + b",".join([b"*x"] * 3000) + b"]\n",
+            "more problems",
+        ),
+        (b"selectors: " + b"[" * 2000 + b"]" * 2000, "nested deeper"),
+        (b"selectors:\n- resourceName: ger\xe4t\n", "not UTF-8"),
+        (b"selectors:\n- vendor: 8086\n", 'vendor: "8086"'),
+    ],
+)
+def test_list_with_a_hostile_config_is_a_usage_error_with_bounded_output(
+    tree: SysfsTree, tmp_path: Path, content: bytes | None, expect: str
+) -> None:
+    from tests.model.test_config import BILLION_LAUGHS
+
+    cfg = tmp_path / "cm.yaml"
+    cfg.write_bytes(content if content is not None else BILLION_LAUGHS.encode())
+    p = run("list", "--root", str(tree.root), "--config", str(cfg))
+    assert p.returncode == 2, p.stderr[:2000]
+    assert expect in p.stderr and str(cfg) in p.stderr
+    assert len(p.stderr) < 5000 and "Traceback" not in p.stderr and p.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list"],
+        ["groups"],
+        ["check", "0000:65:00.0"],
+        ["bind", "0000:65:00.0"],
+        ["unbind", "0000:65:00.0"],
+        ["plugin", "--metrics-port", "0"],
+    ],
+)
+def test_a_root_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "no-such-root"
+    p = run(*args, "--root", str(missing))
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert str(missing) in p.stderr and "not a directory" in p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_list_skips_a_device_with_garbage_and_says_why(tree: SysfsTree) -> None:
+    d = tree.dev_dir("0000:65:00.0")
+    (d / "uevent").write_bytes(
+        b"PCI_CLASS=20000\nPCI_ID=\x00\x00\x00\x00:10D3\nPCI_SUBSYS_ID=0:0\n"
+    )
+    p = run("list", "--root", str(tree.root), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert "0000:65:00.0" not in rows and "0000:3b:00.0" in rows
+    assert not any("\x00" in r["resource"] for r in rows.values())
+    assert "0000:65:00.0/uevent" in p.stderr and "skipped" in p.stderr

@@ -13,7 +13,7 @@ from vfio_dp.errors import PathEscapeError
 from vfio_dp.host import Host
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import PciDevice
+from vfio_dp.model.device import Inventory, PciDevice
 
 
 def A(s: str) -> PciAddress:
@@ -388,3 +388,113 @@ def test_bind_refuses_the_current_hardware_rng_unless_forced(tmp_path: Path) -> 
     assert kernel.writes == []
     res = Host(t.root, kernel=kernel).bind([A("0000:00:04.0")], force=True)
     assert res.bound == [A("0000:00:04.0")] and "hardware RNG" in res.warnings[0]
+
+
+# --- garbage in sysfs: the device is skipped with the file named, never trusted --------------
+
+NIC_DIR = "bus/pci/devices/0000:65:00.0"
+
+
+def _scan_skipping(tree: SysfsTree, caplog: pytest.LogCaptureFixture) -> tuple[Inventory, str]:
+    with caplog.at_level("WARNING", logger="vfio_dp.host"):
+        inv = Host(tree.root).scan()
+    return inv, caplog.text
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "shows"),
+    [
+        ("vendor", b"\x00\x00\x00\x00\n", "vendor reads '\\x00\\x00\\x00\\x00'"),
+        ("vendor", b"0xzz10\n", "not a hex number"),
+        ("device", b"0x10d3d\n", "at most 4 digits"),  # too wide: never truncated
+        ("class", b"-0x0200\n", "class reads '-0x0200'"),
+        ("numa_node", b"one\n", "not a decimal number"),
+        ("driver_override", b"../../x\n", "not a kernel driver name"),
+    ],
+)
+def test_garbage_attribute_skips_the_device(
+    tree: SysfsTree, caplog: pytest.LogCaptureFixture, file: str, content: bytes, shows: str
+) -> None:
+    d = tree.sys(NIC_DIR)
+    (d / "uevent").unlink()  # the files are read only without a usable uevent
+    (d / file).write_bytes(content)
+    inv, log = _scan_skipping(tree, caplog)
+    assert A("0000:65:00.0") not in inv.devices
+    assert A("0000:3b:00.0") in inv.devices  # the others are still read
+    assert f"0000:65:00.0/{file}" in log and shows in log and "skipped" in log
+
+
+@pytest.mark.parametrize(
+    "uevent",
+    [
+        "PCI_CLASS=20000\nPCI_ID=\x00\x00\x00\x00:10D3\nPCI_SUBSYS_ID=8086:A01F\n",
+        "PCI_CLASS=20000\nPCI_ID=8086:10D3\nPCI_SUBSYS_ID=8086:A01F\nDRIVER=a/../b\n",
+        "PCI_CLASS=2000000\nPCI_ID=8086:10D3\nPCI_SUBSYS_ID=8086:A01F\n",
+    ],
+)
+def test_garbage_uevent_skips_the_device(
+    tree: SysfsTree, caplog: pytest.LogCaptureFixture, uevent: str
+) -> None:
+    (tree.sys(NIC_DIR) / "uevent").write_text(uevent)
+    inv, log = _scan_skipping(tree, caplog)
+    assert A("0000:65:00.0") not in inv.devices and "0000:65:00.0/uevent" in log
+    # nothing of it reaches a resource name
+    assert not any("\x00" in d.vendor for d in inv.devices.values())
+
+
+def test_garbage_links_skip_the_device(tree: SysfsTree, caplog: pytest.LogCaptureFixture) -> None:
+    d = tree.sys(NIC_DIR)
+    (d / "iommu_group").unlink()
+    (d / "iommu_group").symlink_to("../../../kernel/iommu_groups/5x")
+    inv, log = _scan_skipping(tree, caplog)
+    assert A("0000:65:00.0") not in inv.devices and "iommu_group reads '5x'" in log
+
+
+def test_a_fifo_uevent_or_attribute_never_blocks(tree: SysfsTree) -> None:
+    """A FIFO without a writer would block a plain open() forever: read with O_NONBLOCK it
+    is empty, so the uevent is ignored (the files are read) and a FIFO vendor is garbage."""
+    import subprocess
+    import sys
+
+    d = tree.sys(NIC_DIR)
+    (d / "uevent").unlink()
+    os.mkfifo(d / "uevent")
+    gpu = tree.sys("bus/pci/devices/0000:3b:00.0")
+    (gpu / "uevent").unlink()
+    (gpu / "vendor").unlink()
+    os.mkfifo(gpu / "uevent")
+    os.mkfifo(gpu / "vendor")
+    code = (
+        "import sys; from vfio_dp.host import Host; inv = Host(sys.argv[1]).scan(); "
+        "print(sorted(str(a) for a in inv.devices))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tree.root)], capture_output=True, text=True, timeout=30
+    )
+    assert p.returncode == 0, p.stderr
+    assert "0000:65:00.0" in p.stdout  # FIFO uevent: its files were read instead
+    assert "0000:3b:00.0" not in p.stdout and "0000:3b:00.0/vendor" in p.stderr
+
+
+def test_odd_entries_under_vfio_dev_are_ignored(tree: SysfsTree) -> None:
+    vdev = tree.sys(NIC_DIR) / "vfio-dev"
+    vdev.mkdir()
+    for odd in ("..x", "vfio", "vfio3a", "vfio\u0663", "evil name"):
+        (vdev / odd).mkdir()
+    inv = Host(tree.root).scan()
+    assert inv.devices[A("0000:65:00.0")].vfio_cdev is None
+    (vdev / "vfio12").mkdir()
+    (vdev / "vfio9").mkdir()
+    assert Host(tree.root).scan().devices[A("0000:65:00.0")].vfio_cdev == "vfio9"
+
+
+def test_read_device_names_the_garbage_file(tree: SysfsTree) -> None:
+    from vfio_dp.errors import SysfsValueError
+    from vfio_dp.host.sysfs import read_device
+
+    d = tree.sys(NIC_DIR)
+    (d / "uevent").unlink()
+    (d / "vendor").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(SysfsValueError) as err:
+        read_device(Root(tree.root), A("0000:65:00.0"))
+    assert err.value.path.endswith("0000:65:00.0/vendor")

@@ -168,7 +168,11 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
         up_count = 0
         for name, resolved in nets:
             flags = read_text(resolved + "/flags")
-            up = flags is not None and bool(int(flags, 0) & IFF_UP)
+            unreadable = False
+            try:
+                up = flags is not None and bool(int(flags, 16) & IFF_UP)
+            except ValueError:  # not what the kernel writes (0x1003): count it as in use
+                up, unreadable = False, True
             up_count += up and name != "lo"
             owner = _pci_ancestor(resolved)
             if owner is None or owner not in devices:
@@ -176,6 +180,8 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             why = []
             if up:
                 why.append("is up")
+            if unreadable:
+                why.append(f"has unreadable flags {str(flags)[:20]!r}")
             if name in with_addr:
                 why.append("has addresses")
             if name in routed:
