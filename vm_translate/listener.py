@@ -80,16 +80,20 @@ class _TlsConnection(sslproto.SSLProtocol):
         self.app = app_protocol
         self.raw: asyncio.BaseTransport | None = None
         self.busy = 0
+        self._evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw = transport
         super().connection_made(transport)
+        if self._evicted:  # evicted between accept and now (asyncio accepts in bursts)
+            self.evict()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.listener.forget(self)
         super().connection_lost(exc)
 
     def evict(self) -> None:
+        self._evicted = True
         if isinstance(self.raw, asyncio.Transport):
             self.raw.abort()
 
@@ -154,7 +158,7 @@ class Listener:
 
     def _evict_one(self) -> bool:
         for conn in self._open:
-            if conn.busy == 0 and conn.raw is not None:
+            if conn.busy == 0:
                 self.forget(conn)  # now, not at connection_lost: the count must drop at once
                 conn.evict()
                 self.evicted += 1
