@@ -12,10 +12,14 @@ transport and protocol objects and OpenSSL's own record buffers (~45-65 KB measu
 
 Bounds applied here (each a :class:`ListenerLimits` field, a ``vfioctl webhook`` flag)::
 
-    max_connections     open connections; at the cap a new one evicts the least recently
-                        active connection that is not being answered (handshaking, waiting
-                        for headers, idle keep-alive); if every one is busy the new one is
-                        closed at once
+    max_connections     open connections; at the cap a new one evicts one that is not
+                        being answered, in this order: one that has sent nothing for
+                        ``silent_grace`` seconds (bare TCP); else the least recently active one
+                        past its handshake (idle keep-alive, headers not complete); else
+                        the oldest handshake older than ``silent_grace``. A real client sends
+                        its ClientHello and its request at once and is the last to go. If
+                        none qualifies, the NEW connection is closed (load is shed at the
+                        door, not from connections already under way).
     handshake_timeout   seconds for the TLS handshake (asyncio's default is 60)
 
 Header and idle keep-alive time are bounded by aiohttp's keep-alive timer (see
@@ -49,6 +53,7 @@ INCOMING_HIGH_WATER = 64 * 1024
 class ListenerLimits:
     max_connections: int = 512
     handshake_timeout: float = 5.0
+    silent_grace: float = 0.25
 
 
 class _TlsConnection(sslproto.SSLProtocol):
@@ -80,6 +85,9 @@ class _TlsConnection(sslproto.SSLProtocol):
         self.app = app_protocol
         self.raw: asyncio.BaseTransport | None = None
         self.busy = 0
+        self.heard = False  # any byte received
+        self._shaken = False  # handshake done (seen)
+        self.accepted_at = listener.loop.time()
         self._evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -87,6 +95,20 @@ class _TlsConnection(sslproto.SSLProtocol):
         super().connection_made(transport)
         if self._evicted:  # evicted between accept and now (asyncio accepts in bursts)
             self.evict()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.heard = True
+        if self._shaken:
+            super().buffer_updated(nbytes)
+            return
+        super().buffer_updated(nbytes)  # may complete the handshake
+        if self.handshake_done:
+            self._shaken = True
+            self.listener.touch(self)  # its request comes next: keep it longest
+
+    @property
+    def handshake_done(self) -> bool:
+        return getattr(self.app, "transport", None) is not None  # aiohttp sets it then
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.listener.forget(self)
@@ -133,6 +155,8 @@ class Listener:
         self._by_app: dict[asyncio.BaseProtocol, _TlsConnection] = {}
         self.evicted = 0
         self.refused = 0
+        #: evictions by what the connection was doing: silent, idle, handshaking, young
+        self.evicted_by: dict[str, int] = {}
 
     @property
     def open_connections(self) -> int:
@@ -145,7 +169,8 @@ class Listener:
             if self.refused == 1 or self.refused % 1000 == 0:
                 log.warning(
                     "refused a connection: all %d allowed connections are answering requests "
-                    "(refused %d so far; raise --max-connections if this is real load)",
+                    "or just opened (refused %d so far; raise --max-connections if this is "
+                    "real load)",
                     self.limits.max_connections,
                     self.refused,
                 )
@@ -156,25 +181,58 @@ class Listener:
         self._by_app[app] = conn
         return conn
 
+    def _victim(self) -> tuple[_TlsConnection, str] | None:
+        """The connection to close for a new one, or None (then the new one is refused).
+
+        Connections younger than ``silent_grace`` that are not idle yet are never chosen: a
+        young one may have its ClientHello waiting unread (asyncio accepts several at once
+        before it reads any), and when connections arrive faster than handshakes are done,
+        shedding the NEW ones keeps those already under way (a real client among them)
+        going."""
+        idle: _TlsConnection | None = None
+        handshaking: _TlsConnection | None = None
+        grace = self.loop.time() - self.limits.silent_grace
+        for conn in self._open:  # least recently active first
+            if conn.busy:
+                continue
+            if conn.handshake_done:
+                idle = idle or conn
+            elif conn.accepted_at <= grace:
+                if not conn.heard:
+                    return conn, "silent"
+                handshaking = handshaking or conn
+        if idle is not None:
+            return idle, "idle"
+        if handshaking is not None:
+            return handshaking, "handshaking"
+        return None
+
     def _evict_one(self) -> bool:
-        for conn in self._open:
-            if conn.busy == 0:
-                self.forget(conn)  # now, not at connection_lost: the count must drop at once
-                conn.evict()
-                self.evicted += 1
-                if self.evicted == 1 or self.evicted % 1000 == 0:
-                    log.warning(
-                        "connection cap %d reached: closed the least recently active idle "
-                        "connection (%d so far)",
-                        self.limits.max_connections,
-                        self.evicted,
-                    )
-                return True
-        return False
+        victim = self._victim()
+        if victim is None:
+            return False
+        conn, why = victim
+        self.evicted_by[why] = self.evicted_by.get(why, 0) + 1
+        self.forget(conn)  # now, not at connection_lost: the count must drop at once
+        conn.evict()
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % 1000 == 0:
+            log.warning(
+                "connection cap %d reached: closed an idle connection (%d so far; raise "
+                "--max-connections if this is real load)",
+                self.limits.max_connections,
+                self.evicted,
+            )
+        return True
 
     def forget(self, conn: _TlsConnection) -> None:
         self._open.pop(conn, None)
         self._by_app.pop(conn.app, None)
+
+    def touch(self, conn: _TlsConnection) -> None:
+        """``conn`` made progress: it becomes the last candidate for eviction."""
+        if conn in self._open:
+            self._open.move_to_end(conn)
 
     @contextlib.contextmanager
     def busy(self, app_protocol: asyncio.BaseProtocol | None) -> Iterator[None]:
@@ -188,8 +246,7 @@ class Listener:
             yield
         finally:
             conn.busy -= 1
-            if conn in self._open:
-                self._open.move_to_end(conn)
+            self.touch(conn)
 
     def close_all(self) -> None:
         for conn in list(self._open):

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,12 @@ MIB = 1024 * 1024
 #: Bodies up to this size are received without drawing on ``body_budget_bytes`` (an
 #: AdmissionReview of a VM is a few KiB), so small reviews are never refused for want of it.
 SMALL_BODY = 64 * 1024
+#: Connections the kernel queues before they are accepted.
+BACKLOG = 1024
+#: Connections asyncio accepts in one go (its ``backlog`` argument). At the connection cap each
+#: accept evicts one connection; accepting hundreds at once would evict connections whose
+#: ClientHello is waiting unread. Small batches let the loop read between them.
+ACCEPT_BATCH = 16
 #: The HTTP parser's read buffer per connection (aiohttp's default is 64 KiB, paused at 2x).
 READ_BUFSIZE = 16 * 1024
 
@@ -64,6 +71,7 @@ class WebhookSettings:
     handshake_timeout: float = 5.0
     idle_timeout: float = 10.0
     max_connections: int = 512
+    silent_grace: float = 0.25  # see vm_translate.listener
     body_budget_bytes: int = 16 * MIB
     reload_interval: float = 5.0
     check_nodes: bool = False
@@ -181,6 +189,23 @@ def make_app(
     return app
 
 
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
+        sock.bind(addr)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def _threaded_list_nodes() -> list[NodeResources]:
     from vm_translate import kube_adapter  # imports the kubernetes client on first use
 
@@ -239,13 +264,15 @@ class Webhook:
         listener = Listener(
             runner.server,
             tls.context,
-            ListenerLimits(settings.max_connections, settings.handshake_timeout),
+            ListenerLimits(
+                settings.max_connections, settings.handshake_timeout, settings.silent_grace
+            ),
             loop,
         )
         state.listener = listener
-        server = await loop.create_server(
-            listener.protocol, settings.host, settings.port, backlog=512, reuse_address=True
-        )
+        sock = _listening_socket(settings.host, settings.port)
+        server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
+        sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
         reloader = asyncio.create_task(_reload_loop(tls, state.configs, settings.reload_interval))
         log.info(
             "webhook serving https://%s:%d/mutate (at most %d connections)",
@@ -260,6 +287,13 @@ class Webhook:
         with contextlib.suppress(asyncio.CancelledError):
             await self._reloader
         self._server.close()
+        if self.listener.evicted or self.listener.refused:
+            log.info(
+                "connections evicted at the cap: %d %s; refused: %d",
+                self.listener.evicted,
+                self.listener.evicted_by,
+                self.listener.refused,
+            )
         await self._runner.cleanup()  # lets requests being answered finish
         self.listener.close_all()  # what is left: handshakes, idle keep-alive
         await self._server.wait_closed()

@@ -14,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,24 +92,61 @@ async def _raw_tls(s: Running) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     )
 
 
-async def test_connection_cap_evicts_idle_and_valid_reviews_answered(
+async def _settle(until: Callable[[], bool]) -> None:
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        if until():
+            return
+
+
+async def test_new_connection_refused_while_all_are_young(
     tmp_path: Path, config: Config
 ) -> None:
-    s = await start(tmp_path, config, max_connections=20, handshake_timeout=60, idle_timeout=60)
+    """At the cap with every connection in its first moments (``silent_grace``), the NEW
+    connection is closed: load is shed at the door, not from connections under way."""
+    s = await start(tmp_path, config, max_connections=20, silent_grace=600)
+    listener = s.hook.listener
     held: list[Any] = []
     try:
-        for _ in range(30):
-            held.append(socket.create_connection(("127.0.0.1", s.hook.port)))
         for _ in range(20):
+            held.append(socket.create_connection(("127.0.0.1", s.hook.port)))
+        await _settle(lambda: listener.open_connections == 20)
+        late = socket.create_connection(("127.0.0.1", s.hook.port))
+        held.append(late)
+        late.settimeout(10)
+        assert await asyncio.to_thread(late.recv, 1) == b""
+        assert listener.refused == 1 and listener.evicted == 0
+        assert listener.open_connections == 20
+    finally:
+        for h in held:
+            h.close()
+        await s.hook.stop()
+
+
+async def test_connection_cap_evicts_silent_then_idle_and_reviews_answered(
+    tmp_path: Path, config: Config
+) -> None:
+    s = await start(
+        tmp_path, config, max_connections=20, silent_grace=0, handshake_timeout=60,
+        idle_timeout=60,
+    )  # fmt: skip
+    listener = s.hook.listener
+    held: list[Any] = []
+    try:
+        for _ in range(30):  # bare TCP, never a byte: the first to go
+            held.append(socket.create_connection(("127.0.0.1", s.hook.port)))
+        await _settle(lambda: listener.evicted_by.get("silent") == 10)
+        for _ in range(20):  # idle TLS: each evicts a silent one
             held.append((await _raw_tls(s))[1])
-        status, answer = await post(s, json.dumps(review(VMI)).encode())
+        assert listener.evicted_by.get("silent") == 30
+        status, answer = await post(s, json.dumps(review(VMI)).encode())  # evicts idle TLS
         assert status == 200 and answer["response"]["allowed"] is True
-        assert s.hook.listener.open_connections <= 20
-        assert s.hook.listener.evicted >= 31
-        # an evicted bare-TCP client sees its connection closed
-        first = held[0]
+        assert listener.open_connections <= 20
+        assert listener.evicted_by.get("idle", 0) >= 1
+        assert listener.refused == 0
+        first = held[0]  # an evicted bare-TCP client sees its connection closed
         first.settimeout(10)
-        assert first.recv(1) == b""
+        assert await asyncio.to_thread(first.recv, 1) == b""
     finally:
         for h in held:
             h.close()
