@@ -10,15 +10,16 @@ its peak RSS (``VmHWM`` in ``/proc/<pid>/status``) against the Deployment's limi
    fresh connections. Every valid review must get its correct patch; RSS must stay under
    the limit.
 2. **Load**: ``--reviews`` AdmissionReviews (default 100,000) over keep-alive TLS at
-   concurrency 64; every tenth is hostile, in turn: garbage (not a review), oversize (declares
-   2 MiB), JSON nested 100,000 deep, slow (headers trickled until the server closes it). Each
-   valid one must get the right patch; p50/p99 of the valid ones are printed.
+   concurrency 64; every tenth is hostile, in turn: garbage (not a review), oversize (2 MiB),
+   JSON nested 100,000 deep, slow headers (trickled until the server closes the connection),
+   slow body (trickled until the server answers 408). Each valid one must get the right
+   patch; p50/p99 of the valid ones are printed.
 
     .venv/bin/python bench/reliability_webhook.py [--quick] [--reviews N] [--connections N]
 
 ``--quick``: 600 connections for 4 s and 2,000 reviews. The server here runs with its defaults
-except ``--read-timeout 2 --idle-timeout 2`` in the load case (so the slow clients do not make
-the run minutes longer; the defaults are 10 s each). Client and server share the machine's CPUs.
+except ``--read-timeout 2`` in the load case (default 10 s), so slow bodies end sooner. Client
+and server share the machine's (2) CPUs, so latency includes the client's own queueing.
 """
 
 from __future__ import annotations
@@ -259,10 +260,7 @@ async def _attack(
     until = time.monotonic() + seconds
     kinds = ["tcp", "tls", "slow"]
     await asyncio.gather(
-        *(
-            _hostile(server, kinds[i % 3], until, hold, reopen_after)
-            for i in range(connections)
-        )
+        *(_hostile(server, kinds[i % 3], until, hold, reopen_after) for i in range(connections))
     )
     return hold
 
@@ -354,30 +352,43 @@ GARBAGE = [
 ]
 
 
-async def _slow(server: Server, stats: LoadStats) -> None:
-    """Trickle a request's headers until the server closes the connection (idle timeout)."""
+async def _slow(server: Server, stats: LoadStats, body: bool) -> None:
+    """Trickle a request a byte every 0.2 s: its headers (the server must close the connection
+    after --idle-timeout) or, headers sent, its body (the server must answer 408 after
+    --read-timeout)."""
+    kind = "slow body" if body else "slow headers"
     try:
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", server.port, ssl=server.ctx, server_hostname="127.0.0.1"
         )
     except (OSError, ssl.SSLError) as e:
-        stats.count("slow", False, f"could not connect: {e}")
+        stats.count(kind, False, f"could not connect: {e}")
         return
-    closed = False
+    head = b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if body:
+        writer.write(head + b"Content-Length: 400\r\n\r\n")
+        trickle = b"{" + b" " * 398 + b"}"
+    else:
+        trickle = head + b"X-Slow: " + b"a" * 400
+    answer = b""
     try:
-        for b in b"POST /mutate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
-            writer.write(bytes([b]))
+        for byte in trickle:
+            writer.write(bytes([byte]))
             try:
-                if not await asyncio.wait_for(reader.read(1024), timeout=0.2):
-                    closed = True
-                    break
+                data = await asyncio.wait_for(reader.read(1024), timeout=0.2)
             except TimeoutError:
                 continue
+            answer += data
+            if not data or answer:
+                break
     except (OSError, ssl.SSLError):
-        closed = True
+        pass
     finally:
         writer.close()
-    stats.count("slow", closed, "connection not closed by the server")
+    if body:
+        stats.count(kind, answer.startswith(b"HTTP/1.1 408"), f"answer {answer[:60]!r}")
+    else:
+        stats.count(kind, answer == b"", f"not closed by the server: {answer[:60]!r}")
 
 
 async def _load(server: Server, reviews: int, concurrency: int) -> LoadStats:
@@ -410,11 +421,13 @@ async def _load(server: Server, reviews: int, concurrency: int) -> LoadStats:
                 elif len(stats.wrong) < 5:
                     stats.wrong.append(f"valid {uid}: {status} {data[:200]!r}")
                 return
-            kind = ("garbage", "oversize", "deep", "slow")[(i // 10) % 4]
+            kind = ("garbage", "oversize", "deep", "slow headers", "slow body")[(i // 10) % 5]
             try:
                 if kind == "garbage":
                     status, data = await post(random.choice(GARBAGE))
-                    stats.count(kind, status == 400 and b'"error"' in data, f"{status} {data[:100]!r}")
+                    stats.count(
+                        kind, status == 400 and b'"error"' in data, f"{status} {data[:100]!r}"
+                    )
                 elif kind == "oversize":
                     big = b"x" * (2 * 1024 * 1024)
                     status, data = await post(big)
@@ -427,7 +440,7 @@ async def _load(server: Server, reviews: int, concurrency: int) -> LoadStats:
                 else:
                     while len(slow_tasks) >= concurrency:  # slow clients: at most 64 at once
                         await asyncio.wait(slow_tasks, return_when=asyncio.FIRST_COMPLETED)
-                    t = asyncio.create_task(_slow(server, stats))
+                    t = asyncio.create_task(_slow(server, stats, kind == "slow body"))
                     slow_tasks.add(t)
                     t.add_done_callback(slow_tasks.discard)
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
@@ -449,7 +462,7 @@ async def _load(server: Server, reviews: int, concurrency: int) -> LoadStats:
 
 def load_rows(reviews: int, concurrency: int = 64) -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="webhook-rel-") as d:
-        server = start_server(d, "--read-timeout", "2", "--idle-timeout", "2")
+        server = start_server(d, "--read-timeout", "2")
         t0 = time.perf_counter()
         try:
             stats = asyncio.run(_load(server, reviews, concurrency))
@@ -471,7 +484,8 @@ def load_rows(reviews: int, concurrency: int = 64) -> list[dict[str, object]]:
             "case": f"{reviews:,} AdmissionReviews over keep-alive TLS at concurrency "
             f"{concurrency}, one in ten hostile",
             "fault_or_load": f"{stats.valid_sent:,} valid + {hostile_sent:,} hostile "
-            f"(garbage, 2 MiB oversize, 100,000-deep JSON, slow headers) in {elapsed:.0f} s",
+            f"(garbage, 2 MiB oversize, 100,000-deep JSON, slow headers, slow body) in "
+            f"{elapsed:.0f} s",
             "answered_correctly": correct,
             "devices_without_driver": "n/a",
             "rss_peak_mb": round(peak, 1),
@@ -486,7 +500,8 @@ def load_rows(reviews: int, concurrency: int = 64) -> list[dict[str, object]]:
         "garbage": "HTTP 400 naming what is wrong",
         "oversize": "HTTP 413 before the body is read",
         "deep": "HTTP 400 'nested more than 200 levels' (was 500 + RecursionError)",
-        "slow": "closed by the server after --idle-timeout",
+        "slow headers": "the connection closed by the server after --idle-timeout",
+        "slow body": "HTTP 408 after --read-timeout",
     }
     for kind, (sent, ok) in stats.hostile.items():
         rows.append(

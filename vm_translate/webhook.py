@@ -307,7 +307,9 @@ async def _reload_loop(tls: ReloadingContext, configs: ConfigWatch, interval: fl
 
 
 async def serve(
-    config: Config | ConfigWatch, settings: WebhookSettings, ready: Callable[[int], None] | None = None
+    config: Config | ConfigWatch,
+    settings: WebhookSettings,
+    ready: Callable[[int], None] | None = None,
 ) -> None:
     """Run until cancelled (SIGTERM/SIGINT under :func:`run`)."""
     hook = await Webhook.start(config, settings)
@@ -320,7 +322,9 @@ async def serve(
 
 
 def run(
-    config: Config | ConfigWatch, settings: WebhookSettings, ready: Callable[[int], None] | None = None
+    config: Config | ConfigWatch,
+    settings: WebhookSettings,
+    ready: Callable[[int], None] | None = None,
 ) -> None:
     """Blocking entry point for ``vfioctl webhook``; returns on SIGTERM / Ctrl-C."""
     import signal

@@ -99,9 +99,7 @@ async def _settle(until: Callable[[], bool]) -> None:
             return
 
 
-async def test_new_connection_refused_while_all_are_young(
-    tmp_path: Path, config: Config
-) -> None:
+async def test_new_connection_refused_while_all_are_young(tmp_path: Path, config: Config) -> None:
     """At the cap with every connection in its first moments (``silent_grace``), the NEW
     connection is closed: load is shed at the door, not from connections under way."""
     s = await start(tmp_path, config, max_connections=20, silent_grace=600)
@@ -260,7 +258,10 @@ async def test_json_nested_100000_deep_gets_400_without_traceback(
     s = await start(tmp_path, config)
     try:
         with caplog.at_level(logging.DEBUG):
-            for body in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000):
+            for body in (
+                b"[" * 100_000 + b"]" * 100_000,
+                b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+            ):
                 status, answer = await post(s, body)
                 assert status == 400
                 assert f"at most {MAX_DEPTH} levels" in answer["error"]
