@@ -107,7 +107,7 @@ def _int_auto(value: str | int) -> int:
     default=16 * 1024 * 1024,
     show_default=True,
     type=click.IntRange(1024),
-    help="Bytes of large (> 64 KiB) request bodies received at once; more get HTTP 503.",
+    help="Bytes of large (> 32 KiB) request bodies received at once; more get HTTP 503.",
 )
 @option(
     "--reload-interval",
