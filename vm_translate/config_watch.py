@@ -10,6 +10,8 @@ changes when the content does; an in-place edit changes ``st_ctime_ns``. :meth:`
 re-reads the file only then. A new config that cannot be read or is invalid is logged with
 every error and the previous one stays in use; a missing file (mid-swap) is retried next time.
 
+The webhook calls :meth:`ConfigWatch.changed` (a stat) on its event loop and
+:meth:`ConfigWatch.check` in a worker thread, so reading a big file never stalls answers.
 Reading and parsing is the injected ``load`` function (default
 :func:`vm_translate.inputs.load_config`), so this module decides WHEN to read, never HOW.
 """
@@ -74,6 +76,13 @@ class ConfigWatch:
     @classmethod
     def fixed(cls, config: Config) -> ConfigWatch:
         return cls(None, initial=config)
+
+    def changed(self) -> bool:
+        """Whether the file's identity differs from the one last loaded (a stat, no read)."""
+        if not self.path:
+            return False
+        now = file_id(self.path)
+        return now is not None and now != self._id
 
     def check(self) -> bool:
         """Load the file again if it changed; True when a new configuration is in use."""

@@ -325,7 +325,8 @@ async def _reload_loop(tls: ReloadingContext, configs: ConfigWatch, interval: fl
     while True:
         await asyncio.sleep(interval)
         tls.reload_if_changed()
-        configs.check()
+        if configs.changed():  # a stat; reading and parsing happen off the event loop
+            await asyncio.to_thread(configs.check)
 
 
 async def serve(
