@@ -171,20 +171,20 @@ async def mutate(request: web.Request) -> web.Response:
         body = await _receive(request, state)
         if isinstance(body, web.Response):
             return body
-        try:
-            review_request = parse_review(body)
-        except ReviewError as e:
-            return _error(400, str(e))
-        del body
         nodes: list[NodeResources] | None = None
         warnings: list[str] = []
         cache = state.nodes
-        if cache is not None:
+        if cache is not None:  # before parsing: no parsed review is held across an await
             try:
                 nodes = await cache.get()
             except NodeCheckError as e:
                 log.warning("%s", e)
                 warnings.append(f"vfio_dp: device availability not checked: {e}")
+        try:
+            review_request = parse_review(body)
+        except ReviewError as e:
+            return _error(400, str(e))
+        del body
         try:
             answer = decide(review_request, state.configs.config, nodes, warnings)
             text = json.dumps(answer)
