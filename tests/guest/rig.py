@@ -126,11 +126,14 @@ class GuestRunError(GuestRigError):
         message: str,
         console: str = "",
         results: Mapping[str, GuestResult] | None = None,
+        partial: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(f"{message}\n--- guest console (tail) ---\n{_tail(console)}")
         self.console = console
         #: Results of the scripts that did finish (run_many), keyed by name.
         self.results: dict[str, GuestResult] = dict(results or {})
+        #: What the scripts that did NOT finish had written (stdout, then stderr), by name.
+        self.partial: dict[str, str] = dict(partial or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -959,6 +962,7 @@ class GuestRig:
                             f"guest still running {deadline_run:g}s after boot; killed QEMU",
                             _read(console_path),
                             self._collect(jobs, workdir, _read(console_path), 0.0, 0.0),
+                            self._partial(jobs),
                         )
                     time.sleep(0.05)
             finally:
@@ -987,6 +991,7 @@ class GuestRig:
                 f"QEMU status {proc.returncode}); scripts without a result: {missing}",
                 console,
                 results,
+                self._partial(jobs),
             )
         timed_out = [
             name
@@ -1005,6 +1010,15 @@ class GuestRig:
                 results,
             )
         return results
+
+    @staticmethod
+    def _partial(jobs: Sequence[tuple[str, Path]]) -> dict[str, str]:
+        """Output so far of the scripts without an exit code (the guest stopped under them)."""
+        return {
+            name: _read(jd / "stdout") + _read(jd / "stderr")
+            for name, jd in jobs
+            if not _read(jd / "rc").strip()
+        }
 
     @staticmethod
     def _collect(
