@@ -122,7 +122,7 @@ async def test_a_kubelet_that_speaks_neither_version_refuses_and_the_plugin_know
                 break
             await asyncio.sleep(0.02)
         assert not front.registered
-        assert "none of the versions" in front.registration_error
+        assert "none of services supported by the plugin" in front.registration_error
     finally:
         await k.stop()
 
