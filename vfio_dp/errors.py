@@ -47,7 +47,9 @@ class SocketPathError(VfioError):
 
     def __init__(self, path: str, what: str, fix: str) -> None:
         self.path = path
-        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+        super().__init__(
+            f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else "")
+        )
 
 
 class HostError(VfioError):
@@ -149,6 +151,6 @@ class DriverNameError(UsageError, ValueError):
         self.why = why
         super().__init__(
             f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
-            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', at most 63 each, 253 in all)"
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
+            "the API server's limit for ResourceSlice spec.driver)"
         )
-
