@@ -96,9 +96,13 @@ def ensure_socket_dir(directory: str) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
-        raise SocketPathError(directory, "is not a directory", "give a directory") from e
+        raise SocketPathError(
+            directory, "is not a directory", "give a directory (--kubelet-dir)"
+        ) from e
     except OSError as e:
-        raise SocketPathError(directory, f"cannot be created ({e.strerror})", "") from e
+        raise SocketPathError(
+            directory, f"cannot be created ({e.strerror})", "check --kubelet-dir"
+        ) from e
 
 
 def clear_stale_socket(path: str) -> None:
@@ -113,9 +117,9 @@ def clear_stale_socket(path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a socket"
+    kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "is not a socket"
     fix = f"remove it (rm -r {path})" if stat.S_ISDIR(st.st_mode) else f"remove it (rm {path})"
-    raise SocketPathError(path, f"is {kind}", fix)
+    raise SocketPathError(path, kind, fix)
 
 
 class Endpoint:

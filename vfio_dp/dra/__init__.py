@@ -5,5 +5,6 @@ Modules: ``slices`` (pure: the node core's inventory → ResourceSlice objects),
 shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``plugin`` (lifecycle:
 core + publisher + kubelet shell). Generated protobuf code lives in ``_pb`` and is imported
 only by ``kubelet``. Never imports :mod:`vfio_dp.daemon` (import-linter contract), and this
-``__init__`` imports nothing.
+``__init__`` imports nothing: grpc and the generated code only in ``kubelet``, the
+Kubernetes client only in ``publisher``.
 """

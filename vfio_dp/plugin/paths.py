@@ -13,7 +13,10 @@ daemon, the DRA plugin, the webhook (through :meth:`Config.resources_for_ids`) a
 - DRA publishes one device per IOMMU group that can be handed over (:func:`dra_units`), named
   after the group's first endpoint (:func:`dra_device_name`); companions are covered by
   ``/dev/vfio/<N>``. Not published (each with its reason): a group whose endpoints are split
-  between resources or paths, one with an endpoint the host uses, one that is not viable or
+  between paths, or between resources (endpoints taken by different selectors that give
+  different resource names; one selector taking a GPU and its audio function is one
+  resource, named after the first endpoint, although their default device-plugin names
+  differ), one with an endpoint the host uses, one that is not viable or
   whose selected endpoints are not on vfio-pci — except with ``bind: onPrepare``, where only
   what binding cannot fix counts (a bridge on a DMA driver).
 """
@@ -91,6 +94,7 @@ def _dra_reasons(
     inventory: Inventory,
     endpoints: list[PciDevice],
     selected: dict[PciAddress, str],
+    selectors: dict[PciAddress, int],
     on_prepare: bool,
     config: Config,
 ) -> list[str]:
@@ -101,7 +105,7 @@ def _dra_reasons(
         )
         if why:
             reasons.append(why)
-    if len(set(selected.values())) > 1:
+    if len(set(selectors.values())) > 1 and len(set(selected.values())) > 1:
         who = ", ".join(f"{a} → {r}" for a, r in sorted(selected.items()))
         reasons.append(
             f"IOMMU group {group} has endpoints of several resources ({who}); one group can "
@@ -145,18 +149,22 @@ def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
     for group in sorted(by_group):
         endpoints = by_group[group]
         selected: dict[PciAddress, str] = {}
+        selectors: dict[PciAddress, int] = {}
         on_prepare = False
         for dev in endpoints:
             sel = config.select_for(dev, DRA)
             if sel is None:
                 continue
             selected[dev.address] = config.name_for(sel, dev)
+            selectors[dev.address] = config.selectors.index(sel)
             on_prepare = on_prepare or sel.bind_on_prepare
         if not selected:
             continue
         primary = endpoints[0].address
         first_selected = min(selected)
-        reasons = _dra_reasons(group, inventory, endpoints, selected, on_prepare, config)
+        reasons = _dra_reasons(
+            group, inventory, endpoints, selected, selectors, on_prepare, config
+        )
         units.append(
             DraUnit(
                 name=dra_device_name(primary),
