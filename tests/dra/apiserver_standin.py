@@ -54,6 +54,7 @@ import os
 import random
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -662,10 +663,13 @@ class Event:
 
 @dataclass
 class Request:
+    """One request served (for tests: who called what, when, and the answer's code)."""
+
     method: str
     path: str
     query: dict[str, str]
     code: int
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -762,8 +766,6 @@ class ApiServerStandin:
         self, what: str, predicate: Callable[[ApiServerStandin], bool], timeout: float = 10.0
     ) -> None:
         """Block (a thread, not the event loop) until ``predicate(self)``; raise naming ``what``."""
-        import time
-
         deadline = time.monotonic() + timeout
         with self.lock:
             while not predicate(self):
@@ -980,8 +982,6 @@ class ApiServerStandin:
     def watch(self, kind: Kind, ns: str, query: dict[str, str]) -> Iterator[dict[str, Any]]:
         """Events for a watch request (runs in the connection's thread). Selectors and the
         resourceVersion are checked here, before the caller sends any header."""
-        import time
-
         with self.lock:
             match = self._select(kind, ns, query)
             rv_text = query.get("resourceVersion", "")
@@ -1010,8 +1010,6 @@ class ApiServerStandin:
         seen: int,
         deadline: float,
     ) -> Iterator[dict[str, Any]]:
-        import time
-
         yield from initial
         while True:
             with self.lock:

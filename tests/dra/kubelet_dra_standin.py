@@ -107,6 +107,7 @@ class KubeletDraStandin:
         self.instances: dict[str, list[DraPluginView]] = {}  # driver -> in registration order
         self.attempts: list[Attempt] = []
         self.wipes: list[str] = []  # field selectors of the DeleteCollection calls made
+        self.events: list[tuple[float, str]] = []  # (monotonic time, what happened), for failures
         self.changed = asyncio.Condition()
         self._known: dict[str, tuple[int, int, int]] = {}  # socket path -> file id dialled
         self._wipe_timers: dict[str, asyncio.Task[None]] = {}
@@ -192,6 +193,7 @@ class KubeletDraStandin:
                 if connected != view.connected:
                     view.connected = connected
                     changed = True
+                    self._note(f"{driver} {view.endpoint}: {state.name}")
             if changed:
                 self._sync(driver)
         if changed:
@@ -207,8 +209,10 @@ class KubeletDraStandin:
             timer = self._wipe_timers.pop(driver, None)
             if timer is not None:
                 timer.cancel()
+                self._note(f"{driver}: usable again, wipe cancelled")
         elif driver not in self._wipe_timers:
             self._wipe_timers[driver] = asyncio.create_task(self._wipe_later(driver))
+            self._note(f"{driver}: not usable, wipe in {self.wipe_grace} s")
 
     async def _register(self, path: str, fid: tuple[int, int, int]) -> None:
         attempt = Attempt(os.path.basename(path))
@@ -301,10 +305,14 @@ class KubeletDraStandin:
         from kubernetes.client import ResourceV1Api
 
         api = ResourceV1Api(self.api_client)
+        self._note(f"wiping {selector}")
         await asyncio.to_thread(api.delete_collection_resource_slice, field_selector=selector)
         self.wipes.append(selector)
         async with self.changed:
             self.changed.notify_all()
+
+    def _note(self, what: str) -> None:
+        self.events.append((time.monotonic(), what))
 
     @staticmethod
     async def _close(view: DraPluginView) -> None:
