@@ -127,12 +127,15 @@ async def test_slices_go_after_the_grace_without_the_driver_and_stay_if_it_retur
     apiserver: ApiServerStandin, kdirs: tuple[str, str]
 ) -> None:
     registry, plugins = kdirs
-    k = KubeletDraStandin(registry, NODE, api_client=apiserver.client(), wipe_grace=0.6, poll=0.02)
+    grace = 2.0
+    k = KubeletDraStandin(
+        registry, NODE, api_client=apiserver.client(), wipe_grace=grace, poll=0.02
+    )
     await k.start()
     front = KubeletFrontEnd(DRIVER, registry, plugins, RecordingHandler())
     try:
         await front.start()
-        await k.wait_for("registration", lambda k: DRIVER in k.plugins)
+        await k.wait_for("registration", lambda k: k.usable(DRIVER))
         apiserver.seed(SLICES, a_slice("mine"))
         apiserver.seed(SLICES, a_slice("theirs", driver="gpu.example.com"))
 
@@ -141,15 +144,16 @@ async def test_slices_go_after_the_grace_without_the_driver_and_stay_if_it_retur
         await k.wait_for("deregistration", lambda k: DRIVER not in k.plugins)
         await asyncio.sleep(0.2)
         await front.start()
-        await k.wait_for("re-registration", lambda k: DRIVER in k.plugins)
-        await asyncio.sleep(0.8)
-        assert slice_names(apiserver) == ["mine", "theirs"]
+        await k.wait_for("re-registration", lambda k: k.usable(DRIVER))
+        await asyncio.sleep(grace + 0.3)
+        assert slice_names(apiserver) == ["mine", "theirs"], k.events
 
         # gone for longer than the grace: only this driver's slices on this node go
         await front.stop()
         await k.wait_for("deregistration", lambda k: DRIVER not in k.plugins)
         await asyncio.sleep(0.3)
         assert slice_names(apiserver) == ["mine", "theirs"]  # not before the grace
+        assert k.events[-1][1] == f"{DRIVER}: not usable, wipe in {grace} s"
         await k.wait_for("wipe", lambda k: len(k.wipes) == 2, timeout=5)
         assert k.wipes[-1] == f"spec.nodeName={NODE},spec.driver={DRIVER}"
         assert slice_names(apiserver) == ["theirs"]
