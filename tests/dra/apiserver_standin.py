@@ -1102,6 +1102,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", f"{kind.plural} has no status subresource")
         return kind, ns, m.group("name") or "", sub, query
 
+    def _record(self, method: str, code: int) -> None:
+        """Note the request BEFORE answering it: a client that got its answer finds it."""
+        url = urlsplit(self.path)
+        with self.api.lock:
+            self.api.requests.append(
+                Request(method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code)
+            )
+            self.api.lock.notify_all()
+
     def _serve(self, method: str) -> None:
         code = 200
         try:
@@ -1141,22 +1150,16 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(
                         405, "MethodNotAllowed", f"{method} is not allowed on {self.path[:120]}"
                     )
-            self._send(code, result)
         except ApiError as e:
-            code = e.code
+            self._record(method, e.code)
             self._send(e.code, e.status())
-        finally:
-            url = urlsplit(self.path)
-            with self.api.lock:
-                self.api.requests.append(
-                    Request(
-                        method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code
-                    )
-                )
-                self.api.lock.notify_all()
+            return
+        self._record(method, code)
+        self._send(code, result)
 
     def _watch(self, kind: Kind, ns: str, query: dict[str, str]) -> None:
         events = self.api.watch(kind, ns, query)  # selector errors raise before any header
+        self._record("GET", 200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

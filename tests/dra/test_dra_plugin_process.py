@@ -156,6 +156,8 @@ async def test_registers_publishes_survives_a_kubelet_restart_and_stops_cleanly(
         if r.at > sigterm and r.method == "DELETE"
     ]
     # kubelet's, and nobody else's
-    assert deletes == [(SLICES_PATH, driver_wipe)], [(t - sigterm, e) for t, e in kubelet.events]
+    assert deletes == [(SLICES_PATH, driver_wipe)], "\n".join(
+        f"{t - sigterm:+.2f} s {e}" for t, e in kubelet.events
+    )
     refused = [r for r in apiserver.requests if r.code >= 400 and r.code != 404]
     assert refused == [], refused  # nothing the plugin sent was refused by the strict server
