@@ -387,3 +387,18 @@ async def test_stop_removes_only_our_sockets(
     await f.stop()
     assert not os.path.exists(f.service_socket)
     assert os.path.exists(f.registration_socket)  # not ours: left alone
+
+
+async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
+    kdirs: tuple[str, str], handler: RecordingHandler
+) -> None:
+    registry, plugins = kdirs
+    os.makedirs(os.path.dirname(registry), exist_ok=True)
+    with open(registry, "w") as fh:
+        fh.write("not a directory")
+    f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
+    with pytest.raises(SocketPathError) as e:
+        await f.start()
+    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert "--kubelet-registry-dir" in str(e.value)
+    assert not os.path.exists(f.service_socket)  # the service socket was taken down again
