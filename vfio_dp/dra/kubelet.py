@@ -185,7 +185,7 @@ def _make_room(path: str, flag: str) -> None:
             if stat.S_ISLNK(st.st_mode)
             else "a regular file"
             if stat.S_ISREG(st.st_mode)
-            else "not a socket"
+            else "a special file"
         )
         raise SocketPathError(
             path,
