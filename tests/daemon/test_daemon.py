@@ -86,6 +86,37 @@ async def test_allocate_prestart_and_the_record(
     assert "0000:99:00.0" in (err.value.details() or "")
 
 
+async def test_malformed_allocate_requests_get_clean_bounded_errors(
+    kubelet: KubeletStandin, start_daemon: StartDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, [])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no device IDs" in (err.value.details() or "")
+    huge = "x" * 1_000_000
+    with caplog.at_level("INFO", logger="vfio_dp"), pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, [huge])
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(err.value.details() or "") < 300 and "[1000000 chars]" in (err.value.details() or "")
+    assert "[1000000 chars]" in caplog.text and len(caplog.text) < 10_000
+
+
+async def test_an_odd_vfio_dev_entry_does_not_break_allocate(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """An entry under ``<bdf>/vfio-dev/`` that is no ``vfioN`` (it once reached a path check
+    inside Allocate: UNKNOWN with a traceback) is ignored; the real cdev is still handed out."""
+    vdev = tree.dev_dir(NIC_ID) / "vfio-dev"
+    vdev.mkdir()
+    (vdev / "evil name").mkdir()
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    resp = await kubelet.allocate(NIC, [NIC_ID])
+    assert [d.host_path for d in resp.devices] == ["/dev/vfio/vfio", "/dev/vfio/50"]
+
+
 def renumber_group(tree: SysfsTree, address: str, old: int, new: int) -> None:
     """What a reboot can do: the same device comes back in another IOMMU group."""
     groups = tree.sys("kernel/iommu_groups")
@@ -298,7 +329,7 @@ async def test_a_uevent_triggers_a_rescan_well_within_1s(
 def test_kernel_uevent_socket_opens_here() -> None:
     """The netlink kernel source can be opened where the tests run (events themselves cannot
     be provoked safely here: that would mean rebinding this machine's own devices)."""
-    from vfio_dp.daemon.uevents import UeventSource
+    from vfio_dp.core.uevents import UeventSource
 
     loop = asyncio.new_event_loop()
     try:
@@ -309,3 +340,38 @@ def test_kernel_uevent_socket_opens_here() -> None:
         src.stop(loop)
     finally:
         loop.close()
+
+
+async def test_a_directory_replacing_our_socket_is_logged_then_served_again(
+    kdir: str, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """Someone replaces the socket with a directory while serving: an error naming the path
+    (no traceback, the daemon keeps running); once it is gone, the socket is back."""
+    import logging
+
+    daemon = await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    path = daemon.endpoints[NIC].path
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("vfio_dp").addHandler(handler)
+    try:
+        os.unlink(path)
+        os.mkdir(path)
+        for _ in range(40):
+            if any("is a directory" in r.getMessage() for r in records):
+                break
+            await asyncio.sleep(0.05)
+        msgs = [r.getMessage() for r in records if r.levelname == "ERROR"]
+        assert any(f"cannot serve a socket at {path}: it is a directory" in m for m in msgs), msgs
+        assert not any(r.exc_info for r in records)
+        os.rmdir(path)
+        for _ in range(40):
+            if os.path.exists(path) and not os.path.isdir(path):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the socket was not served again within 2 s")
+    finally:
+        logging.getLogger("vfio_dp").removeHandler(handler)
