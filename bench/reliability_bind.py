@@ -129,7 +129,12 @@ def _other_row(run: dict[str, Any], c: dict[str, Any], source: str) -> dict[str,
             and "rolled back" in err
             and not c["state_after"]["journals"]
         )
-        note = f"answered in {c['run']['secs']} s (write timeout 10 s); {source}"
+        answered = c["run"].get("first_stderr_secs")
+        note = (
+            f"error printed {answered} s after the start (write timeout 10 s), process gone "
+            f"after {c['run']['secs']} s (its exit waits for the thread held in the write); "
+            f"{source}"
+        )
         case = "vfioctl bind on the lone e1000e, a sysfs write hangs"
     ok = ok and c["drivers_after"] == run["original"]
     last = [ln for ln in err.strip().splitlines() if ln.strip()]

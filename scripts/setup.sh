@@ -19,8 +19,12 @@ APT_PACKAGES=(
   driverctl dpdk
   # the external fault injector of the crash tests (SIGKILL, ENOSPC, delays on sysfs writes)
   strace
-  # `vagrant validate` of the Vagrantfile; shellcheck for its provisioning script
-  vagrant shellcheck
+  # `vagrant validate` of the Vagrantfile with its real libvirt provider; shellcheck for its
+  # provisioning script
+  vagrant vagrant-libvirt shellcheck
+  # building deploy/Containerfile in a test (tests/deploy/test_image_build.py): a Debian base
+  # made from Debian's packages, imported and built without any registry
+  mmdebstrap buildah podman
 )
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -54,6 +54,7 @@ import os
 import random
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -662,10 +663,13 @@ class Event:
 
 @dataclass
 class Request:
+    """One request served (for tests: who called what, when, and the answer's code)."""
+
     method: str
     path: str
     query: dict[str, str]
     code: int
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -762,8 +766,6 @@ class ApiServerStandin:
         self, what: str, predicate: Callable[[ApiServerStandin], bool], timeout: float = 10.0
     ) -> None:
         """Block (a thread, not the event loop) until ``predicate(self)``; raise naming ``what``."""
-        import time
-
         deadline = time.monotonic() + timeout
         with self.lock:
             while not predicate(self):
@@ -980,8 +982,6 @@ class ApiServerStandin:
     def watch(self, kind: Kind, ns: str, query: dict[str, str]) -> Iterator[dict[str, Any]]:
         """Events for a watch request (runs in the connection's thread). Selectors and the
         resourceVersion are checked here, before the caller sends any header."""
-        import time
-
         with self.lock:
             match = self._select(kind, ns, query)
             rv_text = query.get("resourceVersion", "")
@@ -1010,8 +1010,6 @@ class ApiServerStandin:
         seen: int,
         deadline: float,
     ) -> Iterator[dict[str, Any]]:
-        import time
-
         yield from initial
         while True:
             with self.lock:
@@ -1104,6 +1102,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", f"{kind.plural} has no status subresource")
         return kind, ns, m.group("name") or "", sub, query
 
+    def _record(self, method: str, code: int) -> None:
+        """Note the request BEFORE answering it: a client that got its answer finds it."""
+        url = urlsplit(self.path)
+        with self.api.lock:
+            self.api.requests.append(
+                Request(method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code)
+            )
+            self.api.lock.notify_all()
+
     def _serve(self, method: str) -> None:
         code = 200
         try:
@@ -1143,22 +1150,16 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(
                         405, "MethodNotAllowed", f"{method} is not allowed on {self.path[:120]}"
                     )
-            self._send(code, result)
         except ApiError as e:
-            code = e.code
+            self._record(method, e.code)
             self._send(e.code, e.status())
-        finally:
-            url = urlsplit(self.path)
-            with self.api.lock:
-                self.api.requests.append(
-                    Request(
-                        method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code
-                    )
-                )
-                self.api.lock.notify_all()
+            return
+        self._record(method, code)
+        self._send(code, result)
 
     def _watch(self, kind: Kind, ns: str, query: dict[str, str]) -> None:
         events = self.api.watch(kind, ns, query)  # selector errors raise before any header
+        self._record("GET", 200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

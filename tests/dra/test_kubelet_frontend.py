@@ -4,6 +4,7 @@ by the kubelet DRA stand-in (a real gRPC client from the vendored protos) and by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -122,7 +123,7 @@ async def test_a_kubelet_that_speaks_neither_version_refuses_and_the_plugin_know
                 break
             await asyncio.sleep(0.02)
         assert not front.registered
-        assert "none of the versions" in front.registration_error
+        assert "none of services supported by the plugin" in front.registration_error
     finally:
         await k.stop()
 
@@ -293,12 +294,34 @@ async def test_a_path_too_long_for_a_unix_socket_is_a_clear_error(
 
 @pytest.mark.parametrize(
     "name",
-    ["", "Vfio.Example.com", "vfio_example.com", "-vfio.example.com", "a" * 64 + ".com", "x" * 254],
+    ["", "Vfio.Example.com", "vfio_example.com", "-vfio.example.com", "a" * 60 + ".com", "x" * 254],
 )
 def test_the_driver_name_must_be_a_dns_subdomain(name: str, handler: RecordingHandler) -> None:
     with pytest.raises(DriverNameError) as e:
         KubeletFrontEnd(name, "/tmp/r", "/tmp/p", handler)
     assert "lowercase DNS subdomain" in str(e.value)
+
+
+def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> None:
+    name = "d" * 54 + ".example"
+    assert len(name) == 62
+    KubeletFrontEnd(name + "s", "/tmp/r", "/tmp/p", handler)
+
+
+async def test_stop_waits_for_a_running_call(
+    front: KubeletFrontEnd, handler: RecordingHandler
+) -> None:
+    handler.delay = 1.2  # longer than the servers' 0.5 s stop grace: the RPC is cancelled
+    async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
+        req = v1_pb2.NodePrepareResourcesRequest(
+            claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
+        )
+        call = asyncio.ensure_future(v1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5))
+        await asyncio.sleep(0.1)  # the handler is running
+        await front.stop()
+        assert handler.finished == ["prepare"]
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call
 
 
 async def test_a_removed_service_socket_is_recreated_and_serves(
@@ -364,3 +387,18 @@ async def test_stop_removes_only_our_sockets(
     await f.stop()
     assert not os.path.exists(f.service_socket)
     assert os.path.exists(f.registration_socket)  # not ours: left alone
+
+
+async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
+    kdirs: tuple[str, str], handler: RecordingHandler
+) -> None:
+    registry, plugins = kdirs
+    os.makedirs(os.path.dirname(registry), exist_ok=True)
+    with open(registry, "w") as fh:
+        fh.write("not a directory")
+    f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
+    with pytest.raises(SocketPathError) as e:
+        await f.start()
+    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert "--kubelet-registry-dir" in str(e.value)
+    assert not os.path.exists(f.service_socket)  # the service socket was taken down again

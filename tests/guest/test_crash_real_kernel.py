@@ -101,7 +101,7 @@ def test_list_shows_the_interrupted_operation(run: dict[str, Any]) -> None:
         verb = "unbind" if c["kind"] == "unbind" else "bind"
         assert f"INTERRUPTED {verb} by {owner}" in lst["stderr"], (c["fault"], lst["stderr"])
         assert "vfioctl unbind " in lst["stderr"]
-        json.loads(lst["stdout"])
+        assert lst["json_ok"]  # stdout stays the JSON list
 
 
 def test_records_intact_after_every_kill(run: dict[str, Any]) -> None:
@@ -153,4 +153,4 @@ def test_hung_write_times_out_is_named_and_rolled_back(run: dict[str, Any]) -> N
     assert c["drivers_after"] == run["original"]
     assert set(c["overrides_after"].values()) == {"(null)"}
     assert c["state_after"]["journals"] == [] and c["state_after"]["records"] == {}
-    assert 10 <= c["run"]["secs"] < 40
+    assert 10 <= c["run"]["first_stderr_secs"] < 25  # the 10 s timeout, then the rollback

@@ -40,10 +40,11 @@ from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
-from vfio_dp.dra.slices import Device, published_devices
+from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
+from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
 from vfio_dp.plugin.paths import dra_units
 
@@ -104,6 +105,7 @@ class DraPlugin:
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
+        self._roots: dict[PciAddress, str] = {}
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -189,9 +191,13 @@ class DraPlugin:
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         inv, config = snapshot.inventory, snapshot.config
         units = dra_units(inv, config)
-        primaries = [u.primary for u in units if u.published]
-        roots = await self.core.run(pcie_roots, self.core.host.fs, primaries)
-        devices = published_devices(inv, config, roots)
+        # a device's PCIe root does not change while it is present: read new ones only
+        new = [u.primary for u in units if u.published and u.primary not in self._roots]
+        if new:
+            self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
+        for gone in set(self._roots) - set(inv.devices):
+            del self._roots[gone]
+        devices = devices_for(units, inv, self._roots)
         before = {d["name"] for d in self.devices}
         after = {d["name"] for d in devices}
         for name in sorted(after - before):

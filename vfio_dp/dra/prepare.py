@@ -63,7 +63,6 @@ from vfio_dp.host import Host
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.host.topology import pcie_roots
-from vfio_dp.host.vfio import group_node_name
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
@@ -573,7 +572,7 @@ class ClaimPreparer:
             dev = inv.devices.get(a)
             by_group.setdefault(dev.iommu_group if dev else None, []).append(a)
         nodes = {
-            n: f"/dev/vfio/{group_node_name(inv.groups[n])}"
+            n: f"/dev/vfio/{inv.groups[n].node}"
             for n in by_group
             if n is not None and n in inv.groups
         }

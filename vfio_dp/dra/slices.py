@@ -92,8 +92,17 @@ def published_devices(
     inventory: Inventory, config: Config, pcie_roots: Mapping[PciAddress, str]
 ) -> list[Device]:
     """Every device this node publishes, by name."""
-    units = [u for u in dra_units(inventory, config) if u.published]
-    return sorted((device_for(u, inventory, pcie_roots) for u in units), key=lambda d: d["name"])
+    return devices_for(dra_units(inventory, config), inventory, pcie_roots)
+
+
+def devices_for(
+    units: Sequence[DraUnit], inventory: Inventory, pcie_roots: Mapping[PciAddress, str]
+) -> list[Device]:
+    """The devices of the published ``units`` (from :func:`dra_units`), by name."""
+    return sorted(
+        (device_for(u, inventory, pcie_roots) for u in units if u.published),
+        key=lambda d: d["name"],
+    )
 
 
 def slice_name(node: str, driver: str, index: int) -> str:

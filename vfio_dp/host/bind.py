@@ -189,10 +189,10 @@ class Binder:
     # -- operations ----------------------------------------------------------------------
     def record_to_write(self, dev: PciDevice) -> OriginalDriver | None:
         """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
-        existing one (also when it already says exactly this). A record left from an earlier boot (the device is back on a host
-        driver) or by an interrupted bind is taken over: the driver the device has now is
-        what to give back (driverless: keep the recorded one), and whoever binds it now
-        (:attr:`bound_by`) owns the binding."""
+        existing one (also when it already says exactly this). A record left from an earlier
+        boot (the device is back on a host driver) or by an interrupted bind is taken over:
+        the driver the device has now is what to give back (driverless: keep the recorded
+        one), and whoever binds it now (:attr:`bound_by`) owns the binding."""
         rec = self.state.get(dev.address)
         if rec is not None and rec.bound_by == self.bound_by and dev.driver is None:
             return None
@@ -207,11 +207,9 @@ class Binder:
         )
         return None if new == rec else new
 
-    def bind_one(self, addr: PciAddress, result: BindResult, touched: list[PciAddress]) -> None:
-        dev = self.current(addr)
-        if dev.on_vfio:
-            result.already.append(addr)
-            return
+    def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
+        """Move ``dev`` (as read under its lock, planned to move) to vfio-pci."""
+        addr = dev.address
         new = self.record_to_write(dev)
         if new is not None:
             self.state.put(new)
@@ -251,7 +249,7 @@ class Binder:
             part, moved = parts[i]
             for dev in runs[i]:
                 try:
-                    self.bind_one(dev.address, part, moved)
+                    self.bind_one(dev, part, moved)
                 except BaseException as e:  # reported by the calling thread
                     failed[dev.address] = e
                     return  # the rest of this group stays as it is
@@ -260,7 +258,6 @@ class Binder:
         order = {dev.address: i for i, dev in enumerate(devices)}
         for part, moved in parts:
             result.bound.extend(part.bound)
-            result.already.extend(part.already)
             result.steps.extend(part.steps)
             touched.extend(moved)
         result.bound.sort(key=order.__getitem__)

@@ -51,6 +51,7 @@ from vfio_dp.errors import (
     PathEscapeError,
     StateWriteError,
 )
+from vfio_dp.host.atomic import replace_at
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
@@ -192,32 +193,15 @@ class StateStore:
             os.close(dfd)
 
     def _write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
-        """Replace ``<root>/<parts>/<name>`` atomically (temp file, fsync, rename, fsync of
-        the directory). Raises :class:`StateWriteError` naming the file and the fix."""
+        """Replace ``<root>/<parts>/<name>`` atomically (:func:`~vfio_dp.host.atomic.replace_at`
+        in the directory opened inside the root). Raises :class:`StateWriteError` naming the
+        file and the fix."""
         shown = f"{self.root.path(*parts)}/{name}"
-        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         dfd = -1
         try:
             dfd = self.root.open_dir(*parts, create=True)
-            fd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dfd,
-            )
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            os.fsync(dfd)
+            replace_at(dfd, name, data)
         except OSError as e:
-            if dfd >= 0:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
             raise StateWriteError(_write_failure(shown, e)) from e
         finally:
             if dfd >= 0:

@@ -35,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -78,14 +79,25 @@ def overrides() -> dict[str, str]:
 
 
 def run(cmd: list[str], timeout: float = 180) -> dict[str, Any]:
+    """Run ``cmd``; the outputs are kept cut to their last 4,000 characters (``json_ok``
+    says whether the whole stdout was JSON)."""
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return {
         "rc": p.returncode,
         "stdout": p.stdout[-4000:],
+        "json_ok": _is_json(p.stdout),
         "stderr": p.stderr[-4000:],
         "secs": round(time.monotonic() - t0, 2),
     }
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def targets() -> list[str]:
@@ -153,6 +165,21 @@ def traced(args: list[str], trace: list[str], *, daemon: list[str] | None = None
             break
         time.sleep(0.05)
     t1 = time.monotonic()
+    first_err: list[float] = []
+    chunks: dict[str, list[str]] = {"out": [], "err": []}
+
+    def drain(name: str, stream: Any) -> None:  # stderr's first line is timed: the answer
+        for line in stream:
+            if name == "err" and not first_err:
+                first_err.append(time.monotonic() - t1)
+            chunks[name].append(line)
+
+    readers = [
+        threading.Thread(target=drain, args=("out", p.stdout), daemon=True),
+        threading.Thread(target=drain, args=("err", p.stderr), daemon=True),
+    ]
+    for r in readers:
+        r.start()
     os.kill(p.pid, signal.SIGCONT)
     if daemon:
         while p.poll() is None and time.monotonic() < deadline:
@@ -163,10 +190,13 @@ def traced(args: list[str], trace: list[str], *, daemon: list[str] | None = None
                 break
             time.sleep(0.2)
     try:
-        out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
+        p.wait(timeout=max(10.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         p.kill()
-        out, err = p.communicate()
+        p.wait()
+    for r in readers:
+        r.join(timeout=30)
+    out, err = "".join(chunks["out"]), "".join(chunks["err"])
     try:
         tracer.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -177,6 +207,7 @@ def traced(args: list[str], trace: list[str], *, daemon: list[str] | None = None
         "stdout": out[-4000:],
         "stderr": err[-4000:],
         "secs": round(time.monotonic() - t1, 2),
+        "first_stderr_secs": round(first_err[0], 2) if first_err else None,
         "startup_secs": round(t1 - t0, 2),
     }
 
