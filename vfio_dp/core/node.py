@@ -38,8 +38,9 @@ from vfio_dp.core.policy import bind_plan, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
+from vfio_dp.host.files import load_config, read_config_bytes
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_text
+from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
 
 log = logging.getLogger("vfio_dp.core")
@@ -61,18 +62,6 @@ def file_id(path: str) -> FileId | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-def load_config(path: str | None) -> Config:
-    """The config at ``path`` (YAML), or the default (every vfio-pci device) without one."""
-    if path is None:
-        return DEFAULT_CONFIG
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(path, [("(file)", path, f"cannot read it: {e.strerror or e}")]) from e
-    return load_config_text(text, path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +101,7 @@ class NodeCore:
         self.host = host or Host(options.root)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
-        self.config_text: str | None = None
+        self.config_text: bytes | None = None
         self.inventory: Inventory | None = None
         self.metrics = Metrics()
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vfio_dp-host")
@@ -303,9 +292,8 @@ class NodeCore:
             return
         self.config_id = file_id(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                self.config_text = f.read()
-        except OSError:
+            self.config_text = read_config_bytes(path)
+        except ConfigError:
             self.config_text = None
 
     async def check_config(self) -> None:
@@ -318,16 +306,15 @@ class NodeCore:
             return
         self.config_id = now
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            log.warning("config %s unreadable (%s); keeping the current one", path, e)
+            text: bytes = await self.run(read_config_bytes, path)
+        except ConfigError as e:
+            log.warning("%s\nkeeping the current configuration", e)
             return
         if text == self.config_text:
             return
         self.config_text = text
-        try:
-            new = load_config_text(text, path)
+        try:  # in a worker thread: /healthz and the kubelet's calls keep being answered
+            new: Config = await self.run(load_config_bytes, text, path)
         except ConfigError as e:
             self.metrics.inc("vfio_dp_config_reloads_total", result="rejected")
             log.error("%s\nkeeping the previous configuration", e)

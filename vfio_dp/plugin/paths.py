@@ -113,7 +113,7 @@ def _dra_reasons(
         )
     for d in endpoints:
         if d.in_use:
-            reasons.append(f"{d.describe()} is used by the host: {'; '.join(d.in_use)}")
+            reasons.append(f"{d.describe()} is used by the host: {'; '.join(str(u) for u in d.in_use)}")
     g = inventory.groups.get(group)
     if g is None:
         reasons.append(f"IOMMU group {group} is missing from sysfs")
