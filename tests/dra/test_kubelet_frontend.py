@@ -201,7 +201,7 @@ async def test_a_request_larger_than_the_bound_is_refused(
 async def test_a_cancelled_call_lets_the_handler_finish(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 0.5
+    handler.delay = 1.0
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         req = v1_pb2.NodePrepareResourcesRequest(
@@ -210,7 +210,11 @@ async def test_a_cancelled_call_lets_the_handler_finish(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.NodePrepareResources(req, timeout=0.1)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.sleep(0.8)
+    assert handler.finished == []  # the deadline passed while the handler was working
+    for _ in range(200):
+        if handler.finished:
+            break
+        await asyncio.sleep(0.05)
     assert handler.finished == ["prepare"]  # the bind was not abandoned half-way
     assert UID_A in handler.prepared
 
@@ -317,7 +321,10 @@ async def test_stop_waits_for_a_running_call(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
         )
         call = asyncio.ensure_future(v1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5))
-        await asyncio.sleep(0.1)  # the handler is running
+        for _ in range(200):  # until the handler is running
+            if handler.calls:
+                break
+            await asyncio.sleep(0.02)
         await front.stop()
         assert handler.finished == ["prepare"]
         with contextlib.suppress(grpc.aio.AioRpcError):
