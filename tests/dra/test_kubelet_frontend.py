@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -51,8 +51,9 @@ async def kubelet(kdirs: tuple[str, str]) -> AsyncIterator[KubeletDraStandin]:
     await k.stop()
 
 
-def registered(driver: str = DRIVER) -> object:
-    return lambda k: driver in k.plugins
+def registered(driver: str = DRIVER) -> Callable[[KubeletDraStandin], bool]:
+    """Registered and connected (kubelet's "usable")."""
+    return lambda k: k.usable(driver)
 
 
 async def test_sockets_paths_and_get_info_are_what_kubelet_expects(
@@ -338,7 +339,9 @@ async def test_a_removed_service_socket_is_recreated_and_serves(
     os.unlink(front.service_socket)
     await front.check()
     assert os.path.exists(front.service_socket)
-    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])  # the kubelet's channel redials
+    # the kubelet's channel redials the new socket (after its reconnect backoff)
+    await kubelet.wait_for("reconnected", lambda k: k.usable(DRIVER), timeout=15)
+    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])
     assert answer[UID_A].error == ""
 
 
