@@ -230,5 +230,6 @@ class DriverNameError(UsageError, ValueError):
         self.why = why
         super().__init__(
             f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
-            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', at most 63 each, 253 in all)"
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
+            "the API server's limit for ResourceSlice spec.driver)"
         )

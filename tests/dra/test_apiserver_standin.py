@@ -12,6 +12,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
 
@@ -456,3 +457,94 @@ def test_an_existing_name_is_already_exists(slices: k8s.ResourceV1Api) -> None:
 def test_a_body_over_3_mib_is_too_large(apiserver: ApiServerStandin) -> None:
     code, _ = raw(apiserver, "POST", SLICES_PATH, data=b" " * (MAX_BODY + 1))
     assert code == 413
+
+
+def test_a_watch_resumes_after_a_resource_version_and_checks_its_selector(
+    apiserver: ApiServerStandin, slices: k8s.ResourceV1Api
+) -> None:
+    first = slices.create_resource_slice(a_slice("first"))
+    slices.create_resource_slice(a_slice("second"))
+    code, status = raw(apiserver, "GET", f"{SLICES_PATH}?watch=true&fieldSelector=spec.pool.name=x")
+    assert code == 400 and "field label not supported" in status["message"]
+    seen = []
+    w = watch.Watch()
+    for ev in w.stream(
+        slices.list_resource_slice,
+        resource_version=first.metadata.resource_version,
+        timeout_seconds=1,
+    ):
+        seen.append((ev["type"], ev["object"].metadata.name))
+    assert seen == [("ADDED", "second")]  # not "first": it is not after that version
+
+
+def test_claims_are_validated_too(apiserver: ApiServerStandin) -> None:
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    bad_request = {
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "Not_A_Label"}]}},
+    }
+    code, status = raw(apiserver, "POST", path, bad_request)
+    assert code == 422 and "spec.devices.requests[0].name" in status["message"]
+    good = {"metadata": {"name": "c"}, "spec": {"devices": {"requests": [{"name": "gpu"}]}}}
+    code, created = raw(apiserver, "POST", path, good)
+    assert code == 201 and created["metadata"]["namespace"] == "default"
+    created["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "A_B"}]
+            }
+        }
+    }
+    code, status = raw(apiserver, "PUT", f"{path}/c/status", created)
+    assert code == 422 and "results[0].device" in status["message"]
+    created["status"]["allocation"]["devices"]["results"][0]["devic"] = "x"
+    code, status = raw(apiserver, "PUT", f"{path}/c/status", created)
+    assert code == 400 and "unknown field" in status["message"]
+    code, status = raw(
+        apiserver, "POST", "/apis/resource.k8s.io/v1/namespaces/Bad_NS/resourceclaims", good
+    )
+    assert code == 422 and "metadata.namespace" in status["message"]
+
+
+def test_unknown_fields_in_nodes_too(apiserver: ApiServerStandin) -> None:
+    code, status = raw(
+        apiserver, "POST", "/api/v1/nodes", {"metadata": {"name": "n2"}, "spec": {"podCIDRz": "x"}}
+    )
+    assert code == 400 and 'unknown field "spec.podCIDRz"' in status["message"]
+    assert raw(apiserver, "POST", "/api/v1/nodes", {"metadata": {"name": "n2"}})[0] == 201
+
+
+def test_it_serves_https_that_the_real_client_verifies(tmp_path: Path) -> None:
+    import urllib3
+
+    api = ApiServerStandin(str(tmp_path / "tls"), tls=True)
+    api.start()
+    try:
+        assert api.url.startswith("https://127.0.0.1:")
+        client = api.client()
+        slices = k8s.ResourceV1Api(client)
+        assert slices.create_resource_slice(a_slice()).metadata.uid
+        assert [s.metadata.name for s in slices.list_resource_slice().items] == [
+            "node-a-vfio-example-com-0"
+        ]
+        # a client that does not trust this CA is refused by TLS, not served
+        other = ApiServerStandin(str(tmp_path / "other"), tls=True)
+        other.start()
+        other.stop()
+        cfg = json.loads(Path(api.kubeconfig).read_text())
+        cfg["clusters"][0]["cluster"]["certificate-authority-data"] = json.loads(
+            Path(other.kubeconfig).read_text()
+        )["clusters"][0]["cluster"]["certificate-authority-data"]
+        wrong = tmp_path / "wrong-ca"
+        wrong.write_text(json.dumps(cfg))
+        import kubernetes.config
+
+        conf = k8s.Configuration()
+        kubernetes.config.load_kube_config(str(wrong), client_configuration=conf)
+        conf.retries = 0
+        untrusting = k8s.ResourceV1Api(k8s.ApiClient(conf))
+        with pytest.raises(urllib3.exceptions.MaxRetryError) as e:
+            untrusting.list_resource_slice(_request_timeout=5)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+    finally:
+        api.stop()

@@ -4,10 +4,11 @@ by the kubelet DRA stand-in (a real gRPC client from the vendored protos) and by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -50,8 +51,9 @@ async def kubelet(kdirs: tuple[str, str]) -> AsyncIterator[KubeletDraStandin]:
     await k.stop()
 
 
-def registered(driver: str = DRIVER) -> object:
-    return lambda k: driver in k.plugins
+def registered(driver: str = DRIVER) -> Callable[[KubeletDraStandin], bool]:
+    """Registered and connected (kubelet's "usable")."""
+    return lambda k: k.usable(driver)
 
 
 async def test_sockets_paths_and_get_info_are_what_kubelet_expects(
@@ -122,7 +124,7 @@ async def test_a_kubelet_that_speaks_neither_version_refuses_and_the_plugin_know
                 break
             await asyncio.sleep(0.02)
         assert not front.registered
-        assert "none of the versions" in front.registration_error
+        assert "none of services supported by the plugin" in front.registration_error
     finally:
         await k.stop()
 
@@ -200,7 +202,7 @@ async def test_a_request_larger_than_the_bound_is_refused(
 async def test_a_cancelled_call_lets_the_handler_finish(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 0.5
+    handler.delay = 1.0
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         req = v1_pb2.NodePrepareResourcesRequest(
@@ -209,7 +211,11 @@ async def test_a_cancelled_call_lets_the_handler_finish(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.NodePrepareResources(req, timeout=0.1)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.sleep(0.8)
+    assert handler.finished == []  # the deadline passed while the handler was working
+    for _ in range(200):
+        if handler.finished:
+            break
+        await asyncio.sleep(0.05)
     assert handler.finished == ["prepare"]  # the bind was not abandoned half-way
     assert UID_A in handler.prepared
 
@@ -293,12 +299,37 @@ async def test_a_path_too_long_for_a_unix_socket_is_a_clear_error(
 
 @pytest.mark.parametrize(
     "name",
-    ["", "Vfio.Example.com", "vfio_example.com", "-vfio.example.com", "a" * 64 + ".com", "x" * 254],
+    ["", "Vfio.Example.com", "vfio_example.com", "-vfio.example.com", "a" * 60 + ".com", "x" * 254],
 )
 def test_the_driver_name_must_be_a_dns_subdomain(name: str, handler: RecordingHandler) -> None:
     with pytest.raises(DriverNameError) as e:
         KubeletFrontEnd(name, "/tmp/r", "/tmp/p", handler)
     assert "lowercase DNS subdomain" in str(e.value)
+
+
+def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> None:
+    name = "d" * 54 + ".example"
+    assert len(name) == 62
+    KubeletFrontEnd(name + "s", "/tmp/r", "/tmp/p", handler)
+
+
+async def test_stop_waits_for_a_running_call(
+    front: KubeletFrontEnd, handler: RecordingHandler
+) -> None:
+    handler.delay = 1.2  # longer than the servers' 0.5 s stop grace: the RPC is cancelled
+    async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
+        req = v1_pb2.NodePrepareResourcesRequest(
+            claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
+        )
+        call = asyncio.ensure_future(v1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5))
+        for _ in range(200):  # until the handler is running
+            if handler.calls:
+                break
+            await asyncio.sleep(0.02)
+        await front.stop()
+        assert handler.finished == ["prepare"]
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call
 
 
 async def test_a_removed_service_socket_is_recreated_and_serves(
@@ -308,7 +339,9 @@ async def test_a_removed_service_socket_is_recreated_and_serves(
     os.unlink(front.service_socket)
     await front.check()
     assert os.path.exists(front.service_socket)
-    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])  # the kubelet's channel redials
+    # the kubelet's channel redials the new socket (after its reconnect backoff)
+    await kubelet.wait_for("reconnected", lambda k: k.usable(DRIVER), timeout=15)
+    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])
     assert answer[UID_A].error == ""
 
 
@@ -364,3 +397,18 @@ async def test_stop_removes_only_our_sockets(
     await f.stop()
     assert not os.path.exists(f.service_socket)
     assert os.path.exists(f.registration_socket)  # not ours: left alone
+
+
+async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
+    kdirs: tuple[str, str], handler: RecordingHandler
+) -> None:
+    registry, plugins = kdirs
+    os.makedirs(os.path.dirname(registry), exist_ok=True)
+    with open(registry, "w") as fh:
+        fh.write("not a directory")
+    f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
+    with pytest.raises(SocketPathError) as e:
+        await f.start()
+    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert "--kubelet-registry-dir" in str(e.value)
+    assert not os.path.exists(f.service_socket)  # the service socket was taken down again

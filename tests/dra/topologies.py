@@ -52,8 +52,18 @@ def dra_host(base: Path) -> SysfsTree:
         ("0000:3b:00.1", "10f8", "040300", "snd_hda_intel"),
     ):
         t.add(
-            Dev(addr, "10de", dev, cls, driver=drv, group=45, parent="0000:00:1c.0", numa=0,
-                subsystem_vendor="10de", subsystem_device="12a2")
+            Dev(
+                addr,
+                "10de",
+                dev,
+                cls,
+                driver=drv,
+                group=45,
+                parent="0000:00:1c.0",
+                numa=0,
+                subsystem_vendor="10de",
+                subsystem_device="12a2",
+            )
         )
     # a device-plugin NIC on vfio-pci
     t.add(Dev("0000:00:1d.0", "8086", "a111", "060400", driver="pcieport", group=5))

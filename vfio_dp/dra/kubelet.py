@@ -185,7 +185,7 @@ def _make_room(path: str, flag: str) -> None:
             if stat.S_ISLNK(st.st_mode)
             else "a regular file"
             if stat.S_ISREG(st.st_mode)
-            else "not a socket"
+            else "a special file"
         )
         raise SocketPathError(
             path,
@@ -277,7 +277,7 @@ class KubeletFrontEnd:
     def __init__(
         self, driver_name: str, registry_dir: str, plugins_dir: str, handler: Handler
     ) -> None:
-        why = naming.dns_subdomain_problem(driver_name)
+        why = naming.dns_subdomain_problem(driver_name, naming.DRA_DRIVER_NAME_MAX)
         if why is not None:
             raise DriverNameError(driver_name, why)
         self.driver_name = driver_name
@@ -324,11 +324,23 @@ class KubeletFrontEnd:
             served.problem = ""
             log.warning("%s: %s %s: serving it again", self.driver_name, served.path, what)
 
-    async def stop(self) -> None:
-        """Stop both servers and remove both sockets (only if they are still ours)."""
+    async def stop(self, *, drain: float = 60.0) -> None:
+        """Stop both servers and remove both sockets (only if they are still ours); then wait
+        up to ``drain`` seconds for handler calls still running (a bind is finished, never
+        abandoned half-way)."""
         await self._close(self._registration)
         await self._close(self._service)
         self.registered = False
+        if self._running:
+            log.info("%s: waiting for %d running call(s)", self.driver_name, len(self._running))
+            _, pending = await asyncio.wait(set(self._running), timeout=drain)
+            if pending:
+                log.error(
+                    "%s: %d call(s) still running after %.0f s; stopping anyway",
+                    self.driver_name,
+                    len(pending),
+                    drain,
+                )
 
     async def _serve(self, served: _Served) -> None:
         """Serve ``served.path``: bind a hidden name beside it, then rename it into place.

@@ -16,6 +16,7 @@ import re
 
 DEFAULT_DOMAIN = "devices.kubevirt.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
+DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -43,12 +44,14 @@ def resource_name_problem(name: str) -> str | None:
     return None
 
 
-def dns_subdomain_problem(name: str) -> str | None:
-    """Why ``name`` is not a lowercase RFC 1123 DNS subdomain (a DRA driver name), or None."""
+def dns_subdomain_problem(name: str, limit: int = 253) -> str | None:
+    """Why ``name`` is not a lowercase RFC 1123 DNS subdomain of at most ``limit`` characters,
+    or None. A DRA driver name uses ``limit=DRA_DRIVER_NAME_MAX`` (the API server's
+    ``validateDriverName``: ResourceSlice ``spec.driver`` and attribute domains)."""
     if not name:
         return "it is empty"
-    if len(name) > 253:
-        return f"it is {len(name)} characters long, more than 253"
+    if len(name) > limit:
+        return f"it is {len(name)} characters long, more than {limit}"
     if not _DNS_SUBDOMAIN.fullmatch(name):
         return "it is not a lowercase DNS subdomain"
     long = [label for label in name.split(".") if len(label) > 63]
