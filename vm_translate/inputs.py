@@ -13,7 +13,7 @@ from typing import Any
 
 from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_text
 from vm_translate.errors import InputError, SpecError
-from vm_translate.spec import DeviceEntry, describe, entries_of, parse_passthrough
+from vm_translate.spec import DeviceEntry, Entry, describe, entries_of, parse_passthrough
 
 
 def read_text(path: str) -> str:
@@ -56,7 +56,7 @@ def load_objects(text: str, source: str) -> list[dict[str, Any]]:
     return docs
 
 
-def entries_from_object(obj: Mapping[str, Any], config: Config) -> list[DeviceEntry]:
+def entries_from_object(obj: Mapping[str, Any], config: Config) -> list[Entry]:
     subject = describe(obj)
     entries, problems = entries_of(obj, config, subject)
     if problems:
