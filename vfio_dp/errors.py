@@ -131,3 +131,25 @@ class StaleAllocationError(PluginError):
             f"{resource}: device {device_id}: {why}; the container would get the wrong device "
             "group: delete the pod so that the kubelet allocates again"
         )
+
+
+class DriverNameError(UsageError, ValueError):
+    """A DRA driver name is not a lowercase DNS subdomain (it names sockets and slices)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name = name
+        self.why = why
+        super().__init__(
+            f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', at most 63 each, 253 in all)"
+        )
+
+
+class SocketPathError(VfioError):
+    """A unix socket cannot be served at ``path``: something that is not a stale socket is
+    there (a directory, a regular file, a symlink), or the path is too long or not writable."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"cannot serve a socket at {path}: {why}; {fix}")

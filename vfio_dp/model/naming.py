@@ -43,6 +43,20 @@ def resource_name_problem(name: str) -> str | None:
     return None
 
 
+def dns_subdomain_problem(name: str) -> str | None:
+    """Why ``name`` is not a lowercase RFC 1123 DNS subdomain (a DRA driver name), or None."""
+    if not name:
+        return "it is empty"
+    if len(name) > 253:
+        return f"it is {len(name)} characters long, more than 253"
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        return "it is not a lowercase DNS subdomain"
+    long = [label for label in name.split(".") if len(label) > 63]
+    if long:
+        return f"label {long[0][:70]!r} is longer than 63 characters"
+    return None
+
+
 def is_valid_id(text: str) -> bool:
     """True for a 4-hex-digit PCI vendor or device ID (either case)."""
     return bool(_HEX4.fullmatch(text))
