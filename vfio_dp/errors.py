@@ -153,3 +153,29 @@ class SocketPathError(VfioError):
         self.path = path
         self.why = why
         super().__init__(f"cannot serve a socket at {path}: {why}; {fix}")
+
+
+class DraError(VfioError):
+    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
+
+
+class MetadataFormatError(DraError, ValueError):
+    """A KEP-5304 device-metadata file (``metadata.resource.k8s.io``) is not in the format;
+    ``source`` names the file (or ``<string>``)."""
+
+    def __init__(self, source: str, why: str) -> None:
+        self.source = source
+        self.why = why
+        super().__init__(f"{source}: not a KEP-5304 device-metadata stream: {why}")
+
+
+class ClaimError(DraError):
+    """One claim cannot be prepared: names the claim, the device (when one is at fault) and the
+    reason with its fix, e.g. ``claim default/vm-gpu (uid 1f..): device pci-0000-3b-00-0: ...``."""
+
+    def __init__(self, claim: str, reason: str, device: str = "") -> None:
+        self.claim = claim
+        self.device = device
+        self.reason = reason
+        where = f"claim {claim}" + (f": device {device}" if device else "")
+        super().__init__(f"{where}: {reason}")
