@@ -84,8 +84,13 @@ def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslatio
     if path is None:
         raise SpecError(
             subject,
-            [Problem("kind", obj.get("kind"), "translate --dra takes a VirtualMachineInstance "
-                     "or a VirtualMachine")],
+            [
+                Problem(
+                    "kind",
+                    obj.get("kind"),
+                    "translate --dra takes a VirtualMachineInstance or a VirtualMachine",
+                )
+            ],
         )
     why = naming.dns_subdomain_problem(driver)
     if why:
@@ -189,21 +194,22 @@ def _cel_for(
         m = _PAIR.fullmatch(device_name)
         if m:
             return _ids_cel(attr, [m.group(1).lower()], [m.group(2).lower()])
+    selectors = [s for s in config.selectors if _names(s, config) == resource]
     domain, _, short = resource.partition("/")
-    if domain != config.resource_domain:
+    m = _DEFAULT_SHORT.fullmatch(short)
+    if not selectors and m and domain == config.resource_domain:
+        return _ids_cel(attr, [m.group(1)], [m.group(2)])
+    if not selectors:
         problems.append(
             Problem(
                 f"{where}.deviceName",
                 device_name,
-                f"{resource} belongs to another provider, not to the vfio_dp DRA driver; "
-                "keep it as a deviceName entry (both paths work side by side)",
+                f"no selector of the vfio_dp configuration produces {resource} (another "
+                "provider's resource?), so the vfio_dp DRA driver cannot serve it; keep it as a "
+                "deviceName entry (both paths work side by side) or name it as vendor:device",
             )
         )
         return None
-    selectors = [s for s in config.selectors if _names(s, config) == resource]
-    m = _DEFAULT_SHORT.fullmatch(short)
-    if not selectors and m:
-        return _ids_cel(attr, [m.group(1)], [m.group(2)])
     alternatives: list[str] = []
     for sel in selectors:
         if sel.addresses or sel.drivers:
@@ -218,12 +224,6 @@ def _cel_for(
             )
             return None
         alternatives.append(_selector_cel(attr, sel))
-    if not alternatives:
-        problems.append(
-            Problem(f"{where}.deviceName", device_name, f"no selector of the configuration "
-                    f"produces {resource}; name the device as vendor:device instead")
-        )
-        return None
     if len(alternatives) == 1:
         return alternatives[0]
     return " || ".join(f"({a})" for a in alternatives)

@@ -18,6 +18,10 @@ from vfio_dp.errors import AddressError
 from vfio_dp.model.address import PciAddress
 
 DEFAULT_DOMAIN = "devices.kubevirt.io"
+#: The DRA driver name when none is given (``vfioctl dra-plugin``, ``translate --dra``): it
+#: names the sockets, the ResourceSlices' ``spec.driver``, the DeviceClass and the attributes'
+#: domain.
+DEFAULT_DRA_DRIVER = "vfio.dra.vfio-dp.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
 
