@@ -121,8 +121,7 @@ async def test_registers_publishes_exactly_and_refuses_claims_plainly(
         (s,) = slices
         node_uid = apiserver.objects(NODES)[0]["metadata"]["uid"]
         assert s["metadata"]["ownerReferences"] == [
-            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid,
-             "controller": True}
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
         ]
         assert s["spec"]["pool"] == {"name": NODE, "generation": gen, "resourceSliceCount": 1}
         by_name = {d["name"]: d["attributes"] for d in s["spec"]["devices"]}
