@@ -278,3 +278,34 @@ def test_missing_node_name_and_bad_driver_name_exit_2(
                        env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert p.returncode == 2 and "Not_A.Domain" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
+    tree: SysfsTree, apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """A slice changed behind our back (its resourceVersion moves) is rewritten; and a device
+    change written over our stale record gets 409 Conflict, lists the pool and rewrites."""
+    import kubernetes.client as k8s
+
+    plugin = await start_plugin(resync=0.3)
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    api = k8s.ResourceV1Api(apiserver.client())
+    (s,) = pool(apiserver)[2]
+    name, gen = s["metadata"]["name"], s["spec"]["pool"]["generation"]
+    s["spec"]["devices"] = s["spec"]["devices"][:1]  # someone drops three devices
+    await asyncio.to_thread(api.replace_resource_slice, name, s)
+    await until("restored", lambda: pool(apiserver)[1] == set(PUBLISHED), 3)
+    assert pool(apiserver)[0] == gen + 1
+    # now tamper again and change a device before the resync can notice: 409 → list → rewrite
+    plugin.core.begin_stop()  # no more resyncs; publish by hand below
+    (s,) = pool(apiserver)[2]
+    s["metadata"]["labels"] = {"touched": "yes"}
+    await asyncio.to_thread(api.replace_resource_slice, name, s)
+    writes = plugin.publisher.writes
+    plugin.publisher.want(plugin.devices[1:])
+    await until("rewritten after the conflict", lambda: plugin.publisher.writes == writes + 1)
+    assert pool(apiserver)[1] == {d["name"] for d in plugin.devices[1:]}
+    assert plugin.publisher.problem is None
+    conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]
+    assert conflicts, "the stale write was refused by the stand-in and then redone"
