@@ -80,11 +80,43 @@ def _int_auto(value: str | int) -> int:
     help="Seconds to receive a request body (else 408).",
 )
 @option(
-    "--cert-reload-interval",
+    "--max-connections",
+    default=512,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Open connections at most; at the cap a new one closes the least recently active "
+    "idle one (~65 KB each).",
+)
+@option(
+    "--handshake-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.01),
+    help="Seconds to complete the TLS handshake.",
+)
+@option(
+    "--idle-timeout",
     default=10.0,
     show_default=True,
     type=click.FloatRange(0.01),
-    help="Seconds between checks of the certificate files.",
+    help="Seconds a connection may wait for a request's headers (after the handshake or the "
+    "previous response) before it is closed.",
+)
+@option(
+    "--body-budget-bytes",
+    default=16 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="Bytes of large (> 32 KiB) request bodies received at once; more get HTTP 503.",
+)
+@option(
+    "--reload-interval",
+    "--cert-reload-interval",
+    "reload_interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.01),
+    help="Seconds between checks of the certificate files and --config.",
 )
 @option(
     "--check-nodes/--no-check-nodes",
@@ -116,12 +148,20 @@ def webhook(
     cert_dir: str | None,
     max_body_bytes: int,
     read_timeout: float,
-    cert_reload_interval: float,
+    max_connections: int,
+    handshake_timeout: float,
+    idle_timeout: float,
+    body_budget_bytes: int,
+    reload_interval: float,
     check_nodes: bool,
     node_cache_seconds: float,
     log_level: str,
 ) -> None:
-    """Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET /healthz."""
+    """Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET /healthz.
+
+    --config is read again when its file changes (a ConfigMap update); a bad new config is
+    logged and the previous one kept.
+    """
     import logging
 
     logging.basicConfig(
@@ -132,11 +172,11 @@ def webhook(
         from pathlib import Path
         from tempfile import mkdtemp
 
+        from vm_translate.config_watch import ConfigWatch
         from vm_translate.errors import TranslateUsageError
-        from vm_translate.inputs import load_config
         from vm_translate.webhook import WebhookSettings, run
 
-        config = load_config(config_path)
+        config = ConfigWatch(config_path)  # a bad config at start: exit 2
         if self_signed == bool(tls_cert or tls_key):
             raise TranslateUsageError(
                 "give --tls-cert and --tls-key, or --self-signed (exactly one)"
@@ -166,7 +206,11 @@ def webhook(
             port=port,
             max_body_bytes=max_body_bytes,
             read_timeout=read_timeout,
-            reload_interval=cert_reload_interval,
+            handshake_timeout=handshake_timeout,
+            idle_timeout=idle_timeout,
+            max_connections=max_connections,
+            body_budget_bytes=body_budget_bytes,
+            reload_interval=reload_interval,
             check_nodes=check_nodes,
             node_cache_seconds=node_cache_seconds,
         )
@@ -336,19 +380,13 @@ def hostdev(
             return 0
         from vm_translate import libvirt_adapter
 
-        if xml_in is None and domain_name is not None and not live:
-            # read it first so multifunction placement sees the slots the domain already uses
-            xml_in = libvirt_adapter.persistent_xml(connect, domain_name)
-        hostdevs, _ = emitter.build(entries, os.environ, domain_xml=xml_in, layout=layout)
-        if live:
-            assert domain_name is not None
-            outcome = libvirt_adapter.attach(connect, domain_name, hostdevs)
-        else:
-            if xml_in is None and domain_name is None:
-                raise TranslateUsageError("with --connect give --domain-xml FILE or --domain NAME")
-            outcome, _ = libvirt_adapter.define(
-                connect, hostdevs, domain_xml=xml_in, domain_name=domain_name
-            )
+        outcome = libvirt_adapter.define_or_attach(
+            connect,
+            lambda xml: emitter.build(entries, os.environ, domain_xml=xml, layout=layout)[0],
+            domain_xml=xml_in,
+            domain_name=domain_name,
+            live=live,
+        )
         click.echo(
             f"{outcome.action} {outcome.domain}: {', '.join(outcome.aliases) or 'nothing new'}"
         )

@@ -130,14 +130,24 @@ class DeviceNotFoundError(HostError):
         )
 
 
+#: The one statement of why a host has no IOMMU groups and what to do about it.
+IOMMU_OFF = (
+    "the IOMMU is off or absent; enable VT-d/AMD-Vi in the firmware and boot with "
+    "intel_iommu=on (or amd_iommu=on)"
+)
+
+
+def no_iommu_group(subject: str) -> str:
+    """``<subject> has no IOMMU group: <why and the fix>`` -- every per-device form."""
+    return f"{subject} has no IOMMU group: {IOMMU_OFF}"
+
+
 class NoIommuError(HostError):
-    """The host has no IOMMU groups at all."""
+    """The host has no IOMMU groups at all (raised by :meth:`vfio_dp.host.Host.groups`)."""
 
     def __init__(self, root: str) -> None:
-        super().__init__(
-            f"no IOMMU groups under {root}sys/kernel/iommu_groups: the IOMMU is off or absent; "
-            "enable VT-d/AMD-Vi in the firmware and boot with intel_iommu=on (or amd_iommu=on)"
-        )
+        self.root = root
+        super().__init__(f"no IOMMU groups under {root}sys/kernel/iommu_groups: {IOMMU_OFF}")
 
 
 class BindError(HostError):

@@ -17,7 +17,9 @@ Response — allowed with a patch, allowed unchanged, or denied naming the entry
                   "status": {"code": 422, "reason": "Invalid", "message": "..."}}}
 
 A body that is not such a review raises :class:`~vm_translate.errors.ReviewError` (the
-webhook answers HTTP 400 with the reason). Pod UPDATEs are allowed untouched: a running
+webhook answers HTTP 400 with the reason): not JSON, not UTF-8, nested deeper than
+:data:`MAX_DEPTH` (a Kubernetes object is about 15 levels deep inside its review; Python's
+JSON parser itself gives up near 1,000), or not shaped like a review. Pod UPDATEs are allowed untouched: a running
 pod's resources are immutable, and CREATE already recorded what was applied.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, NotRequired, Required, TypedDict
 
 from vfio_dp.model.config import Config
@@ -35,6 +37,8 @@ from vm_translate.spec import POD_KIND
 from vm_translate.translate import Translation, translate
 
 API_VERSION = "admission.k8s.io/v1"
+#: Deepest nesting of arrays/objects accepted in a review body.
+MAX_DEPTH = 200
 
 
 class GroupVersionKind(TypedDict):
@@ -82,6 +86,17 @@ def parse_review(body: bytes) -> AdmissionRequest:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise ReviewError(f"body is not JSON ({e})") from e
+    except RecursionError as e:
+        raise ReviewError(
+            f"body is JSON nested too deep to parse; at most {MAX_DEPTH} levels of "
+            "arrays/objects are accepted"
+        ) from e
+    depth = nesting_depth(data, MAX_DEPTH)
+    if depth > MAX_DEPTH:
+        raise ReviewError(
+            f"body is JSON nested more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH} "
+            "levels of arrays/objects are accepted"
+        )
     if not isinstance(data, dict):
         raise ReviewError("body is not a JSON object")
     if data.get("kind") != "AdmissionReview":
@@ -103,6 +118,27 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if obj is None and request.get("operation") in ("CREATE", "UPDATE"):
         raise ReviewError(f"request.object is missing for {request['operation']}")
     return request  # type: ignore[return-value]  # shape checked above
+
+
+def nesting_depth(value: object, limit: int) -> int:
+    """Levels of arrays/objects in parsed JSON (a scalar is 0), counted without recursion;
+    stops counting past ``limit`` (returns ``limit + 1``)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children: Iterable[object] = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        d += 1
+        if d > limit:
+            return limit + 1
+        deepest = max(deepest, d)
+        stack.extend((c, d) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 def _kind_of(request: AdmissionRequest, obj: Mapping[str, Any]) -> str:

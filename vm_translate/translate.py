@@ -114,7 +114,14 @@ def _pod_ops(
             Problem("spec.containers", containers, "a pod needs at least one container")
         )
         raise SpecError(subject, problems)
-    names = [c.get("name") if isinstance(c, Mapping) else None for c in containers]
+    odd = [(ci, c) for ci, c in enumerate(containers) if not isinstance(c, Mapping)]
+    if odd:
+        problems += [
+            Problem(f"spec.containers[{ci}]", c, "a container is an object with a name")
+            for ci, c in odd
+        ]
+        raise SpecError(subject, problems)
+    names = [c.get("name") for c in containers]
     target = _target_container(annotations, names, problems)
     previous = _previous(annotations, problems)
     wanted: dict[str, int] = {}

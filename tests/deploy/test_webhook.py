@@ -275,3 +275,41 @@ def test_cert_manager_certificate_feeds_the_pod_and_the_ca_injection(
     assert issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
     find(objs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"]["selfSigned"]
     assert not any("caBundle" in w["clientConfig"] for w in mwc["webhooks"])
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "K": 1000, "M": 1000**2, "G": 1000**3}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_memory_limit_covers_the_webhooks_worst_case(
+    rendered: dict[str, list[Obj]], target: str, webhook_cmd: click.Command
+) -> None:
+    """The container's memory limit holds the webhook at its connection and body limits (as
+    given by its flags, else their defaults), so a flood of clients cannot get it OOM-killed."""
+    from vm_translate.webhook import WebhookSettings, worst_case_rss_bytes
+
+    _, _, ctr = _webhook(rendered[target])
+    given = _args(ctr, webhook_cmd)
+    defaults = {p.name: p.default for p in webhook_cmd.params if p.name}
+
+    def flag(name: str) -> Any:
+        return given.get(name, defaults[name])
+
+    settings = WebhookSettings(
+        "tls.crt",
+        "tls.key",
+        max_connections=flag("max_connections"),
+        max_body_bytes=flag("max_body_bytes"),
+        body_budget_bytes=flag("body_budget_bytes"),
+    )
+    limit = _bytes(ctr["resources"]["limits"]["memory"])
+    worst = worst_case_rss_bytes(settings)
+    assert worst <= limit, (
+        f"worst-case RSS {worst / 2**20:.0f} MiB is over the memory limit {limit / 2**20:.0f} "
+        "MiB: lower --max-connections / --body-budget-bytes or raise the limit"
+    )

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from vfio_dp.model.config import Config
+from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, TlsError
 from vm_translate.nodes import NodeResources
 from vm_translate.tls import CertBundle, self_signed
@@ -39,7 +40,7 @@ def client_context(ca: bytes) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.decode())
 
 
-async def start(tmp_path: Path, config: Config, **kw: Any) -> Running:
+async def start(tmp_path: Path, config: Config | ConfigWatch, **kw: Any) -> Running:
     bundle = self_signed(["localhost", "127.0.0.1"])
     cert, key = bundle.write(tmp_path / "tls")
     fetch = kw.pop("node_fetch", None)

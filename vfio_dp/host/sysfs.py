@@ -17,12 +17,9 @@ Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/na
 from __future__ import annotations
 
 import dataclasses
-import marshal
 import os
 import posixpath
-import sys
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from vfio_dp.errors import AddressError, SysfsValueError
 from vfio_dp.host.root import Root, read_text
@@ -316,121 +313,21 @@ def _vfio_cdev_at(dfd: int) -> str | None:
     return min(entries, key=lambda e: int(e[4:])) if entries else None
 
 
-#: A scan is split across processes only from this many devices per process (a fork and
-#: the hand-back cost about a millisecond; a device costs about 30 microseconds).
-PARALLEL_MIN_DEVICES = 512
-
-
 def read_devices(
     root: Root, addresses: Iterable[PciAddress] | None = None, *, workers: int = 1
 ) -> dict[PciAddress, PciDevice]:
     """Every device (or those of ``addresses``) by address, in order; gone ones are left out.
 
     With ``workers`` > 1 (the CLI passes the CPUs it may use) a big host's scan is split
-    across that many processes, each reading a contiguous run of addresses (see
-    :func:`_read_forked`). Never from a process with other threads: the daemon reads in
-    one process.
+    across that many processes (:mod:`vfio_dp.host.parallel_scan`); never from a process
+    with other threads: the daemon reads in one process.
     """
     addrs = list_addresses(root) if addresses is None else list(addresses)
-    procs = min(workers, 4, len(addrs) // PARALLEL_MIN_DEVICES)
-    threading = sys.modules.get("threading")
-    if procs > 1 and (threading is None or threading.active_count() == 1):
-        return _read_forked(root, addrs, procs)
+    if workers > 1:
+        from vfio_dp.host.parallel_scan import read_split
+
+        return read_split(addrs, lambda run: read_devices(root, run), processes=workers)
     return _read_each(root, addrs, _read_device_at)
-
-
-def _to_wire(dev: PciDevice) -> tuple[object, ...]:
-    """A freshly read device as plain values for :mod:`marshal` (the fields discovery sets)."""
-    return (
-        str(dev.address),
-        dev.vendor,
-        dev.device,
-        dev.class_code,
-        dev.subsystem_vendor,
-        dev.subsystem_device,
-        dev.driver,
-        dev.driver_override,
-        dev.iommu_group,
-        dev.numa_node,
-        str(dev.physfn) if dev.physfn else None,
-        dev.sriov_numvfs,
-        dev.boot_vga,
-        dev.vfio_cdev,
-    )
-
-
-def _from_wire(t: tuple[Any, ...], known: dict[str, PciAddress]) -> PciDevice:
-    (addr, vendor, device, cls, svendor, sdevice, driver, override, group, numa, physfn,
-     numvfs, boot_vga, cdev) = t  # fmt: skip
-    return PciDevice(
-        address=known.get(addr) or PciAddress.parse(addr),
-        vendor=vendor,
-        device=device,
-        class_code=cls,
-        subsystem_vendor=svendor,
-        subsystem_device=sdevice,
-        driver=driver,
-        driver_override=override,
-        iommu_group=group,
-        numa_node=numa,
-        physfn=(known.get(physfn) or PciAddress.parse(physfn)) if physfn else None,
-        sriov_numvfs=numvfs,
-        boot_vga=boot_vga,
-        vfio_cdev=cdev,
-    )
-
-
-def _read_forked(root: Root, addrs: list[PciAddress], procs: int) -> dict[PciAddress, PciDevice]:
-    """Read ``addrs`` in ``procs`` contiguous runs: runs 2..n in forked children that hand
-    their devices back over a pipe (:mod:`marshal`), run 1 here meanwhile. Sysfs reads are
-    system calls, so a second CPU halves a 4,096-function scan. A child that fails (or
-    returns anything odd) is not trusted: its run is read again here, as is a run no child
-    could be started for (no fork allowed, a pid limit).
-    """
-    size = -(-len(addrs) // procs)
-    runs = [addrs[i : i + size] for i in range(0, len(addrs), size)]
-    children: list[tuple[int, int, list[PciAddress]]] = []
-    mine = runs[0]
-    for run in runs[1:]:
-        try:
-            rfd, wfd = os.pipe()
-        except OSError:  # out of fds: read the rest here
-            mine = mine + run
-            continue
-        try:
-            pid = os.fork()
-        except OSError:  # pid limit, seccomp: read it here
-            os.close(rfd)
-            os.close(wfd)
-            mine = mine + run
-            continue
-        if pid == 0:  # the child: read, hand back, leave without running any cleanup
-            code = 1
-            try:
-                os.close(rfd)
-                devices = _read_each(root, run, _read_device_at)
-                with open(wfd, "wb") as out:
-                    out.write(marshal.dumps([_to_wire(d) for d in devices.values()]))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(wfd)
-        children.append((pid, rfd, run))
-    found = _read_each(root, mine, _read_device_at)
-    known = {str(a): a for a in addrs}
-    for pid, rfd, run in children:
-        with open(rfd, "rb") as pipe:
-            data = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            if os.waitstatus_to_exitcode(status) != 0:
-                raise ValueError("reader process failed")
-            for t in marshal.loads(data):
-                dev = _from_wire(t, known)
-                found[dev.address] = dev
-        except (ValueError, TypeError, EOFError, IndexError, AddressError):
-            found.update(_read_each(root, run, _read_device_at))
-    return {a: found[a] for a in addrs if a in found}  # address order, whoever read it
 
 
 def _read_each(
