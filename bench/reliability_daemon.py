@@ -39,8 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -55,8 +55,9 @@ RESOURCES = 64
 MALFORMED_EVERY = 10  # one call in ten is malformed (alternately: no IDs, an unknown ID)
 
 
-@dataclass(frozen=True)
-class Load:
+# NamedTuples and a plain class, not dataclasses: bench/reliability.py loads this file by path
+# without registering it in sys.modules, which dataclasses need.
+class Load(NamedTuple):
     devices: int
     allocs: int
     clients: int
@@ -82,8 +83,7 @@ def memory_limit_mib() -> float:
     return float(text) / (1024 * 1024)
 
 
-@dataclass
-class Sample:
+class Sample(NamedTuple):
     rss_mib: float
     hwm_mib: float
     threads: int
@@ -108,12 +108,12 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))] if s else float("nan")
 
 
-@dataclass
 class CallStats:
-    made: int = 0
-    right: int = 0
-    wrong: list[str] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.made = 0
+        self.right = 0
+        self.wrong: list[str] = []
+        self.latencies: list[float] = []
 
 
 async def allocate_load(
