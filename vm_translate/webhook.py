@@ -83,6 +83,9 @@ class WebhookSettings:
     reload_interval: float = 5.0
     check_nodes: bool = False
     node_cache_seconds: float = 30.0
+    #: a review waits this long for the node list, then is answered unchecked (with a
+    #: warning); well inside the API server's timeoutSeconds (5)
+    node_wait: float = 2.0
 
 
 NodeFetch = Callable[[], Awaitable[list[NodeResources]]]
@@ -164,6 +167,15 @@ async def _receive(request: web.Request, state: _State) -> bytes | web.Response:
         state.budget.give(reserve)
 
 
+async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckError:
+    """Never raises NodeCheckError: a shielded fetch nobody awaits any more must not leave
+    an exception unretrieved."""
+    try:
+        return await cache.get()
+    except NodeCheckError as e:
+        return e
+
+
 async def mutate(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     listener = state.listener
@@ -175,11 +187,17 @@ async def mutate(request: web.Request) -> web.Response:
         warnings: list[str] = []
         cache = state.nodes
         if cache is not None:  # before parsing: no parsed review is held across an await
+            wait = state.settings.node_wait
             try:
-                nodes = await cache.get()
-            except NodeCheckError as e:
-                log.warning("%s", e)
-                warnings.append(f"vfio_dp: device availability not checked: {e}")
+                async with asyncio.timeout(wait):  # the fetch goes on for later reviews
+                    got = await asyncio.shield(_nodes_or_error(cache))
+            except TimeoutError:
+                got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
+            if isinstance(got, NodeCheckError):
+                log.warning("%s", got)
+                warnings.append(f"vfio_dp: device availability not checked: {got}")
+            else:
+                nodes = got
         try:
             review_request = parse_review(body)
         except ReviewError as e:

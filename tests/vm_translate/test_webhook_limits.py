@@ -24,7 +24,8 @@ from tests.vm_translate.conftest import CONFIG_YAML
 from tests.vm_translate.test_webhook import VMI, Running, post, review, start
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
-from vm_translate.errors import ReviewError
+from vm_translate.errors import NodeCheckError, ReviewError
+from vm_translate.nodes import NodeResources
 from vm_translate.review import MAX_DEPTH, decide, parse_review
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -426,3 +427,44 @@ def test_config_watch_reads_only_when_the_file_changes(tmp_path: Path) -> None:
     _swap(d, "..v2", NEW_CONFIG)
     assert watch.check()
     assert len(loads) == 2
+
+
+# ------------------------------------------------------------------ --check-nodes time bound
+
+
+async def test_node_list_that_never_comes_is_not_waited_for(tmp_path: Path, config: Config) -> None:
+    never = asyncio.Event()
+
+    async def fetch() -> list[NodeResources]:
+        await never.wait()
+        return []
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch, node_wait=0.2)
+    try:
+        status, answer = await post(s, json.dumps(review(VMI)).encode())
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert "did not arrive within 0.2s" in answer["response"]["warnings"][0]
+    finally:
+        never.set()
+        await s.hook.stop()
+
+
+async def test_failed_node_list_is_asked_once_for_many_reviews(
+    tmp_path: Path, config: Config
+) -> None:
+    calls = []
+
+    async def fetch() -> list[NodeResources]:
+        calls.append(1)
+        raise NodeCheckError("cannot list nodes: forbidden")
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch)
+    try:
+        answers = await asyncio.gather(
+            *(post(s, json.dumps(review(VMI)).encode()) for _ in range(5))
+        )
+        for status, answer in answers:
+            assert status == 200 and "forbidden" in answer["response"]["warnings"][0]
+        assert len(calls) == 1
+    finally:
+        await s.hook.stop()
