@@ -315,7 +315,7 @@ def connections_row(
         "rss_peak_mb": round(peak, 1),
         "note": f"valid reviews answered right: keep-alive {kept.ok}/{kept.sent} (p99 "
         f"{pct(kept.latencies, 0.99):.0f} ms), fresh connection each {fresh.ok}/{fresh.sent} "
-        f"(p99 {pct(fresh.latencies, 0.99):.0f} ms); server keeps at most 512 open; limit "
+        f"(p99 {pct(fresh.latencies, 0.99):.0f} ms); server keeps at most 384 open; limit "
         f"{LIMIT_MB:.0f} MB"
         + (f"; failed: {failed}" if failed else "")
         + (f"; server: {server_says[0]}" if server_says else "")

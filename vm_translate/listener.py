@@ -47,14 +47,15 @@ RECV_BUFFER = 256 * 1024
 #: Ciphertext a connection may hold undecrypted while its HTTP side does not read
 #: (asyncio's default is 256 KiB per connection).
 INCOMING_HIGH_WATER = 32 * 1024
-#: Measured RSS of one open connection, rounded up (27 KB idle TLS, 50 KB bare TCP: OpenSSL's
-#: handshake state, asyncio's transport and protocol, aiohttp's handler).
-CONNECTION_RSS = 64 * 1024
+#: Measured RSS of one open connection, rounded up: 26 KB idle TLS, 50 KB bare TCP (OpenSSL's
+#: handshake state, asyncio's transport and protocol, aiohttp's handler), 104 KB holding an
+#: incomplete header block at the webhook's header limits (24 headers of 1 KiB).
+CONNECTION_RSS = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerLimits:
-    max_connections: int = 512
+    max_connections: int = 384
     handshake_timeout: float = 5.0
     silent_grace: float = 0.25
 

@@ -27,6 +27,7 @@ from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, ReviewError
 from vm_translate.nodes import NodeResources
 from vm_translate.review import MAX_DEPTH, decide, parse_review
+from vm_translate.webhook import MAX_FIELD_SIZE, MAX_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -466,5 +467,35 @@ async def test_failed_node_list_is_asked_once_for_many_reviews(
         for status, answer in answers:
             assert status == 200 and "forbidden" in answer["response"]["warnings"][0]
         assert len(calls) == 1
+    finally:
+        await s.hook.stop()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS + 1)),
+        b"X-Big: " + b"a" * (MAX_FIELD_SIZE + 1) + b"\r\n",
+    ],
+    ids=["too-many", "too-long"],
+)
+async def test_header_block_is_bounded(
+    tmp_path: Path, config: Config, headers: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp's defaults (128 headers of 8 KiB) let a client hold 2 MB in one incomplete
+    header block; the webhook's limits answer 400 instead, logged as one warning line."""
+    s = await start(tmp_path, config)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(3):
+                reader, writer = await _raw_tls(s)
+                writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\n" + headers)
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readline(), timeout=10)
+                assert head.split()[1] == b"400", head
+                writer.close()
+        assert "Traceback" not in caplog.text
+        warnings = [r for r in caplog.records if "malformed HTTP request" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     finally:
         await s.hook.stop()
