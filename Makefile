@@ -10,7 +10,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 setup:
 	bash scripts/setup.sh
 
-demo: setup
+# The demo ends with one verdict line whatever fails, its own setup included.
+demo:
+	@bash scripts/setup.sh || { rc=$$?; echo "VERDICT: FAIL — before step 1 (setup): scripts/setup.sh exited $$rc (its error is above)"; exit 1; }
 	$(PYTHON) demo/run.py
 
 test: setup

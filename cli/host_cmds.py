@@ -6,7 +6,7 @@ the host layer (stdlib only), so they start fast (no gRPC, no Kubernetes client)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,8 +20,14 @@ from cli.common import (
     run_guarded,
 )
 
+if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from vfio_dp.host import BindResult, Host
+    from vfio_dp.model.address import PciAddress
+    from vfio_dp.model.config import Config
+    from vfio_dp.model.device import PciDevice
 
-def _parse(addresses: tuple[str, ...]) -> list[Any]:
+
+def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     from vfio_dp.model.address import parse_many
 
     if not addresses:
@@ -29,7 +35,7 @@ def _parse(addresses: tuple[str, ...]) -> list[Any]:
     return parse_many(addresses)
 
 
-def _host(root: str) -> Any:
+def _host(root: str) -> Host:
     import os
 
     from vfio_dp.host import Host
@@ -38,21 +44,14 @@ def _host(root: str) -> Any:
     return Host(root, scan_processes=len(os.sched_getaffinity(0)))
 
 
-def _config(path: str | None) -> Any:
-    from vfio_dp.model.config import DEFAULT_CONFIG, load_config_text
+def _config(path: str | None) -> Config:
+    from vfio_dp.host.files import load_config
 
-    if not path:
-        return DEFAULT_CONFIG
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        fail(f"cannot read config {path}: {e.strerror}", 2)
-    return load_config_text(text, path)
+    return load_config(path)
 
 
 def device_json(
-    dev: Any, resource: str, names: dict[tuple[str, str | None], str]
+    dev: PciDevice, resource: str | None, names: dict[tuple[str, str | None], str]
 ) -> dict[str, object]:
     return {
         "address": str(dev.address),
@@ -72,7 +71,7 @@ def device_json(
         "sriov_numvfs": dev.sriov_numvfs,
         "bridge": dev.is_bridge,
         "resource": resource,
-        "in_use": list(dev.in_use),
+        "in_use": [str(u) for u in dev.in_use],
     }
 
 
@@ -108,9 +107,9 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                     r["iommu_group"],
                     r["numa_node"],
                     " ".join(str(x) for x in (r["vendor_name"], r["device_name"]) if x) or None,
-                    "; ".join(r["in_use"]) or None,  # type: ignore[arg-type]
+                    "; ".join(str(u) for u in d.in_use) or None,
                 )
-                for r in rows
+                for r, d in zip(rows, inv.devices.values(), strict=True)
             ],
         )
         return 0
@@ -131,49 +130,53 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
     """Every IOMMU group: members, viability with reasons, the kernel's own verdict."""
 
     def body() -> int:
-        host = _host(root)
-        inv = host.scan(usage=False)
-        if not inv.iommu_present:
-            click.echo(
-                f"vfioctl: no IOMMU groups under {host.fs.display}sys/kernel/iommu_groups: the "
-                "IOMMU is off or absent (enable VT-d/AMD-Vi, boot with intel_iommu=on)",
-                err=True,
-            )
+        from vfio_dp.errors import NoIommuError
+
+        try:
+            inv, status = _host(root).groups(probe=probe)
+        except NoIommuError as e:  # an answer, not a failure: there are no groups to list
+            click.echo(f"vfioctl: {e}", err=True)
             if output == "json":
                 print_json([])
             return 0
-        from vfio_dp.host.vfio import UNKNOWN as unknown
-
-        status = host.probe_groups(list(inv.groups.values())) if probe else {}
-        rows = [
-            {
-                "group": g.number,
-                "devices": [str(a) for a in g.devices],
-                "drivers": {str(a): inv.devices[a].driver for a in g.devices if a in inv.devices},
-                "viable": g.viable,
-                "problems": [{"address": str(p.address), "reason": p.reason} for p in g.problems],
-                "noiommu": g.noiommu,
-                "kernel_viable": status.get(g.number, unknown).viable,
-                "in_use": status.get(g.number, unknown).in_use,
-            }
-            for g in inv.groups.values()
-        ]
+        groups = list(inv.groups.values())
         if output == "json":
-            print_json(rows)
+            print_json(
+                [
+                    {
+                        "group": g.number,
+                        "devices": [str(a) for a in g.devices],
+                        "drivers": {
+                            str(a): inv.devices[a].driver for a in g.devices if a in inv.devices
+                        },
+                        "viable": g.viable,
+                        "problems": [
+                            {"address": str(p.address), "reason": p.reason} for p in g.problems
+                        ],
+                        "noiommu": g.noiommu,
+                        "kernel_viable": status[g.number].viable,
+                        "in_use": status[g.number].in_use,
+                    }
+                    for g in groups
+                ]
+            )
             return 0
+        kernel = {True: "viable", False: "not viable", None: None}
         print_table(
             ["group", "viable", "kernel", "devices", "problems"],
             [
                 (
-                    r["group"],
-                    "yes" if r["viable"] else "NO",
-                    {True: "viable", False: "not viable", None: None}[r["kernel_viable"]]
-                    if not r["in_use"]
-                    else "in use",
-                    " ".join(f"{a}({d or '-'})" for a, d in r["drivers"].items()),
-                    " | ".join(p["reason"] for p in r["problems"]) or None,
+                    g.number,
+                    "yes" if g.viable else "NO",
+                    "in use" if status[g.number].in_use else kernel[status[g.number].viable],
+                    " ".join(
+                        f"{a}({inv.devices[a].driver or '-'})"
+                        for a in g.devices
+                        if a in inv.devices
+                    ),
+                    " | ".join(p.reason for p in g.problems) or None,
                 )
-                for r in rows
+                for g in groups
             ],
         )
         return 0
@@ -181,7 +184,7 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
     run_guarded(body)
 
 
-def _report(result: Any, output: str, verb: str) -> None:
+def _report(result: BindResult, output: str, verb: str) -> None:
     if output == "json":
         print_json(
             {
@@ -236,6 +239,12 @@ def bind_cmd(
 @click.argument("addresses", nargs=-1)
 @root_option
 @output_option
+@option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every device with a record of its driver before `vfioctl bind` (to give them all back).",
+)
 @option("--driver", default=None, help="Restore to this driver instead of the recorded one.")
 @option("--force", is_flag=True, help="Unbind even if a process holds the group open.")
 @option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
@@ -243,6 +252,7 @@ def unbind_cmd(
     addresses: tuple[str, ...],
     root: str,
     output: str,
+    every: bool,
     driver: str | None,
     force: bool,
     dry_run: bool,
@@ -250,16 +260,27 @@ def unbind_cmd(
     """Give devices back to the driver they had before `vfioctl bind`."""
 
     def body() -> int:
+        if every:
+            if addresses:
+                fail("give either --all or addresses, not both", 2)
+            if driver is not None:
+                fail("--all gives each device back to its own recorded driver; drop --driver", 2)
+            host = _host(root)
+            result = host.unbind_all(force=force, dry_run=dry_run)
+            if output != "json" and not (result.restored or result.already or result.steps):
+                click.echo(
+                    f"nothing to restore: no device has a record under {host.display}"
+                    "var/lib/vfio_dp/original"
+                )
+                return 0
+            _report(result, output, "off vfio-pci")
+            return 0
         addrs = _parse(addresses)
-        if driver is not None:
-            from vfio_dp.host.root import safe_component
-
-            try:
-                safe_component(driver)
-            except Exception:
-                fail(f"--driver {driver!r} is not a kernel driver name", 2)
+        host = _host(root)
+        if driver is not None and not host.valid_driver_name(driver):
+            fail(f"--driver {driver!r} is not a kernel driver name", 2)
         _report(
-            _host(root).unbind(addrs, driver=driver, force=force, dry_run=dry_run),
+            host.unbind(addrs, driver=driver, force=force, dry_run=dry_run),
             output,
             "off vfio-pci",
         )

@@ -380,19 +380,13 @@ def hostdev(
             return 0
         from vm_translate import libvirt_adapter
 
-        if xml_in is None and domain_name is not None and not live:
-            # read it first so multifunction placement sees the slots the domain already uses
-            xml_in = libvirt_adapter.persistent_xml(connect, domain_name)
-        hostdevs, _ = emitter.build(entries, os.environ, domain_xml=xml_in, layout=layout)
-        if live:
-            assert domain_name is not None
-            outcome = libvirt_adapter.attach(connect, domain_name, hostdevs)
-        else:
-            if xml_in is None and domain_name is None:
-                raise TranslateUsageError("with --connect give --domain-xml FILE or --domain NAME")
-            outcome, _ = libvirt_adapter.define(
-                connect, hostdevs, domain_xml=xml_in, domain_name=domain_name
-            )
+        outcome = libvirt_adapter.define_or_attach(
+            connect,
+            lambda xml: emitter.build(entries, os.environ, domain_xml=xml, layout=layout)[0],
+            domain_xml=xml_in,
+            domain_name=domain_name,
+            live=live,
+        )
         click.echo(
             f"{outcome.action} {outcome.domain}: {', '.join(outcome.aliases) or 'nothing new'}"
         )

@@ -17,8 +17,12 @@ APT_PACKAGES=(
   pciutils pci.ids
   # the tools people use today, compared side by side in the guest
   driverctl dpdk
-  # `vagrant validate` of the Vagrantfile; shellcheck for its provisioning script
-  vagrant shellcheck
+  # `vagrant validate` of the Vagrantfile with its real libvirt provider; shellcheck for its
+  # provisioning script
+  vagrant vagrant-libvirt shellcheck
+  # building deploy/Containerfile in a test (tests/deploy/test_image_build.py): a Debian base
+  # made from Debian's packages, imported and built without any registry
+  mmdebstrap buildah podman
 )
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

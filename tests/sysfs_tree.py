@@ -10,6 +10,7 @@ Writes real files and real RELATIVE symlinks nested like the kernel's tree::
     <root>/sys/bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id,<bdf> -> device}
     <root>/dev/vfio/vfio, <root>/dev/vfio/<N> (plain files) for groups bound to vfio-pci
     <root>/proc/1/mountinfo, <root>/proc/swaps, <root>/proc/1/net/{route,if_inet6}
+    <root>/sys/class/misc/hw_random -> ../../devices/virtual/misc/hw_random (add_hwrng)
 
 It does NOT react to writes: :mod:`tests.kernel_sim` applies the kernel's reaction.
 """
@@ -249,6 +250,27 @@ class SysfsTree:
             (d / "holders" / h).mkdir(exist_ok=True)
         (d / "dev").write_text(devno + "\n")
         self._link(self.sys("class/block", os.path.basename(path)), d)
+
+    def add_hwrng(
+        self, address: str | None, current: str, *, via: str = "virtio3", available: str = ""
+    ) -> None:
+        """A hardware RNG: ``/sys/class/misc/hw_random`` (a link into
+        ``devices/virtual/misc/hw_random``, as on a real host) with ``rng_current`` =
+        ``current``; with ``address``, a virtio RNG at ``<bdf>/<via>`` bound to
+        ``bus/virtio/drivers/virtio_rng``."""
+        misc = self.sys("devices/virtual/misc/hw_random")
+        misc.mkdir(parents=True, exist_ok=True)
+        (misc / "rng_current").write_text(current + "\n")
+        (misc / "rng_available").write_text((available or current) + "\n")
+        self._link(self.sys("class/misc/hw_random"), misc)
+        if address is not None:
+            d = self.dev_dir(address) / via
+            d.mkdir(parents=True, exist_ok=True)
+            drv = self.sys("bus/virtio/drivers/virtio_rng")
+            drv.mkdir(parents=True, exist_ok=True)
+            (drv / "bind").write_text("")
+            self._link(drv / via, d)
+            self._link(d / "driver", drv)
 
     def set_proc(
         self,

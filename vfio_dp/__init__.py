@@ -8,3 +8,13 @@ to gRPC, the kubelet and kernel uevents.
 
 This ``__init__`` stays import-light on purpose: ``vfioctl list`` must not pay for gRPC.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "daemon",
+    "errors",
+    "host",
+    "model",
+    "plugin",
+]

@@ -32,18 +32,82 @@ class AddressError(UsageError, ValueError):
         )
 
 
+#: What an error message shows of a value from outside (a config value, a device ID):
+#: enough to recognise it, never the whole of a hostile megabyte.
+SHOWN_CHARS = 80
+
+#: At most this many problems of one config file are listed (the count of the rest follows).
+LISTED_PROBLEMS = 20
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` itself, or its first ``limit`` characters and ``...[N chars]``."""
+    return text if len(text) <= limit else f"{text[:limit]}...[{len(text)} chars]"
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for a message, bounded in time and length: nested containers are cut
+    by :mod:`reprlib` (so a shared, alias-built structure is never expanded) and the text to
+    ``limit`` characters with ``...[N chars]`` saying how long the original string was."""
+    if isinstance(value, str):
+        text = repr(value[:limit])
+        return text if len(value) <= limit else f"{text}...[{len(value)} chars]"
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 4, 4, 4, 4
+    r.maxstring, r.maxother, r.maxlong = limit, limit, limit
+    text = r.repr(value)
+    return text if len(text) <= limit + 20 else text[: limit + 20] + "..."
+
+
+class RootNotFoundError(UsageError):
+    """``--root`` names no directory: every command would see an empty host and say nothing."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(
+            f"--root {clip(root, 400)!r} is not a directory; give the host's root "
+            "(/ on a node, the host mount such as /host in a pod)"
+        )
+
+
 class ConfigError(UsageError):
-    """A configuration file is invalid; ``problems`` lists every (key, value, why)."""
+    """A configuration file is invalid; ``problems`` lists every (key, value, why).
+
+    The message lists at most :data:`LISTED_PROBLEMS` of them, each value cut by
+    :func:`shown`, so a hostile file cannot make the error itself huge."""
 
     def __init__(self, source: str, problems: list[tuple[str, object, str]]) -> None:
         self.source = source
         self.problems = problems
-        lines = [f"  {key}: {value!r}: {why}" for key, value, why in problems]
-        super().__init__(f"invalid configuration {source}:\n" + "\n".join(lines))
+        lines = [
+            f"  {clip(key, 120)}: {clip(why, 400)}"
+            if value is None and key == "(file)"
+            else f"  {clip(key, 120)}: {shown(value)}: {clip(why, 400)}"
+            for key, value, why in problems[:LISTED_PROBLEMS]
+        ]
+        if len(problems) > LISTED_PROBLEMS:
+            lines.append(f"  ... and {len(problems) - LISTED_PROBLEMS} more problems")
+        super().__init__(f"invalid configuration {clip(source, 400)}:\n" + "\n".join(lines))
 
 
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
+
+
+class SysfsValueError(HostError):
+    """A sysfs file holds what the kernel never writes there (binary, not hex, a FIFO): the
+    device it describes is skipped rather than trusted (its IDs would become resource names)."""
+
+    def __init__(self, path: str, value: object, why: str) -> None:
+        self.path = path
+        self.value = value
+        self.why = why
+        super().__init__(
+            f"{path} reads {shown(value)}: {why}; the device is skipped "
+            "(a kernel writes no such value: check what created this file)"
+        )
 
 
 class PathEscapeError(HostError):
@@ -66,14 +130,24 @@ class DeviceNotFoundError(HostError):
         )
 
 
+#: The one statement of why a host has no IOMMU groups and what to do about it.
+IOMMU_OFF = (
+    "the IOMMU is off or absent; enable VT-d/AMD-Vi in the firmware and boot with "
+    "intel_iommu=on (or amd_iommu=on)"
+)
+
+
+def no_iommu_group(subject: str) -> str:
+    """``<subject> has no IOMMU group: <why and the fix>`` -- every per-device form."""
+    return f"{subject} has no IOMMU group: {IOMMU_OFF}"
+
+
 class NoIommuError(HostError):
-    """The host has no IOMMU groups at all."""
+    """The host has no IOMMU groups at all (raised by :meth:`vfio_dp.host.Host.groups`)."""
 
     def __init__(self, root: str) -> None:
-        super().__init__(
-            f"no IOMMU groups under {root}sys/kernel/iommu_groups: the IOMMU is off or absent; "
-            "enable VT-d/AMD-Vi in the firmware and boot with intel_iommu=on (or amd_iommu=on)"
-        )
+        self.root = root
+        super().__init__(f"no IOMMU groups under {root}sys/kernel/iommu_groups: {IOMMU_OFF}")
 
 
 class BindError(HostError):
@@ -100,13 +174,18 @@ class PluginError(VfioError):
     """A device-plugin request cannot be served (unknown device, unhealthy, renumbered group)."""
 
 
+class PluginRequestError(PluginError):
+    """The request itself is malformed (no device IDs at all): gRPC ``INVALID_ARGUMENT``."""
+
+
 class UnknownDeviceError(PluginError):
-    """The kubelet named a device ID this resource does not list (never advertised or gone)."""
+    """The kubelet named a device ID this resource does not list (never advertised or gone).
+    The message shows at most :data:`SHOWN_CHARS` of the ID (a 1 MB ID is not echoed)."""
 
     def __init__(self, resource: str, device_id: str, why: str) -> None:
         self.resource = resource
         self.device_id = device_id
-        super().__init__(f"{resource}: unknown device {device_id!r}: {why}")
+        super().__init__(f"{resource}: unknown device {shown(device_id)}: {why}")
 
 
 class UnhealthyDeviceError(PluginError):
@@ -116,7 +195,9 @@ class UnhealthyDeviceError(PluginError):
         self.resource = resource
         self.device_id = device_id
         self.reasons = reasons
-        super().__init__(f"{resource}: device {device_id} is unhealthy: " + "; ".join(reasons))
+        super().__init__(
+            f"{resource}: device {clip(device_id)} is unhealthy: " + "; ".join(reasons)
+        )
 
 
 class StaleAllocationError(PluginError):
@@ -128,6 +209,6 @@ class StaleAllocationError(PluginError):
         self.resource = resource
         self.device_id = device_id
         super().__init__(
-            f"{resource}: device {device_id}: {why}; the container would get the wrong device "
+            f"{resource}: device {clip(device_id)}: {why}; the container would get the wrong device "
             "group: delete the pod so that the kubelet allocates again"
         )

@@ -13,3 +13,22 @@
 Resource and env-var names come from :mod:`vfio_dp.model.naming` only. This ``__init__`` is
 import-light on purpose: nothing heavy loads until a command needs it.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "alias",
+    "allocation",
+    "errors",
+    "hostdev",
+    "inputs",
+    "kube_adapter",
+    "libvirt_adapter",
+    "nodes",
+    "patch",
+    "review",
+    "spec",
+    "tls",
+    "translate",
+    "webhook",
+]

@@ -59,6 +59,15 @@ class SpecError(TranslateError):
         super().__init__(f"{subject}: invalid passthrough request:\n" + "\n".join(lines))
 
 
+class Unresolvable(TranslateError, ValueError):
+    """A device name cannot be resolved to a resource name; the message says why and the fix
+    (collected into a :class:`SpecError` :class:`Problem` by the spec readers)."""
+
+
+class PatchError(TranslateError, ValueError):
+    """A JSONPatch does not apply to the document."""
+
+
 class ReviewError(TranslateError):
     """A webhook request body is not a valid AdmissionReview (the webhook answers HTTP 400)."""
 

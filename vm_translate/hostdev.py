@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from lxml import etree
 
 from vfio_dp.model.address import PciAddress
-from vm_translate.allocation import Hostdev, Layout, assign, place_multifunction
+from vm_translate.allocation import GuestAddress, Hostdev, Layout, assign, place_multifunction
 from vm_translate.errors import DomainXmlError
 from vm_translate.spec import DeviceEntry
 
@@ -40,36 +40,45 @@ def _parser() -> etree.XMLParser:
     )
 
 
+#: The XML this module writes and reads, each field declared once (virtinst's style): the
+#: fixed attributes of every ``<hostdev>``, and the PCI ``<address>`` attributes with the hex
+#: width libvirt prints them in (``domain="0x0000" bus="0x65" slot="0x00" function="0x0"``),
+#: shared by the host's ``<source><address>`` and the guest ``<address type="pci">``.
+HOSTDEV_ATTRS: Mapping[str, str] = {"mode": "subsystem", "type": "pci", "managed": "no"}
+PCI_ADDRESS_FIELDS: tuple[tuple[str, int], ...] = (
+    ("domain", 4),
+    ("bus", 2),
+    ("slot", 2),
+    ("function", 1),
+)
+
+
+def address_attrs(a: PciAddress | GuestAddress) -> dict[str, str]:
+    """``a``'s fields as ``<address>`` attributes, in :data:`PCI_ADDRESS_FIELDS` order."""
+    return {name: f"0x{getattr(a, name):0{width}x}" for name, width in PCI_ADDRESS_FIELDS}
+
+
+def address_values(el: etree._Element) -> dict[str, int] | None:
+    """An ``<address>`` element's :data:`PCI_ADDRESS_FIELDS` as ints (an absent one is 0, as
+    libvirt reads it); None when one is not a number."""
+    try:
+        return {name: int(el.get(name, "0"), 0) for name, _ in PCI_ADDRESS_FIELDS}
+    except ValueError:
+        return None
+
+
 def element(h: Hostdev) -> etree._Element:
     """The ``<hostdev>`` element for one device (see module docstring)."""
-    dev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
+    dev = etree.Element("hostdev", dict(HOSTDEV_ATTRS))
     source = etree.SubElement(dev, "source")
-    _address(source, h.source)
+    etree.SubElement(source, "address", address_attrs(h.source))
     etree.SubElement(dev, "alias", name=h.alias)
     if h.guest is not None:
-        g = h.guest
-        attrs = {
-            "type": "pci",
-            "domain": f"0x{g.domain:04x}",
-            "bus": f"0x{g.bus:02x}",
-            "slot": f"0x{g.slot:02x}",
-            "function": f"0x{g.function:x}",
-        }
-        if g.multifunction:
+        attrs = {"type": "pci", **address_attrs(h.guest)}
+        if h.guest.multifunction:
             attrs["multifunction"] = "on"
         etree.SubElement(dev, "address", attrs)
     return dev
-
-
-def _address(parent: etree._Element, a: PciAddress) -> None:
-    etree.SubElement(
-        parent,
-        "address",
-        domain=f"0x{a.domain:04x}",
-        bus=f"0x{a.bus:02x}",
-        slot=f"0x{a.slot:02x}",
-        function=f"0x{a.function:x}",
-    )
 
 
 def _text(el: etree._Element) -> str:
@@ -99,15 +108,11 @@ def _alias_of(el: etree._Element) -> str | None:
 
 def _source_of(el: etree._Element) -> PciAddress | None:
     a = el.find("source/address")
-    if a is None:
+    values = None if a is None else address_values(a)
+    if values is None:
         return None
     try:
-        return PciAddress(
-            int(a.get("domain", "0"), 0),
-            int(a.get("bus", "0"), 0),
-            int(a.get("slot", "0"), 0),
-            int(a.get("function", "0"), 0),
-        )
+        return PciAddress(**values)
     except ValueError:
         return None
 
@@ -122,11 +127,9 @@ def guest_slots_in_use(
         owner = a.getparent()
         if owner is not None and owner.tag == "hostdev" and _alias_of(owner) in ignored:
             continue
-        try:
-            if int(a.get("domain", "0"), 0) == 0 and int(a.get("bus", "0"), 0) == bus:
-                used.add(int(a.get("slot", "0"), 0))
-        except ValueError:
-            continue
+        values = address_values(a)
+        if values is not None and values["domain"] == 0 and values["bus"] == bus:
+            used.add(values["slot"])
     return frozenset(used)
 
 

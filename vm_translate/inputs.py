@@ -11,7 +11,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_text
+from vfio_dp.host import files
+from vfio_dp.model.config import MAX_CONFIG_BYTES, Config, load_config_bytes
 from vm_translate.errors import InputError, SpecError
 from vm_translate.spec import DeviceEntry, describe, entries_of, parse_passthrough
 
@@ -30,10 +31,11 @@ def read_text(path: str) -> str:
 
 
 def load_config(path: str | None) -> Config:
-    """The daemon's configuration (same file, same parser); none → the daemon's default."""
-    if not path:
-        return DEFAULT_CONFIG
-    return load_config_text(read_text(path), path)
+    """The daemon's configuration: the same reader as the daemon's (:mod:`vfio_dp.host.files`,
+    bounded, errors naming the file); ``-`` is stdin; none → the daemon's default."""
+    if path == "-":
+        return load_config_bytes(sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1), "<stdin>")
+    return files.load_config(path)
 
 
 def load_objects(text: str, source: str) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@
 - :func:`attach`: hot-plug into a running domain with ``virDomain.attachDeviceFlags``
   (``AFFECT_LIVE``, plus ``AFFECT_CONFIG`` when the domain is persistent); devices whose
   alias the live domain already has are skipped.
+- :func:`define_or_attach`: the choice between the two that ``vfioctl hostdev --connect``
+  makes, and which domain XML the hostdevs are placed against.
 
 ``uri`` is any libvirt URI: ``qemu:///system`` in a launcher, ``test:///default`` in tests
 (libvirt's real XML parser, no daemon; it does not implement attach).
@@ -13,14 +15,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import libvirt
 
 from vm_translate import hostdev
 from vm_translate.allocation import Hostdev
-from vm_translate.errors import LibvirtError
+from vm_translate.errors import LibvirtError, TranslateUsageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,34 @@ def attach(uri: str, domain_name: str, hostdevs: Sequence[Hostdev]) -> Outcome:
         return Outcome(domain_name, "attached", tuple(done))
     finally:
         conn.close()
+
+
+def define_or_attach(
+    uri: str,
+    build: Callable[[str | None], Sequence[Hostdev]],
+    *,
+    domain_xml: str | None = None,
+    domain_name: str | None = None,
+    live: bool = False,
+) -> Outcome:
+    """Place the hostdevs ``build(domain XML or None)`` returns, and define or hot-plug them.
+
+    - ``live``: :func:`attach` to the running ``domain_name`` (placed against ``domain_xml``
+      when given);
+    - else :func:`define`: merged into ``domain_xml``, or into ``domain_name``'s persistent
+      XML, which is read first so that multifunction placement sees the slots the domain
+      already uses.
+    """
+    if live:
+        if domain_name is None:
+            raise TranslateUsageError("--live needs --domain NAME")
+        return attach(uri, domain_name, build(domain_xml))
+    if domain_xml is None:
+        if domain_name is None:
+            raise TranslateUsageError("with --connect give --domain-xml FILE or --domain NAME")
+        domain_xml = persistent_xml(uri, domain_name)
+    outcome, _ = define(uri, build(domain_xml), domain_xml=domain_xml, domain_name=domain_name)
+    return outcome
 
 
 def _lookup(conn: libvirt.virConnect, name: str, uri: str) -> libvirt.virDomain:

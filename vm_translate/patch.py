@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal, NotRequired, TypedDict
 
+from vm_translate.errors import PatchError
+
 
 class JsonPatchOp(TypedDict):
     """One RFC 6902 operation, e.g. ``{"op": "add", "path": "/a~1b", "value": "1"}``."""
@@ -22,10 +24,6 @@ class JsonPatchOp(TypedDict):
     op: Literal["add", "replace", "remove", "test"]
     path: str
     value: NotRequired[Any]
-
-
-class PatchError(ValueError):
-    """A patch does not apply to the document."""
 
 
 def escape(token: str | int) -> str:

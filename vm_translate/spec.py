@@ -31,7 +31,7 @@ from typing import Any
 from vfio_dp.model import naming
 from vfio_dp.model.config import Config
 from vm_translate.alias import Kind, alias_for
-from vm_translate.errors import Problem
+from vm_translate.errors import Problem, Unresolvable
 
 PASSTHROUGH_ANNOTATION = "devices.kubevirt.io/passthrough"
 CONTAINER_ANNOTATION = "devices.kubevirt.io/passthrough-container"
@@ -67,10 +67,6 @@ class DeviceEntry:
         if self.count == 1:
             return [alias_for(self.kind, self.name)]
         return [alias_for(self.kind, self.name, i) for i in range(self.count)]
-
-
-class Unresolvable(ValueError):
-    """A device name cannot be resolved; the message says why and the fix."""
 
 
 def resolve_device_name(value: object, config: Config) -> str:

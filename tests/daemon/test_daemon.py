@@ -86,6 +86,37 @@ async def test_allocate_prestart_and_the_record(
     assert "0000:99:00.0" in (err.value.details() or "")
 
 
+async def test_malformed_allocate_requests_get_clean_bounded_errors(
+    kubelet: KubeletStandin, start_daemon: StartDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, [])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no device IDs" in (err.value.details() or "")
+    huge = "x" * 1_000_000
+    with caplog.at_level("INFO", logger="vfio_dp"), pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.allocate(NIC, [huge])
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(err.value.details() or "") < 300 and "[1000000 chars]" in (err.value.details() or "")
+    assert "[1000000 chars]" in caplog.text and len(caplog.text) < 10_000
+
+
+async def test_an_odd_vfio_dev_entry_does_not_break_allocate(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """An entry under ``<bdf>/vfio-dev/`` that is no ``vfioN`` (it once reached a path check
+    inside Allocate: UNKNOWN with a traceback) is ignored; the real cdev is still handed out."""
+    vdev = tree.dev_dir(NIC_ID) / "vfio-dev"
+    vdev.mkdir()
+    (vdev / "evil name").mkdir()
+    await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    resp = await kubelet.allocate(NIC, [NIC_ID])
+    assert [d.host_path for d in resp.devices] == ["/dev/vfio/vfio", "/dev/vfio/50"]
+
+
 def renumber_group(tree: SysfsTree, address: str, old: int, new: int) -> None:
     """What a reboot can do: the same device comes back in another IOMMU group."""
     groups = tree.sys("kernel/iommu_groups")

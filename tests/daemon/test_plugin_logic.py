@@ -153,6 +153,26 @@ def test_allocate_refuses_unknown_and_unhealthy_ids_naming_them() -> None:
         allocate(listing, GPU, ["0000:65:00.0"], nodes_for)
 
 
+def test_allocate_with_no_ids_is_a_malformed_request() -> None:
+    from vfio_dp.errors import PluginRequestError
+
+    listing = compute_listing(gpu_box(), DEFAULT_CONFIG)
+    with pytest.raises(PluginRequestError, match="no device IDs"):
+        allocate(listing, NIC, [], nodes_for)
+    with pytest.raises(PluginRequestError, match="no device IDs"):
+        verify_prestart(listing, NIC, [], {}, nodes_for)
+
+
+def test_a_huge_id_is_not_echoed_whole() -> None:
+    listing = compute_listing(gpu_box(), DEFAULT_CONFIG)
+    huge = "0000:" + "f" * 1_000_000
+    with pytest.raises(UnknownDeviceError) as err:
+        allocate(listing, NIC, [huge], nodes_for)
+    text = str(err.value)
+    assert len(text) < 300 and "[1000005 chars]" in text and "0000:ffff" in text
+    assert err.value.device_id == huge  # the data is kept; only the message is cut
+
+
 def test_prestart_catches_a_renumbered_group_and_a_missing_record() -> None:
     inv = gpu_box()
     listing = compute_listing(inv, DEFAULT_CONFIG)

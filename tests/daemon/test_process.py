@@ -193,3 +193,49 @@ async def test_grpcurl_lists_and_calls_the_plugin(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin, tmp_path: Path
+) -> None:
+    """The issue's live attack: a ConfigMap swapped to a "billion laughs" file (then to one
+    nested 2,000 deep, then not UTF-8). Each is logged as rejected, the old config stays,
+    and ``/healthz`` answers 200 all along (every probe below has a 2 s timeout)."""
+    from tests.daemon.test_daemon import write_configmap
+    from tests.model.test_config import BILLION_LAUGHS
+
+    cm = tmp_path / "cm"
+    cfg = write_configmap(cm, "v1", "selectors:\n- drivers: [vfio-pci]\n")
+    port = free_port()
+    proc = spawn(tree, kdir, "--config", str(cfg), port=port)
+    try:
+        await kubelet.wait_for(
+            "the subprocess registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15
+        )
+        hostile = [BILLION_LAUGHS, "selectors: " + "[" * 2000 + "]" * 2000]
+        for i, text in enumerate(hostile):
+            write_configmap(cm, f"v{i + 2}", text)
+            for _ in range(8):  # over the watch interval: the reload happens in here
+                status, body = await http_get(port, "/healthz")
+                assert (status, body.strip()) == (200, "ok")
+                await asyncio.sleep(0.1)
+        (cm / "..v9").mkdir()
+        (cm / "..v9" / "config.yaml").write_bytes(b"selectors:\n- resourceName: ger\xe4t\n")
+        os.symlink("..v9", cm / "..data_tmp")
+        os.replace(cm / "..data_tmp", cm / "..data")
+        for _ in range(30):
+            _, metrics = await http_get(port, "/metrics")
+            if 'vfio_dp_config_reloads_total{result="rejected"} 3' in metrics:
+                break
+            await asyncio.sleep(0.1)
+        assert 'vfio_dp_config_reloads_total{result="rejected"} 3' in metrics
+        assert kubelet.devices(NIC) == {NIC_ID: "Healthy"}  # the old config still serves
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 10)
+        _, err = proc.communicate()
+        assert "Traceback" not in err and len(err) < 20_000, err[-3000:]
+        assert "aliases" in err and "nested deeper" in err and "not UTF-8" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -33,27 +33,37 @@ def _copy_project(tmp: Path, with_provision: bool = True) -> Path:
     return tmp
 
 
-def _has_libvirt_plugin(vagrant: str) -> bool:
+def _require_libvirt_plugin(vagrant: str) -> None:
     out = subprocess.run(
         [vagrant, "plugin", "list"], capture_output=True, text=True, timeout=120, check=False
     ).stdout
-    return "vagrant-libvirt" in out
+    if "vagrant-libvirt" not in out:
+        pytest.fail(
+            "the vagrant-libvirt plugin is missing: apt-get install vagrant-libvirt "
+            "(scripts/setup.sh installs it)",
+            pytrace=False,
+        )
+
+
+def _env() -> dict[str, str]:
+    return {
+        "VAGRANT_CHECKPOINT_DISABLE": "1",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+    }
 
 
 def _validate(vagrant: str, project: Path) -> subprocess.CompletedProcess[str]:
-    # Without the vagrant-libvirt plugin (not installable offline), Vagrant cannot load the
-    # libvirt provider's config class; --ignore-provider validates everything else (box,
-    # synced folders, provisioners and the files they name). The provider block is then
-    # checked by test_libvirt_domain_* below through a stand-in for Vagrant's config API.
-    args = [vagrant, "validate"]
-    env = {"VAGRANT_CHECKPOINT_DISABLE": "1", "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    if _has_libvirt_plugin(vagrant):
-        env["VAGRANT_DEFAULT_PROVIDER"] = "libvirt"
-    else:
-        args.append("--ignore-provider")
-    env["HOME"] = os.environ.get("HOME", "/root")
+    """Plain `vagrant validate`, the libvirt provider's own checks included (real plugin)."""
+    _require_libvirt_plugin(vagrant)
     return subprocess.run(
-        args, cwd=project, capture_output=True, text=True, timeout=300, env=env, check=False
+        [vagrant, "validate"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        check=False,
     )
 
 
@@ -71,38 +81,35 @@ def test_vagrant_validate_can_fail(tmp_path: Path) -> None:
     assert "provision.sh" in proc.stdout + proc.stderr
 
 
-# ------------------------------------------------------------- the provider block, recorded
+# ------------------------------------------- the provider block, as real Vagrant loads it
 
 
-def _record(env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def _config(tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The Vagrantfile's libvirt settings and provisioners, loaded by real Vagrant and the real
+    vagrant-libvirt config class (tests/deploy/vagrant_config.rb)."""
+    vagrant = _tool("vagrant")
+    _require_libvirt_plugin(vagrant)
     ruby = _tool("ruby")
-    stub = Path(__file__).with_name("vagrant_stub.rb")
+    project = _copy_project(tmp)
     proc = subprocess.run(
-        [ruby, str(stub), str(VAGRANTFILE)],
+        [ruby, str(Path(__file__).with_name("vagrant_config.rb")), str(project)],
         capture_output=True,
         text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        timeout=120,
+        env={**_env(), **(env or {})},
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    return list(json.loads(proc.stdout))
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
 
 
-def _provider(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    vm = next(c for c in calls if c.get("attr") == "vm")["block"]
-    (prov,) = [c for c in vm if c.get("call") == "provider" and c["args"] == ["libvirt"]]
-    return list(prov["block"])
-
-
-def _settings(calls: list[dict[str, Any]]) -> dict[str, Any]:
-    return {c["set"]: c["value"] for c in calls if "set" in c}
-
-
-def test_libvirt_domain_is_q35_with_an_interrupt_remapping_iommu() -> None:
-    prov = _provider(_record())
-    assert _settings(prov)["machine_type"] == "q35"
-    qemu = [c["kwargs"]["value"] for c in prov if c.get("call") == "qemuargs"]
+def test_libvirt_domain_is_q35_with_an_interrupt_remapping_iommu(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    assert cfg["provider"] == "libvirt"
+    assert cfg["machine_type"] == "q35"
+    assert cfg["nic_model_type"] == "virtio", "the VM's own NIC is never an e1000(e)"
+    qemu = cfg["qemu_args"]
     pairs = list(zip(qemu[::2], qemu[1::2], strict=True))
     assert ("-device", "intel-iommu,intremap=on") in pairs
     # intremap under KVM needs the split irqchip (libvirt's <ioapic driver='qemu'/>).
@@ -127,14 +134,13 @@ def test_libvirt_domain_is_q35_with_an_interrupt_remapping_iommu() -> None:
     assert len(chassis) == len(set(chassis))
 
 
-def test_provisioning_stages() -> None:
-    calls = _record({"VFIO_DP_KUBEVIRT": "1"})
-    vm = next(c for c in calls if c.get("attr") == "vm")["block"]
-    provs = [c for c in vm if c.get("call") == "provision"]
-    names = [c["args"][0] for c in provs]
+def test_provisioning_stages(tmp_path: Path) -> None:
+    provs = _config(tmp_path, {"VFIO_DP_KUBEVIRT": "1"})["provisioners"]
+    names = [p["name"] for p in provs]
     assert names == ["iommu", "kubernetes", "toolkit", "kubevirt"]
-    assert provs[0]["kwargs"]["reboot"] is True, "the IOMMU kernel args need a reboot"
-    assert all(c["kwargs"]["env"]["WITH_KUBEVIRT"] == "1" for c in provs)
+    assert all(p["type"] == "shell" for p in provs)
+    assert provs[0]["reboot"] is True, "the IOMMU kernel args need a reboot"
+    assert all(p["env"]["WITH_KUBEVIRT"] == "1" for p in provs)
     text = PROVISION.read_text()
     for name in names:
         assert f"  {name}) stage_{name} ;;" in text

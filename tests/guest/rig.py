@@ -26,7 +26,9 @@ Inside the guest: cwd is the checkout root, ``PATH`` starts with the directory o
 ``sys.executable`` (and of installed console scripts), ``$PYTHON`` is ``sys.executable``,
 ``GUEST_RIG=1`` and ``VFIO_DP_GUEST=1`` are set, ``$GUEST_RIG_OUT`` is a directory whose files
 come back in :attr:`GuestResult.files`. ``/tmp``, ``/run``, ``/dev/shm`` are fresh tmpfs (the
-host's ``/tmp`` is NOT visible), cgroup2 is mounted at ``/sys/fs/cgroup``, the guest kernel's
+host's files there are NOT visible), except the checkout itself and, if they live there, the
+interpreter's venv and the kernel's module tree: these are exported on their own and mounted at
+their own paths on top (:func:`guest_shares`), so a clone may live anywhere, cgroup2 is mounted at ``/sys/fs/cgroup``, the guest kernel's
 full module tree is at ``/lib/modules/$(uname -r)`` so ``modprobe`` works.
 
 Environment knobs: ``VFIO_DP_CACHE`` (cache root, default ``~/.cache/vfio_dp``; kernel and
@@ -71,6 +73,7 @@ __all__ = [
     "ensure_initrd",
     "ensure_kernel",
     "find_qemu",
+    "guest_shares",
     "in_guest",
     "repo_root",
     "run_in_guest",
@@ -123,11 +126,14 @@ class GuestRunError(GuestRigError):
         message: str,
         console: str = "",
         results: Mapping[str, GuestResult] | None = None,
+        partial: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(f"{message}\n--- guest console (tail) ---\n{_tail(console)}")
         self.console = console
         #: Results of the scripts that did finish (run_many), keyed by name.
         self.results: dict[str, GuestResult] = dict(results or {})
+        #: What the scripts that did NOT finish had written (stdout, then stderr), by name.
+        self.partial: dict[str, str] = dict(partial or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +237,11 @@ def cache_root() -> Path:
     return Path(base) / "guest"
 
 
-def in_guest() -> bool:
-    """True when running inside a rig guest (safe place for real bind/unbind)."""
+def in_guest(cmdline: Path = Path("/proc/cmdline")) -> bool:
+    """True when running inside a rig guest (safe place for real bind/unbind): the kernel
+    command line (``cmdline``) carries the rig's own ``guestrig=1``."""
     try:
-        return "guestrig=1" in Path("/proc/cmdline").read_text().split()
+        return "guestrig=1" in cmdline.read_text().split()
     except OSError:
         return False
 
@@ -513,6 +520,22 @@ mount -t tmpfs -o mode=1777 shm /host/dev/shm || say "warning: /dev/shm"
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup || say "warning: cgroup2"
 mount -t tmpfs -o mode=1777 tmp /host/tmp || die "tmpfs /tmp"
 mount -t tmpfs -o mode=0755 run /host/run || die "tmpfs /run"
+# The checkout (and, when they live under /tmp, /run or /dev/shm, the venv and the kernel
+# module tree) are shared explicitly and mounted at their own paths AFTER the tmpfs mounts
+# above, which would hide them: a clone may live anywhere. Each gets its own throwaway
+# overlay, like the root. config.sh sets SHARES=<n> and SHARE_0..SHARE_<n-1> (host paths).
+i=0
+while [ "$i" -lt "${SHARES:-0}" ]; do
+    eval "p=\$SHARE_$i"
+    mkdir -p "/share$i" "/rw/share$i/upper" "/rw/share$i/work" "/host$p" \
+        || die "cannot make the mount point for $p"
+    mount -t 9p -o "trans=virtio,version=9p2000.L,ro,msize=@MSIZE@" "share$i" "/share$i" \
+        || die "cannot mount the share of $p"
+    mount -t overlay overlay \
+        -o "lowerdir=/share$i,upperdir=/rw/share$i/upper,workdir=/rw/share$i/work" "/host$p" \
+        || die "cannot mount the overlay of $p"
+    i=$((i + 1))
+done
 mkdir -p /host@GUEST_RESULTS@
 mount -o bind /results /host@GUEST_RESULTS@ || die "bind results"
 # the guest kernel's full module tree, inside the chroot (for modprobe, driverctl, ...) and in
@@ -689,6 +712,47 @@ def ensure_initrd(kernel: KernelAssets) -> Path:
 # running
 
 
+#: Where the guest mounts fresh tmpfs over the host's root share: host paths below these are
+#: invisible inside the guest unless shared explicitly (see :func:`guest_shares`).
+GUEST_TMPFS_DIRS: tuple[str, ...] = ("/tmp", "/run", "/dev/shm")
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def guest_shares(module_tree: Path | None = None) -> list[str]:
+    """Host directories exported to the guest on their own and mounted at the same path.
+
+    Always the checkout (so a clone works wherever it lives, its ``.venv`` included); also
+    the interpreter's prefix (a venv outside the checkout), its base installation and the
+    kernel's module tree when they lie under :data:`GUEST_TMPFS_DIRS`, which the guest covers
+    with fresh tmpfs. Real paths (symlinks resolved), parents before children, none inside
+    another. A path with a newline cannot be shared (QEMU and the shell script would both
+    misread it): :class:`GuestRigUnavailable` names it.
+    """
+    wanted = [str(repo_root())]
+    candidates = [sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)]
+    if module_tree is not None:
+        candidates.append(str(module_tree))
+    for cand in candidates:
+        real = os.path.realpath(cand)
+        if any(_under(real, top) for top in GUEST_TMPFS_DIRS):
+            wanted.append(real)
+    shares: list[str] = []
+    for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
+        if "\n" in path:
+            raise GuestRigUnavailable(f"cannot share {path!r} with the guest: it has a newline")
+        if not any(_under(path, s) for s in shares):
+            shares.append(path)
+    return shares
+
+
+def _qemu_opt(value: str) -> str:
+    """A value inside a QEMU ``-virtfs`` option list (a comma is written twice)."""
+    return value.replace(",", ",,")
+
+
 def _guest_path() -> str:
     dirs: list[str] = []
     for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
@@ -783,10 +847,23 @@ class GuestRig:
             "-net", "none",
             "-virtfs",
             "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-            "-virtfs", f"local,path={workdir},mount_tag=results,security_model=none",
+            "-virtfs",
+            f"local,path={_qemu_opt(str(workdir))},mount_tag=results,security_model=none",
+            *self._share_args(kernel),
             *self.topology.qemu_args(),
             *self.extra_qemu_args,
         ]  # fmt: skip
+
+    @staticmethod
+    def _share_args(kernel: KernelAssets) -> list[str]:
+        args: list[str] = []
+        for i, path in enumerate(guest_shares(kernel.module_dir)):
+            args += [
+                "-virtfs",
+                f"local,path={_qemu_opt(path)},mount_tag=share{i},security_model=none,"
+                "readonly=on,multidevs=remap",
+            ]
+        return args
 
     def run(
         self, script: str, *, timeout: float = 300, env: Mapping[str, str] | None = None
@@ -840,6 +917,9 @@ class GuestRig:
             "MODULES": " ".join(self.modules),
             "ROOT_9P_OPTS": "",
         }
+        shares = guest_shares(kernel.module_dir)
+        config["SHARES"] = str(len(shares))
+        config.update({f"SHARE_{i}": path for i, path in enumerate(shares)})
         (workdir / "config.sh").write_text(_env_sh(config))
         (workdir / "env.sh").write_text(_env_sh(_guest_env(env)))
         (workdir / "runner.sh").write_text(_RUNNER.replace("@GUEST_RESULTS@", GUEST_RESULTS_DIR))
@@ -883,6 +963,7 @@ class GuestRig:
                             f"guest still running {deadline_run:g}s after boot; killed QEMU",
                             _read(console_path),
                             self._collect(jobs, workdir, _read(console_path), 0.0, 0.0),
+                            self._partial(jobs),
                         )
                     time.sleep(0.05)
             finally:
@@ -911,6 +992,7 @@ class GuestRig:
                 f"QEMU status {proc.returncode}); scripts without a result: {missing}",
                 console,
                 results,
+                self._partial(jobs),
             )
         timed_out = [
             name
@@ -929,6 +1011,15 @@ class GuestRig:
                 results,
             )
         return results
+
+    @staticmethod
+    def _partial(jobs: Sequence[tuple[str, Path]]) -> dict[str, str]:
+        """Output so far of the scripts without an exit code (the guest stopped under them)."""
+        return {
+            name: _read(jd / "stdout") + _read(jd / "stderr")
+            for name, jd in jobs
+            if not _read(jd / "rc").strip()
+        }
 
     @staticmethod
     def _collect(

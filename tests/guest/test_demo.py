@@ -49,3 +49,17 @@ def test_a_vm_held_the_device(demo: tuple[int, str, dict[str, Any]]) -> None:
     _, _, facts = demo
     consumer = facts["consumer"]
     assert "anon_inode:[vfio-device]" in consumer["fds"], consumer
+
+
+def test_a_demo_that_dies_in_a_step_still_gets_a_verdict(guest: object) -> None:
+    """The demo process dying mid-step in the guest (no verdict of its own): run.py names it."""
+    del guest
+    died = "echo '=== Step 3: the daemon advertises — detail'; echo 'Killed' >&2; exit 137"
+    code, transcript, facts = run_demo(timeout=120, command=died)
+    assert code == 137
+    last = transcript.rstrip("\n").splitlines()[-1]
+    assert last == (
+        "VERDICT: FAIL — step 3 (the daemon advertises): the demo exited 137 without a verdict "
+        "(last output: Killed)"
+    )
+    assert facts["verdict"] == last and facts["failures"] == [last]

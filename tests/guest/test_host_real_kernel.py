@@ -109,8 +109,15 @@ def test_qemu_starts_with_the_bound_device(run: dict[str, Any]) -> None:
 
 
 def test_unbind_restores_original_drivers(run: dict[str, Any]) -> None:
+    """By address (LONE, and SHARED_A, which a raw write put on vfio-pci without a record),
+    then `unbind --all` gives back every device with a record: SHARED_B."""
+    r = run["unbind_lone"]
+    assert r["rc"] == 0, r["stderr"]
+    assert r["drivers_after"][LONE] == "e1000e" and r["drivers_after"][SHARED_A] == "e1000"
+    assert run["records_before_all"] == [f"{SHARED_B}.json"]
     r = run["unbind_all"]
     assert r["rc"] == 0, r["stderr"]
+    assert json.loads(r["stdout"])["restored"] == [{"address": SHARED_B, "driver": "e1000"}]
     assert r["drivers_after"] == {
         LONE: "e1000e",
         LONE2: "e1000e",

@@ -9,11 +9,12 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .rig import GuestResult, in_guest, repo_root
+from .rig import KERNEL_CMDLINE, GuestResult, in_guest, repo_root
 
 if TYPE_CHECKING:
     from .conftest import Guest
@@ -150,8 +151,16 @@ def topo(smoke: dict[str, GuestResult]) -> dict[str, Any]:
     return data
 
 
-def test_host_is_not_the_guest() -> None:
-    assert not in_guest()
+def test_in_guest_is_decided_by_the_rigs_kernel_argument(tmp_path: Path) -> None:
+    """The marker that lets real binding run: only the rig's own ``guestrig=1`` word counts
+    (the guest side is checked in test_same_python_and_checkout: ``in_guest`` is True there)."""
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_text(KERNEL_CMDLINE + "\n")  # what the rig boots with
+    assert in_guest(cmdline)
+    for other in ("console=ttyS0 quiet", "guestrig=10 x", "noguestrig=1", "guestrig=1x"):
+        cmdline.write_text(other + "\n")
+        assert not in_guest(cmdline), other
+    assert not in_guest(tmp_path / "missing")
 
 
 def test_same_python_and_checkout(smoke: dict[str, GuestResult], guest: Guest) -> None:

@@ -386,3 +386,55 @@ def test_a_failed_group_rolls_back_the_groups_that_bound(
         "0000:03:02.0": "e1000",
     }
     assert list((tree.root / "var/lib/vfio_dp/original").iterdir()) == []
+
+
+def test_unbind_all_restores_every_recorded_device(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    h = host(tree, kernel)
+    h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    res = host(tree, kernel).unbind_all()
+    assert dict(res.restored) == {
+        A("0000:03:01.0"): "e1000",
+        A("0000:03:02.0"): "e1000",
+        A("0000:3b:00.0"): "nvidia",
+        A("0000:3b:00.1"): "snd_hda_intel",
+    }
+    assert not list((tree.root / "var/lib/vfio_dp/original").iterdir())
+    # 0000:65:00.0 was on vfio-pci with no record: --all leaves it alone
+    assert tree.driver_of("0000:65:00.0") == "vfio-pci"
+    assert host(tree, kernel).unbind_all().restored == []  # nothing left to do
+
+
+def test_unbind_all_has_unbinds_checks(tree: SysfsTree, kernel: SimulatedKernel) -> None:
+    """A busy group and a record that no longer fits the hardware refuse it all, naming each."""
+    h = host(tree, kernel)
+    h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    rec = tree.root / "var/lib/vfio_dp/original/0000:03:01.0.json"
+    rec.write_text(rec.read_text().replace('"100e"', '"10d3"'))
+    n = len(kernel.writes)
+    with pytest.raises(RefusedError) as e:
+        h.unbind_all()
+    assert "0000:03:01.0 is now 8086:100e but the record says 8086:10d3" in str(e.value)
+    assert len(kernel.writes) == n  # nothing touched
+    # a busy group refuses it as it refuses unbind: tests/model/test_plan.py (a temp tree's
+    # /dev/vfio/<N> cannot answer EBUSY; the guest's real kernel does, tests/guest/)
+
+
+def test_unbind_all_attempts_every_device_and_names_each_failure(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    h = host(tree, kernel)
+    h.bind([A("0000:3b:00.0"), A("0000:03:01.0")], group=True)
+    kernel.refuse_attach.add(("0000:03:01.0", "e1000"))
+    tree.remove("0000:3b:00.1")  # the audio function is gone; its record stays
+    with pytest.raises(BindError) as e:
+        h.unbind_all()
+    msg = str(e.value)
+    assert "0000:03:01.0: restore to e1000 did not take" in msg
+    assert "0000:3b:00.1: recorded in" in msg and "no such device" in msg
+    assert "0000:3b:00.0: restored to nvidia" in msg
+    assert "0000:03:02.0: restored to e1000" in msg
+    assert tree.driver_of("0000:3b:00.0") == "nvidia" and tree.driver_of("0000:03:02.0") == "e1000"
+    left = {p.name for p in (tree.root / "var/lib/vfio_dp/original").iterdir()}
+    assert left == {"0000:03:01.0.json", "0000:3b:00.1.json"}

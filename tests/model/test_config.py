@@ -98,10 +98,123 @@ def test_every_error_is_listed() -> None:
     assert "'../etc'" in str(e.value)
 
 
-def test_bad_yaml() -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "selectors: [",
+        "a: \x00",  # a control character: refused by the reader itself
+        "!!python/object/apply:os.system ['true']",  # no unsafe constructors
+        "selectors: !!binary aGk=\n---\nb: 2\n",  # two documents
+    ],
+)
+def test_bad_yaml(text: str) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config_text("selectors: [", "x.yaml")
+        load_config_text(text, "x.yaml")
 
 
 def test_empty_file_is_default() -> None:
     assert load_config_text("", "x.yaml") == DEFAULT_CONFIG
+
+
+# --- hostile and mistaken files: refused fast, with a bounded message that says the fix ---------
+
+#: the classic 372-byte "billion laughs": 9 levels of 9 aliases = 10**9 strings when expanded
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def refusal(text: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config_text(text, "cm.yaml")
+    return str(err.value)
+
+
+def test_billion_laughs_is_refused_before_anything_expands_it() -> None:
+    assert len(BILLION_LAUGHS) < 400
+    text = refusal(BILLION_LAUGHS)
+    assert "cm.yaml" in text and "aliases" in text and "expanded" in text
+    assert len(text) < 400  # the message names the problem, it does not print the structure
+
+
+def test_aliases_that_stay_small_are_fine() -> None:
+    cfg = load_config_text(
+        "selectors:\n- vendor: '10de'\n  device: &d ['1eb8', '1db6']\n- vendor: '10df'\n"
+        "  device: *d\n",
+        "ok.yaml",
+    )
+    assert [s.devices for s in cfg.selectors] == [("1eb8", "1db6")] * 2
+
+
+def test_a_recursive_alias_is_refused() -> None:
+    assert "refers to itself" in refusal("selectors: &s [*s]\n")
+
+
+def test_an_anchored_selector_list_cannot_flood_the_error_output() -> None:
+    # 2,000 copies of one bad selector (4 problems each): the message lists 20 and a count
+    hostile = (
+        "x: &x {vendor: zz, device: yy, class: q, colour: red}\nselectors: ["
+        + ",".join(["*x"] * 2000)
+        + "]\n"
+    )
+    text = refusal(hostile)
+    assert len(text) < 5000, len(text)
+    assert "more problems" in text and "selectors[0].vendor" in text
+
+
+def test_deep_nesting_is_a_clear_error_not_a_recursion_error() -> None:
+    for doc in (
+        "selectors: " + "[" * 2000 + "]" * 2000,
+        "selectors: " + "{a: " * 2000 + "1" + "}" * 2000,
+    ):
+        text = refusal(doc)
+        assert "nested deeper than" in text and "line 1" in text
+
+
+def test_huge_values_are_cut_in_the_message() -> None:
+    text = refusal("selectors:\n- drivers: ['" + "x" * 100_000 + "']\n")
+    assert "[100000 chars]" in text and len(text) < 1000
+
+
+def test_size_cap() -> None:
+    from vfio_dp.model.config import MAX_CONFIG_BYTES, load_config_bytes
+
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config_bytes(b"#" * (MAX_CONFIG_BYTES + 1), "big.yaml")
+
+
+def test_not_utf8_names_the_file_and_the_byte() -> None:
+    from vfio_dp.model.config import load_config_bytes
+
+    with pytest.raises(ConfigError) as err:
+        load_config_bytes(b"selectors:\n- vendor: '\xff10de'\n", "latin.yaml")
+    assert "latin.yaml" in str(err.value) and "not UTF-8" in str(err.value)
+    assert "0xff" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "shows"),
+    [
+        ("vendor: 8086", 'quote it: vendor: "8086"'),
+        ("device: 1000", 'quote it: device: "1000"'),
+        ("vendor: 0x10de", 'quote it: vendor: "0x10de"'),
+        ("subsystemVendor: 0777", 'quote it: subsystemVendor: "0777"'),
+        ("class: 02", 'quote it: class: "02"'),
+        ("vendor: [8086, '10de']", 'quote it: vendor: "8086"'),
+        ("vendor: true", 'write the hex ID quoted, e.g. vendor: "8086"'),
+        ("device: no", 'write the hex ID quoted, e.g. device: "8086"'),
+        ("addresses: [0000:05:00.0]", 'quote it: addresses: "0000:05:00.0"'),
+    ],
+)
+def test_unquoted_ids_are_refused_with_the_fix_never_read_as_other_ids(
+    line: str, shows: str
+) -> None:
+    text = refusal(f"selectors:\n- {line}\n")
+    assert shows in text, text
+    # the decimal reading never leaks in as a selected ID
+    assert "1f96" not in text and "0001" not in text
+
+
+def test_quoted_ids_still_work() -> None:
+    cfg = load_config_text("selectors:\n- vendor: '8086'\n  device: \"1000\"\n", "q.yaml")
+    assert cfg.selectors[0].vendors == ("8086",) and cfg.selectors[0].devices == ("1000",)

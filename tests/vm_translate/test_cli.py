@@ -124,7 +124,6 @@ def test_hostdev_usage_errors_exit_2(files: Path) -> None:
 
 
 def test_hostdev_connect_defines_in_test_driver(files: Path) -> None:
-    pytest.importorskip("libvirt")
     base = Path(__file__).parent / "data" / "domain_base.xml"
     code, out, err = run(
         "hostdev",

@@ -48,9 +48,10 @@ from vfio_dp.daemon.state import AllocationStore
 from vfio_dp.daemon.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError, PluginError
 from vfio_dp.host import Host
+from vfio_dp.host.files import load_config, read_config_bytes
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_text
+from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
 from vfio_dp.plugin.allocation import (
     ContainerAllocation,
@@ -96,18 +97,6 @@ def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ..
     return tuple((str(u.id), u.health, u.numa_nodes) for u in units)
 
 
-def load_config(path: str | None) -> Config:
-    """The config at ``path`` (YAML), or the default (every vfio-pci device) without one."""
-    if path is None:
-        return DEFAULT_CONFIG
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(path, [("(file)", path, f"cannot read it: {e.strerror or e}")]) from e
-    return load_config_text(text, path)
-
-
 class Endpoint:
     """One resource: its socket, its gRPC server, its device feed, its registration."""
 
@@ -129,7 +118,7 @@ class Daemon:
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
-        self.config_text: str | None = None
+        self.config_text: bytes | None = None
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.metrics = Metrics()
@@ -459,9 +448,8 @@ class Daemon:
             return
         self.config_id = _file_id(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                self.config_text = f.read()
-        except OSError:
+            self.config_text = read_config_bytes(path)
+        except ConfigError:
             self.config_text = None
 
     async def _check_config(self) -> None:
@@ -474,16 +462,15 @@ class Daemon:
             return
         self.config_id = now
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            log.warning("config %s unreadable (%s); keeping the current one", path, e)
+            text: bytes = await self._run(read_config_bytes, path)
+        except ConfigError as e:
+            log.warning("%s\nkeeping the current configuration", e)
             return
         if text == self.config_text:
             return
         self.config_text = text
-        try:
-            new = load_config_text(text, path)
+        try:  # in a worker thread: /healthz and the kubelet's calls keep being answered
+            new: Config = await self._run(load_config_bytes, text, path)
         except ConfigError as e:
             self.metrics.inc("vfio_dp_config_reloads_total", result="rejected")
             log.error("%s\nkeeping the previous configuration", e)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import grpc
 
 from vfio_dp.daemon._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from vfio_dp.errors import PluginError, UnknownDeviceError
+from vfio_dp.errors import PluginError, PluginRequestError, UnknownDeviceError
 from vfio_dp.plugin.allocation import ContainerAllocation
 from vfio_dp.plugin.listing import Unit
 
@@ -66,6 +66,8 @@ def to_device(u: Unit) -> Any:
 def _status(e: PluginError) -> grpc.StatusCode:
     if isinstance(e, UnknownDeviceError):
         return grpc.StatusCode.NOT_FOUND
+    if isinstance(e, PluginRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
     return grpc.StatusCode.FAILED_PRECONDITION
 
 

@@ -15,11 +15,11 @@ device. ``flush()`` runs on stop.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from vfio_dp.host.atomic import write_atomic
 from vfio_dp.plugin.allocation import (
     AllocationRecord,
     Grant,
@@ -71,16 +71,5 @@ class AllocationStore:
             return
         self.dirty = False
         record = self.record
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(record_to_json(record))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(str(self.path), record_to_json(record).encode())
         del record

@@ -163,11 +163,9 @@ class Binder:
         return dev
 
     # -- operations ----------------------------------------------------------------------
-    def bind_one(self, addr: PciAddress, result: BindResult, touched: list[PciAddress]) -> None:
-        dev = self.current(addr)
-        if dev.on_vfio:
-            result.already.append(addr)
-            return
+    def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
+        """Move ``dev`` (as read under its lock, planned to move) to vfio-pci."""
+        addr = dev.address
         if self.state.get(addr) is None:
             self.state.put(
                 OriginalDriver(str(addr), dev.driver, dev.driver_override, dev.vendor, dev.device)
@@ -208,7 +206,7 @@ class Binder:
             part, moved = parts[i]
             for dev in runs[i]:
                 try:
-                    self.bind_one(dev.address, part, moved)
+                    self.bind_one(dev, part, moved)
                 except BaseException as e:  # reported by the calling thread
                     failed[dev.address] = e
                     return  # the rest of this group stays as it is
@@ -217,7 +215,6 @@ class Binder:
         order = {dev.address: i for i, dev in enumerate(devices)}
         for part, moved in parts:
             result.bound.extend(part.bound)
-            result.already.extend(part.already)
             result.steps.extend(part.steps)
             touched.extend(moved)
         result.bound.sort(key=order.__getitem__)

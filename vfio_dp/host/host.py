@@ -11,34 +11,21 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import BindError, DeviceNotFoundError, RefusedError
+from vfio_dp.errors import BindError, HostError, NoIommuError, RefusedError
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
-from vfio_dp.host.root import Root
+from vfio_dp.host.root import Root, safe_component
 from vfio_dp.host.state import StateStore
-from vfio_dp.host.vfio import (
-    GroupStatus,
-    device_nodes,
-    group_node_name,
-    probe_group,
-    probe_groups,
-)
+from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, is_vfio_driver
+from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, PciDevice
+from vfio_dp.model.plan import BindPlan, CheckReport, plan_bind, plan_check, plan_unbind
 
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReport:
-    address: PciAddress
-    ready: bool
-    reasons: tuple[str, ...]  # each says the fix
 
 
 class Host:
@@ -65,6 +52,21 @@ class Host:
         from pathlib import Path
 
         return Path(self.fs.base)
+
+    @property
+    def display(self) -> str:
+        """The root as shown in messages, always ending in ``/`` (``/``, ``/host/``)."""
+        return self.fs.display
+
+    @staticmethod
+    def valid_driver_name(name: str) -> bool:
+        """Whether ``name`` can be a kernel driver's name (one harmless path component under
+        ``/sys/bus/pci/drivers/``)."""
+        try:
+            safe_component(name)
+        except HostError:
+            return False
+        return True
 
     # -- discovery ---------------------------------------------------------------------
     def scan(self, *, usage: bool = True) -> Inventory:
@@ -124,7 +126,19 @@ class Host:
 
     def group_node(self, group: IommuGroup) -> str:
         """The group's node path under the root (for existence checks only)."""
-        return self.fs.path("dev", "vfio", group_node_name(group))
+        return self.fs.path("dev", "vfio", group.node)
+
+    def groups(self, *, probe: bool = True) -> tuple[Inventory, dict[int, GroupStatus]]:
+        """Every IOMMU group (``<root>/sys/kernel/iommu_groups/*``) and, with ``probe``, the
+        kernel's verdict on each (unknown where there is no ``/dev/vfio/<N>``).
+
+        Raises :class:`~vfio_dp.errors.NoIommuError` when the host has no groups at all.
+        """
+        inv = self.scan(usage=False)
+        if not inv.iommu_present:
+            raise NoIommuError(self.fs.display)
+        found = self.probe_groups(list(inv.groups.values())) if probe else {}
+        return inv, {n: found.get(n, UNKNOWN) for n in inv.groups}
 
     # -- binding -----------------------------------------------------------------------
     def _binder(self) -> Binder:
@@ -134,6 +148,27 @@ class Host:
         groups = {inv.devices[a].iommu_group for a in addrs if a in inv.devices}
         found = {n: inv.groups[n] for n in groups if n is not None and n in inv.groups}
         return {n: bool(s.in_use) for n, s in self.probe_groups(list(found.values())).items()}
+
+    def _plan_bind(
+        self,
+        inv: Inventory,
+        addresses: Sequence[PciAddress],
+        in_use: dict[int, bool] | None,
+        *,
+        group: bool,
+        force: bool,
+    ) -> BindPlan:
+        plan = plan_bind(
+            inv,
+            addresses,
+            group=group,
+            force=force,
+            groups_in_use=in_use,
+            root_display=self.fs.display,
+        )
+        if plan.refusals:
+            raise RefusedError(list(plan.refusals))
+        return plan
 
     def bind(
         self,
@@ -147,35 +182,44 @@ class Host:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
-        first write, rolls back every device it touched and raises :class:`BindError`.
+        first write, rolls back every device it touched and raises :class:`BindError`. The
+        plan (:func:`vfio_dp.model.plan.plan_bind`) is made from the scan, then made again
+        under the devices' locks from their state as it is then (another vfioctl may have
+        bound some meanwhile): the binder only executes it.
         """
         inv = self.scan()
-        for a in addresses:
-            if a not in inv.devices:
-                raise DeviceNotFoundError(str(a), self.fs.display)
         in_use = self._groups_in_use(inv, addresses) if probe else None
-        from vfio_dp.model.plan import plan_bind  # only binding plans: `unbind` stays lighter
-
-        plan = plan_bind(
-            inv,
-            addresses,
-            group=group,
-            force=force,
-            groups_in_use=in_use,
-            root_display=self.fs.display,
-        )
-        if plan.refusals:
-            raise RefusedError(list(plan.refusals))
-        result = BindResult(already=list(plan.already), dry_run=dry_run, warnings=list(plan.forced))
+        plan = self._plan_bind(inv, addresses, in_use, group=group, force=force)
         binder = self._binder()
         if dry_run:
+            result = BindResult(
+                already=list(plan.already), dry_run=True, warnings=list(plan.forced)
+            )
             need = not binder.driver_loaded("vfio-pci")
             for a in plan.targets:
                 result.steps.extend(binder.bind_steps(inv.devices[a], need))
                 need = False
             return result
         touched: list[PciAddress] = []
-        with self.state.locked([*plan.targets, *plan.already], self.lock_timeout):
+        locked = [*plan.targets, *plan.already]
+        with self.state.locked(locked, self.lock_timeout):
+            now = {a: binder.current(a) for a in locked}
+            inv = dataclasses.replace(
+                inv,
+                devices={
+                    **inv.devices,
+                    **{
+                        a: dataclasses.replace(
+                            d,
+                            in_use=inv.devices[a].in_use,
+                            original_driver=inv.devices[a].original_driver,
+                        )
+                        for a, d in now.items()
+                    },
+                },
+            )
+            plan = self._plan_bind(inv, addresses, in_use, group=group, force=force)
+            result = BindResult(already=list(plan.already), warnings=list(plan.forced))
             try:
                 binder.bind_all([inv.devices[a] for a in plan.targets], result, touched)
             except BindError as e:
@@ -200,99 +244,84 @@ class Host:
 
         With no record and no ``driver``, the override is cleared and the kernel probes
         (like ``driverctl unset-override``). Refuses a group a process holds open unless
-        ``force`` (the unbind would block until the VM lets go).
+        ``force`` (the unbind would block until the VM lets go). Planned by
+        :func:`vfio_dp.model.plan.plan_unbind` from the state read under the devices' locks.
         """
-        inv = self.scan(usage=False)
-        for a in addresses:
-            if a not in inv.devices:
-                raise DeviceNotFoundError(str(a), self.fs.display)
-        refusals = []
-        for n, busy in self._groups_in_use(inv, addresses).items():
-            if busy and not force:
-                refusals.append(
-                    f"IOMMU group {n} is in use: /dev/vfio/{n} is held open (a VM has it); "
-                    "stop the VM first (or --force, and the unbind waits for it)"
-                )
-        if refusals:
-            raise RefusedError(refusals)
+        return self._unbind(list(addresses), driver=driver, force=force, dry_run=dry_run)
+
+    def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
+        """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):
+        the same checks, every device attempted; a record whose device is gone is named in
+        the error after the others are restored. No records: an empty result."""
+        return self._unbind(sorted(self.state.all()), force=force, dry_run=dry_run, every=True)
+
+    def _unbind(
+        self,
+        addresses: list[PciAddress],
+        *,
+        driver: str | None = None,
+        force: bool,
+        dry_run: bool,
+        every: bool = False,
+    ) -> BindResult:
         result = BindResult(dry_run=dry_run)
+        if not addresses:
+            return result
         binder = self._binder()
-        with self.state.locked(list(addresses), self.lock_timeout):
-            jobs: list[tuple[PciDevice, str | None, str | None]] = []
-            for a in addresses:
-                dev = binder.current(a)
-                rec = self.state.get(a)
-                target = driver or (rec.driver if rec else None)
-                override = None if driver else (rec.driver_override if rec else None)
-                if (
-                    not is_vfio_driver(dev.driver)
-                    and dev.driver_override is None
-                    and (driver is None or dev.driver == driver)
-                ):
-                    result.already.append(a)
-                    if rec is not None and dev.driver == rec.driver:
-                        self.state.remove(a)
-                    continue
-                if rec is not None and (rec.vendor, rec.device) != (dev.vendor, dev.device):
-                    raise BindError(
-                        f"{a} is now {dev.ids} but the record says {rec.vendor}:{rec.device} "
-                        f"(hardware changed?); restore explicitly: vfioctl unbind --driver NAME {a}"
-                    )
-                if dry_run:
+        with self.state.locked(addresses, self.lock_timeout):
+            inv = self.scan(usage=False)
+            plan = plan_unbind(
+                inv,
+                self.state.all(),
+                addresses,
+                driver=driver,
+                force=force,
+                groups_in_use=self._groups_in_use(inv, addresses),
+                root_display=self.fs.display,
+                skip_missing=every,
+            )
+            if plan.refusals:
+                raise RefusedError(list(plan.refusals))
+            result.already.extend(plan.already)
+            jobs = [(inv.devices[r.address], r.driver, r.override) for r in plan.restores]
+            if dry_run:
+                for dev, target, override in jobs:
                     result.steps.extend(binder.restore_steps(dev, target, override))
-                    continue
-                jobs.append((dev, target, override))
-            # every device was checked before the first write
-            result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
+                return result
+            for a in plan.forget:
+                self.state.remove(a)
+            gone = [
+                f"{a}: recorded in {self.state.state_dir}/{a}.json but there is no such device "
+                f"under {self.fs.display}sys/bus/pci/devices; nothing to restore (remove the "
+                "record once the card is gone for good)"
+                for a in plan.missing
+            ]
+            try:
+                result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
+            except BindError as e:
+                if not gone:
+                    raise
+                raise BindError("\n".join([str(e), *gone])) from e
+            if gone:
+                done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
+                raise BindError(
+                    f"{len(gone)} of the recorded devices could not be restored\n"
+                    + "\n".join(gone + done)
+                )
         return result
 
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
-        """Is each device ready for passthrough right now? Every reason, each with its fix."""
+        """Is each device ready for passthrough right now? Every reason, each with its fix
+        (:func:`vfio_dp.model.plan.plan_check`); the groups of devices on vfio-pci are probed."""
         inv = self.scan()
-        out = []
-        for a in addresses:
-            dev = inv.devices.get(a)
-            if dev is None:
-                raise DeviceNotFoundError(str(a), self.fs.display)
-            reasons: list[str] = []
-            grp = inv.group_of(a)
-            if dev.is_bridge:
-                reasons.append(f"{dev.describe()} is a PCI bridge; bridges are not passed through")
-            if grp is None:
-                reasons.append(
-                    f"{a} has no IOMMU group: enable VT-d/AMD-Vi and boot with intel_iommu=on"
-                )
-            if not dev.on_vfio and not dev.is_bridge:
-                many = grp is not None and len(grp.endpoints(inv.devices)) > 1
-                fix = f"vfioctl bind --group {a}" if many else f"vfioctl bind {a}"
-                reasons.append(f"{dev.describe()} is not on vfio-pci; fix: {fix}")
-            for why in dev.in_use:
-                reasons.append(f"the host is using {a}: {why}")
-            if grp is not None:
-                for p in grp.problems:
-                    if p.address != a:
-                        reasons.append(p.reason)
-                if dev.on_vfio:
-                    status = probe_group(self.fs, grp)
-                    if not os.path.exists(self.group_node(grp)):
-                        reasons.append(
-                            f"/dev/vfio/{group_node_name(grp)} does not exist although {a} is on "
-                            "vfio-pci; check `dmesg` and that udev/devtmpfs created it"
-                        )
-                    elif status.in_use:
-                        reasons.append(
-                            f"IOMMU group {grp.number} is in use: /dev/vfio/{grp.number} is "
-                            "held open by another process (a VM)"
-                        )
-                    elif status.viable is False:
-                        reasons.append(
-                            f"the kernel reports IOMMU group {grp.number} not viable "
-                            "(VFIO_GROUP_GET_STATUS); bind every member: "
-                            f"vfioctl bind --group {a}"
-                        )
-            out.append(CheckReport(a, not reasons, tuple(dict.fromkeys(reasons))))
-        return out
+        groups = {
+            g.number: g
+            for a in addresses
+            if (d := inv.devices.get(a)) is not None and d.on_vfio and (g := inv.group_of(a))
+        }
+        status = self.probe_groups(list(groups.values()))
+        return plan_check(inv, addresses, status, root_display=self.fs.display)
 
 
 __all__ = ["BindResult", "CheckReport", "Host", "Step"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from vfio_dp.errors import HostError, PathEscapeError
+from vfio_dp.errors import HostError, PathEscapeError, RootNotFoundError
 
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-")
 _MAX_LINKS = 40
@@ -32,7 +32,11 @@ class Root:
     __slots__ = ("base", "prefix")
 
     def __init__(self, base: str | os.PathLike[str]) -> None:
+        """Raises :class:`RootNotFoundError` when ``base`` is not a directory (a mistyped
+        ``--root`` would otherwise read as a host without devices)."""
         real = os.path.realpath(os.fspath(base))
+        if not os.path.isdir(real):
+            raise RootNotFoundError(os.fspath(base))
         self.base = real
         self.prefix = "" if real == "/" else real
 
@@ -94,9 +98,14 @@ class Root:
 
 def read_text(path: str, dir_fd: int | None = None, size: int = 65536) -> str | None:
     """Read a small sysfs/proc file (relative to ``dir_fd`` when given; at most ``size``
-    bytes), stripped; None if it does not exist or cannot be read."""
+    bytes), stripped; None if it does not exist or cannot be read.
+
+    Opened ``O_NONBLOCK``: a FIFO (or a device) planted where an attribute should be never
+    hangs the reader -- a FIFO without a writer reads as empty, a device that would block
+    fails with ``EAGAIN`` (None); sysfs attributes and ``/proc`` files ignore the flag. Binary
+    content decodes with replacement characters, which the callers' checks refuse."""
     try:
-        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
     except OSError:
         return None
     try:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from vfio_dp.errors import AddressError, HostError, LockTimeoutError
+from vfio_dp.host.atomic import write_atomic
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
@@ -88,19 +89,8 @@ class StateStore:
         """Write atomically: temp file + fsync + rename + fsync(dir)."""
         import json
 
-        os.makedirs(self.state_dir, exist_ok=True)
         final = self._file(PciAddress.parse(record.address))
-        tmp = f"{final}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(asdict(record), f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        dfd = os.open(self.state_dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(final, json.dumps(asdict(record), sort_keys=True).encode())
 
     def remove(self, address: PciAddress) -> None:
         with contextlib.suppress(FileNotFoundError):

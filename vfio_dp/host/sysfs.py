@@ -17,35 +17,70 @@ Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/na
 from __future__ import annotations
 
 import dataclasses
-import marshal
 import os
 import posixpath
-import sys
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from vfio_dp.errors import AddressError
+from vfio_dp.errors import AddressError, SysfsValueError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group, is_vfio_driver
 
-
-def _hex(text: str | None, width: int) -> str:
-    if not text:
-        return "0" * width
-    t = text.lower()
-    if t.startswith("0x"):
-        t = t[2:]
-    return t.rjust(width, "0")[-width:]
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_DEC_DIGITS = frozenset("0123456789")
+# what a kernel driver name (or a vfio cdev name) can be: never a path, never binary
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-")
 
 
-def _int(text: str | None) -> int | None:
+class _Garbage(Exception):
+    """A value no kernel writes; carries the file (relative to the device dir) and value."""
+
+    def __init__(self, name: str, value: object, why: str) -> None:
+        self.name, self.value, self.why = name, value, why
+
+
+def _hex(text: str | None, width: int, name: str) -> str:
+    """``0x10de`` / ``10DE`` / ``20000`` → ``10de`` / ``020000``: 1..``width`` hex digits
+    after an optional ``0x``, left-padded; anything else raises (binary, a sign, too long)."""
+    if text and len(text) <= width and _HEX_DIGITS.issuperset(text):  # uevent's form
+        return text.lower().rjust(width, "0")
+    if text is None:
+        raise _Garbage(name, text, "missing")
+    t = text[2:] if text[:2] in ("0x", "0X") else text
+    if not t or len(t) > width or not _HEX_DIGITS.issuperset(t):
+        raise _Garbage(name, text, f"not a hex number of at most {width} digits")
+    return t.lower().rjust(width, "0")
+
+
+def _int(text: str | None, name: str, *, signed: bool = False) -> int | None:
+    """A decimal sysfs number (``numa_node`` may be ``-1``); None when the file is absent."""
+    if text is None:
+        return None
+    digits = text[1:] if signed and text[:1] == "-" else text
+    if not digits or len(digits) > 10 or not _DEC_DIGITS.issuperset(digits):
+        raise _Garbage(name, text, "not a decimal number")
+    return int(text)
+
+
+def _name(text: str | None, name: str) -> str | None:
+    """A driver name (``driver`` link, ``DRIVER=``, ``driver_override``); None when absent."""
     if text is None or text == "":
         return None
-    try:
-        return int(text, 0)
-    except ValueError:
-        return None
+    if len(text) > 64 or not _NAME_CHARS.issuperset(text) or text in (".", ".."):
+        raise _Garbage(name, text, "not a kernel driver name")
+    return text
+
+
+def _override(text: str | None) -> str | None:
+    return None if text in (None, "", "(null)") else _name(text, "driver_override")
+
+
+def _skip(e: SysfsValueError) -> None:
+    """Say why a device is left out: through ``logging`` (imported only now, so a clean scan
+    never pays for it); with no handler configured, logging prints it on stderr."""
+    import logging
+
+    logging.getLogger("vfio_dp.host").warning("%s", e)
 
 
 def pci_devices_dir(root: Root) -> str:
@@ -128,14 +163,21 @@ def open_device_dir(root: Root, address: PciAddress) -> int | None:
 
 
 def read_device(root: Root, address: PciAddress) -> PciDevice | None:
-    """Read one device's sysfs directory; None if it is gone (hot-unplugged)."""
+    """Read one device's sysfs directory; None if it is gone (hot-unplugged). Raises
+    :class:`SysfsValueError` naming the file when a value is garbage."""
     dfd = open_device_dir(root, address)
     if dfd is None:
         return None
     try:
         return _read_device_at(dfd, address)
+    except _Garbage as e:
+        raise _value_error(pci_devices_dir(root), address, e) from None
     finally:
         os.close(dfd)
+
+
+def _value_error(devices_dir: str, address: PciAddress, e: _Garbage) -> SysfsValueError:
+    return SysfsValueError(f"{devices_dir}/{address}/{e.name}", e.value, e.why)
 
 
 def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | None:
@@ -149,7 +191,8 @@ def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | 
 
     One read instead of six: the kernel builds it from the same cached values as the
     ``vendor``/``device``/``class``/``subsystem_*`` files and the ``driver`` link (never from
-    config space, so it does not wake a suspended device). None if a field is missing.
+    config space, so it does not wake a suspended device). None if a field is missing (the
+    files are read instead); a field that is there but not what the kernel writes raises.
     """
     fields = {}
     for line in text.split("\n"):
@@ -162,12 +205,12 @@ def _ids_from_uevent(text: str) -> tuple[str, str, str, str, str, str | None] | 
     vendor, _, device = ids.partition(":")
     svendor, _, sdevice = sub.partition(":")
     return (
-        _hex(vendor, 4),
-        _hex(device, 4),
-        _hex(cls, 6),
-        _hex(svendor, 4),
-        _hex(sdevice, 4),
-        fields.get("DRIVER") or None,
+        _hex(vendor, 4, "uevent (PCI_ID)"),
+        _hex(device, 4, "uevent (PCI_ID)"),
+        _hex(cls, 6, "uevent (PCI_CLASS)"),
+        _hex(svendor, 4, "uevent (PCI_SUBSYS_ID)"),
+        _hex(sdevice, 4, "uevent (PCI_SUBSYS_ID)"),
+        _name(fields.get("DRIVER"), "uevent (DRIVER)"),
     )
 
 
@@ -175,7 +218,8 @@ def _read_device_at(
     dfd: int, address: PciAddress, known: dict[str, PciAddress] | None = None
 ) -> PciDevice | None:
     """Read the device whose directory is ``dfd``. ``known`` maps address strings already
-    parsed (the directory listing) so a VF's ``physfn`` is looked up, not parsed again."""
+    parsed (the directory listing) so a VF's ``physfn`` is looked up, not parsed again.
+    Every value is checked (raises :class:`_Garbage` naming the file)."""
     uevent = _read_at(dfd, "uevent")
     parsed = _ids_from_uevent(uevent) if uevent else None
     if parsed is not None:
@@ -184,13 +228,13 @@ def _read_device_at(
         raw_vendor = _read_at(dfd, "vendor")
         if raw_vendor is None:
             return None  # gone
-        vendor, device = _hex(raw_vendor, 4), _hex(_read_at(dfd, "device"), 4)
-        class_code = _hex(_read_at(dfd, "class"), 6)
-        svendor = _hex(_read_at(dfd, "subsystem_vendor"), 4)
-        sdevice = _hex(_read_at(dfd, "subsystem_device"), 4)
-        driver = _link_at(dfd, "driver")
-    numa = _int(_read_at(dfd, "numa_node"))
-    override = _read_at(dfd, "driver_override")
+        vendor, device = _hex(raw_vendor, 4, "vendor"), _hex(_read_at(dfd, "device"), 4, "device")
+        class_code = _hex(_read_at(dfd, "class"), 6, "class")
+        svendor = _hex(_read_at(dfd, "subsystem_vendor"), 4, "subsystem_vendor")
+        sdevice = _hex(_read_at(dfd, "subsystem_device"), 4, "subsystem_device")
+        driver = _name(_link_at(dfd, "driver"), "driver")
+    numa = _int(_read_at(dfd, "numa_node"), "numa_node", signed=True)
+    override = _override(_read_at(dfd, "driver_override"))
     group = _link_at(dfd, "iommu_group")
     physfn = _link_at(dfd, "physfn")
     physfn_addr = None
@@ -200,7 +244,7 @@ def _read_device_at(
             try:
                 physfn_addr = PciAddress.parse(physfn)
             except AddressError:
-                physfn_addr = None
+                raise _Garbage("physfn", physfn, "links to no PCI address") from None
     # a VF never has sriov_* files: skip the failing open (thousands of VFs on big hosts)
     numvfs = None if physfn else _read_at(dfd, "sriov_numvfs")
     cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
@@ -212,11 +256,11 @@ def _read_device_at(
         subsystem_vendor=svendor,
         subsystem_device=sdevice,
         driver=driver,
-        driver_override=None if override in (None, "", "(null)") else override,
-        iommu_group=_int(group) if group is not None else None,
+        driver_override=override,
+        iommu_group=_int(group, "iommu_group"),
         numa_node=None if numa is None or numa < 0 else numa,
         physfn=physfn_addr,
-        sriov_numvfs=_int(numvfs),
+        sriov_numvfs=_int(numvfs, "sriov_numvfs"),
         boot_vga=class_code.startswith("03") and _read_at(dfd, "boot_vga") == "1",
         vfio_cdev=cdev,
     )
@@ -240,32 +284,33 @@ def refresh_devices(
 
 
 def _refresh_at(dfd: int, old: PciDevice) -> PciDevice | None:
-    driver = _link_at(dfd, "driver")
-    override = _read_at(dfd, "driver_override")
-    if override is None and _read_at(dfd, "vendor") is None:
+    driver = _name(_link_at(dfd, "driver"), "driver")
+    raw_override = _read_at(dfd, "driver_override")
+    if raw_override is None and _read_at(dfd, "vendor") is None:
         return None
     cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
-    override = None if override in (None, "", "(null)") else override
+    override = _override(raw_override)
     if driver == old.driver and override == old.driver_override and cdev == old.vfio_cdev:
         return old
     return dataclasses.replace(old, driver=driver, driver_override=override, vfio_cdev=cdev)
 
 
 def _vfio_cdev_at(dfd: int) -> str | None:
+    """``vfio-dev/vfioN``: the VFIO cdev's name. Entries that are not ``vfio<digits>`` are
+    not the kernel's and are ignored (one would otherwise reach ``/dev/vfio/devices/``)."""
     try:
         sub = os.open("vfio-dev", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
     except OSError:
         return None
     try:
-        entries = os.listdir(sub)
+        entries = [
+            e
+            for e in os.listdir(sub)
+            if e.startswith("vfio") and e[4:].isascii() and e[4:].isdigit() and len(e) < 16
+        ]
     finally:
         os.close(sub)
-    return min(entries) if entries else None
-
-
-#: A scan is split across processes only from this many devices per process (a fork and
-#: the hand-back cost about a millisecond; a device costs about 30 microseconds).
-PARALLEL_MIN_DEVICES = 512
+    return min(entries, key=lambda e: int(e[4:])) if entries else None
 
 
 def read_devices(
@@ -274,110 +319,15 @@ def read_devices(
     """Every device (or those of ``addresses``) by address, in order; gone ones are left out.
 
     With ``workers`` > 1 (the CLI passes the CPUs it may use) a big host's scan is split
-    across that many processes, each reading a contiguous run of addresses (see
-    :func:`_read_forked`). Never from a process with other threads: the daemon reads in
-    one process.
+    across that many processes (:mod:`vfio_dp.host.parallel_scan`); never from a process
+    with other threads: the daemon reads in one process.
     """
     addrs = list_addresses(root) if addresses is None else list(addresses)
-    procs = min(workers, 4, len(addrs) // PARALLEL_MIN_DEVICES)
-    threading = sys.modules.get("threading")
-    if procs > 1 and (threading is None or threading.active_count() == 1):
-        return _read_forked(root, addrs, procs)
+    if workers > 1:
+        from vfio_dp.host.parallel_scan import read_split
+
+        return read_split(addrs, lambda run: read_devices(root, run), processes=workers)
     return _read_each(root, addrs, _read_device_at)
-
-
-def _to_wire(dev: PciDevice) -> tuple[object, ...]:
-    """A freshly read device as plain values for :mod:`marshal` (the fields discovery sets)."""
-    return (
-        str(dev.address),
-        dev.vendor,
-        dev.device,
-        dev.class_code,
-        dev.subsystem_vendor,
-        dev.subsystem_device,
-        dev.driver,
-        dev.driver_override,
-        dev.iommu_group,
-        dev.numa_node,
-        str(dev.physfn) if dev.physfn else None,
-        dev.sriov_numvfs,
-        dev.boot_vga,
-        dev.vfio_cdev,
-    )
-
-
-def _from_wire(t: tuple[Any, ...], known: dict[str, PciAddress]) -> PciDevice:
-    (addr, vendor, device, cls, svendor, sdevice, driver, override, group, numa, physfn,
-     numvfs, boot_vga, cdev) = t  # fmt: skip
-    return PciDevice(
-        address=known.get(addr) or PciAddress.parse(addr),
-        vendor=vendor,
-        device=device,
-        class_code=cls,
-        subsystem_vendor=svendor,
-        subsystem_device=sdevice,
-        driver=driver,
-        driver_override=override,
-        iommu_group=group,
-        numa_node=numa,
-        physfn=(known.get(physfn) or PciAddress.parse(physfn)) if physfn else None,
-        sriov_numvfs=numvfs,
-        boot_vga=boot_vga,
-        vfio_cdev=cdev,
-    )
-
-
-def _read_forked(root: Root, addrs: list[PciAddress], procs: int) -> dict[PciAddress, PciDevice]:
-    """Read ``addrs`` in ``procs`` contiguous runs: runs 2..n in forked children that hand
-    their devices back over a pipe (:mod:`marshal`), run 1 here meanwhile. Sysfs reads are
-    system calls, so a second CPU halves a 4,096-function scan. A child that fails (or
-    returns anything odd) is not trusted: its run is read again here, as is a run no child
-    could be started for (no fork allowed, a pid limit).
-    """
-    size = -(-len(addrs) // procs)
-    runs = [addrs[i : i + size] for i in range(0, len(addrs), size)]
-    children: list[tuple[int, int, list[PciAddress]]] = []
-    mine = runs[0]
-    for run in runs[1:]:
-        try:
-            rfd, wfd = os.pipe()
-        except OSError:  # out of fds: read the rest here
-            mine = mine + run
-            continue
-        try:
-            pid = os.fork()
-        except OSError:  # pid limit, seccomp: read it here
-            os.close(rfd)
-            os.close(wfd)
-            mine = mine + run
-            continue
-        if pid == 0:  # the child: read, hand back, leave without running any cleanup
-            code = 1
-            try:
-                os.close(rfd)
-                devices = _read_each(root, run, _read_device_at)
-                with open(wfd, "wb") as out:
-                    out.write(marshal.dumps([_to_wire(d) for d in devices.values()]))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(wfd)
-        children.append((pid, rfd, run))
-    found = _read_each(root, mine, _read_device_at)
-    known = {str(a): a for a in addrs}
-    for pid, rfd, run in children:
-        with open(rfd, "rb") as pipe:
-            data = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            if os.waitstatus_to_exitcode(status) != 0:
-                raise ValueError("reader process failed")
-            for t in marshal.loads(data):
-                dev = _from_wire(t, known)
-                found[dev.address] = dev
-        except (ValueError, TypeError, EOFError, IndexError, AddressError):
-            found.update(_read_each(root, run, _read_device_at))
-    return {a: found[a] for a in addrs if a in found}  # address order, whoever read it
 
 
 def _read_each(
@@ -399,6 +349,9 @@ def _read_each(
                 continue
             try:
                 dev = read(dfd, addr, known)
+            except _Garbage as e:  # never trusted, never fatal: left out, and said why
+                _skip(_value_error(devices.path, addr, e))
+                continue
             finally:
                 os.close(dfd)
             if dev is not None:
@@ -428,7 +381,9 @@ def read_groups(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[int, I
         names = os.listdir(base)
     except OSError:
         return {}
-    members: dict[int, list[PciDevice]] = {int(n): [] for n in names if n.isdigit()}
+    members: dict[int, list[PciDevice]] = {
+        int(n): [] for n in names if n.isascii() and n.isdigit() and len(n) < 10
+    }
     for dev in devices.values():
         if dev.iommu_group is not None and dev.iommu_group in members:
             members[dev.iommu_group].append(dev)

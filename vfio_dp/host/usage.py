@@ -10,8 +10,14 @@ Reasons found (each names the thing in use):
   ``<root>/sys/class/block/<dev>`` → ``.../<bdf>/nvme/nvme0/nvme0n1`` or
   ``.../<bdf>/virtio1/block/vda``; ``<root>/proc/1/mountinfo``, ``<root>/proc/swaps``,
   ``<dev>/holders/``;
-- an SR-IOV PF with VFs enabled: ``<bdf>/sriov_numvfs`` > 0.
-An open ``/dev/vfio/<N>`` is found only by :func:`vfio_dp.host.vfio.probe_group` (operator
+- an SR-IOV PF with VFs enabled: ``<bdf>/sriov_numvfs`` > 0;
+- the host's current hardware RNG: ``<root>/sys/class/misc/hw_random/rng_current`` names it
+  (``virtio_rng.0``); a virtio RNG is the PCI ancestor of the virtio device bound to
+  ``<root>/sys/bus/virtio/drivers/virtio_rng/virtioN`` (the ``.0`` is the driver's own
+  counter, not the virtio index, so with several virtio RNGs each is reported as possibly
+  current); an RNG named by its PCI address is that device.
+Each use comes with what frees it (:class:`~vfio_dp.model.device.HostUse`).
+An open ``/dev/vfio/<N>`` is found only by :func:`vfio_dp.host.vfio.probe_groups` (operator
 commands); the daemon never opens group nodes.
 
 Interfaces and disks are mapped to their PCI ancestor by resolving the class links inside
@@ -26,7 +32,7 @@ from collections import defaultdict
 from vfio_dp.errors import AddressError, HostError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import PciDevice
+from vfio_dp.model.device import HostUse, PciDevice
 
 IFF_UP = 0x1
 
@@ -43,10 +49,12 @@ def _pci_ancestor(resolved: str) -> PciAddress | None:
     return found
 
 
-def _class_members(root: Root, cls: str) -> list[tuple[str, str]]:
-    """(name, resolved path) of every ``<root>/sys/class/<cls>/*`` entry."""
+def _class_members(
+    root: Root, cls: str, under: tuple[str, ...] = ("sys", "class")
+) -> list[tuple[str, str]]:
+    """(name, resolved path) of every ``<root>/sys/class/<cls>/*`` entry (or ``<under>/<cls>/*``)."""
     try:
-        base = root.path("sys", "class", cls)
+        base = root.path(*under, cls)
         names = os.listdir(base)
     except (OSError, HostError):
         return []
@@ -75,19 +83,20 @@ def _host_net_state(root: Root) -> tuple[set[str], set[str]]:
     return with_addr, routed
 
 
-def _mounted(root: Root) -> tuple[set[str], set[str]]:
-    """(major:minor, source basenames) of every mount in the host's mount namespace."""
-    majmin: set[str] = set()
-    sources: set[str] = set()
+def _mounted(root: Root) -> tuple[dict[str, str], dict[str, str]]:
+    """Mount points of every mount in the host's mount namespace, by major:minor and by
+    source basename (the first mount of each)."""
+    majmin: dict[str, str] = {}
+    sources: dict[str, str] = {}
     text = read_text(root.path("proc", "1", "mountinfo")) or ""
     for line in text.splitlines():
         left, _, right = line.partition(" - ")
         f = left.split()
-        if len(f) >= 3:
-            majmin.add(f[2])
+        if len(f) >= 5:
+            majmin.setdefault(f[2], f[4])
         r = right.split()
-        if len(r) >= 2 and r[1].startswith("/dev/"):
-            sources.add(os.path.basename(r[1]))
+        if len(r) >= 2 and r[1].startswith("/dev/") and len(f) >= 5:
+            sources.setdefault(os.path.basename(r[1]), f[4])
     return majmin, sources
 
 
@@ -100,35 +109,93 @@ def _swaps(root: Root) -> set[str]:
     return out
 
 
-def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddress, list[str]]:
-    """Every reason the host is using each device (devices not in use are left out)."""
-    reasons: dict[PciAddress, list[str]] = defaultdict(list)
+_HW_RANDOM = ("sys", "class", "misc", "hw_random")
+
+
+def _hw_rng(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddress, HostUse]:
+    """The device(s) behind the host's current hardware RNG (``rng_current``), if any."""
+    try:
+        base = root.resolve(root.path(*_HW_RANDOM))
+    except HostError:
+        return {}
+    current = read_text(base + "/rng_current")
+    if not current or current == "none":
+        return {}
+    path = root.path(*_HW_RANDOM, "rng_current")
+    fix = (
+        f"make the host use another RNG first: echo NAME > {path} (NAME from rng_available "
+        "in the same directory), or pick another device"
+    )
+    owners: list[PciAddress] = []
+    if current.startswith("virtio_rng."):
+        for _, resolved in _class_members(root, "virtio_rng", ("sys", "bus", "virtio", "drivers")):
+            owner = _pci_ancestor(resolved)
+            if owner is not None and owner in devices:
+                owners.append(owner)
+    else:
+        owner = _pci_ancestor(current) if len(current) == 12 else None
+        if owner is not None and owner in devices:
+            owners.append(owner)
+    what = f"it is the host's current hardware RNG ({current})"
+    if len(owners) > 1:
+        what = f"it may be the host's current hardware RNG ({current}; one of {len(owners)} virtio RNGs)"
+    return {o: HostUse(what, fix) for o in owners}
+
+
+def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddress, list[HostUse]]:
+    """Every use the host makes of each device (devices not in use are left out)."""
+    reasons: dict[PciAddress, list[HostUse]] = defaultdict(list)
     for addr, dev in devices.items():
         if dev.boot_vga:
-            reasons[addr].append("boot GPU (boot_vga=1): the host console is on it")
+            reasons[addr].append(
+                HostUse(
+                    "boot GPU (boot_vga=1): the host console is on it",
+                    "pick another GPU (the host would lose its console)",
+                )
+            )
         if dev.sriov_numvfs:
             reasons[addr].append(
-                f"SR-IOV PF with {dev.sriov_numvfs} VFs enabled: unbinding it destroys them "
-                f"(echo 0 > sriov_numvfs first, or pass the VFs through instead)"
+                HostUse(
+                    f"SR-IOV PF with {dev.sriov_numvfs} VFs enabled: unbinding it destroys them",
+                    f"echo 0 > {root.path('sys', 'bus', 'pci', 'devices', str(addr), 'sriov_numvfs')} "
+                    "first, or pass the VFs through instead",
+                )
             )
     nets = _class_members(root, "net")
     if nets:
         with_addr, routed = _host_net_state(root)
+        used: list[tuple[PciAddress, str, list[str]]] = []
+        up_count = 0
         for name, resolved in nets:
+            flags = read_text(resolved + "/flags")
+            unreadable = False
+            try:
+                up = flags is not None and bool(int(flags, 16) & IFF_UP)
+            except ValueError:  # not what the kernel writes (0x1003): count it as in use
+                up, unreadable = False, True
+            up_count += up and name != "lo"
             owner = _pci_ancestor(resolved)
             if owner is None or owner not in devices:
                 continue
-            flags = read_text(resolved + "/flags")
-            up = flags is not None and bool(int(flags, 0) & IFF_UP)
             why = []
             if up:
                 why.append("is up")
+            if unreadable:
+                why.append(f"has unreadable flags {str(flags)[:20]!r}")
             if name in with_addr:
                 why.append("has addresses")
             if name in routed:
                 why.append("has routes")
             if why:
-                reasons[owner].append(f"network interface {name} {' and '.join(why)}")
+                used.append((owner, name, why))
+        for owner, name, why in used:
+            fix = f"bring it down first: ip link set {name} down"
+            if "is up" in why and up_count == 1:
+                fix = (
+                    f"pick another device: {name} is the host's only interface that is up, "
+                    f"so taking it cuts the host off the network (else: ip link set {name} down)"
+                )
+            reasons[owner].append(HostUse(f"network interface {name} {' and '.join(why)}", fix))
     blocks = _class_members(root, "block")
     if blocks:
         majmin, sources = _mounted(root)
@@ -138,16 +205,34 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             if owner is None or owner not in devices:
                 continue
             dev_no = read_text(resolved + "/dev")
-            if (dev_no and dev_no in majmin) or name in sources:
-                reasons[owner].append(f"block device {name} is mounted")
+            where = majmin.get(dev_no or "") or sources.get(name)
+            if where == "/":
+                reasons[owner].append(
+                    HostUse(
+                        f"block device {name} is mounted at / (the host's root filesystem)",
+                        "pick another device: the host cannot run without its root disk",
+                    )
+                )
+            elif where is not None:
+                reasons[owner].append(
+                    HostUse(f"block device {name} is mounted", f"unmount it first: umount {where}")
+                )
             if name in swaps:
-                reasons[owner].append(f"block device {name} is used as swap")
+                reasons[owner].append(
+                    HostUse(f"block device {name} is used as swap", f"swapoff /dev/{name} first")
+                )
             try:
                 holders = os.listdir(resolved + "/holders")
             except OSError:
                 holders = []
             if holders:
                 reasons[owner].append(
-                    f"block device {name} is held by {', '.join(sorted(holders))}"
+                    HostUse(
+                        f"block device {name} is held by {', '.join(sorted(holders))}",
+                        "stop what holds it first (deactivate the LVM volume group or stop "
+                        "the md array)",
+                    )
                 )
+    for owner, use in _hw_rng(root, devices).items():
+        reasons[owner].append(use)
     return dict(reasons)

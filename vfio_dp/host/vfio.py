@@ -15,26 +15,14 @@ import fcntl
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from vfio_dp.host.root import Root
-from vfio_dp.model.device import IommuGroup, PciDevice
+from vfio_dp.model.device import GroupStatus, IommuGroup, PciDevice
 
 VFIO_GROUP_GET_STATUS = 0x3B67
 VFIO_GROUP_FLAGS_VIABLE = 1
 VFIO_GROUP_FLAGS_CONTAINER_SET = 2
 _STATUS_ARG = struct.pack("<II", 8, 0)  # struct vfio_group_status {argsz = 8, flags = 0}
-
-
-@dataclass(frozen=True, slots=True)
-class GroupStatus:
-    viable: bool | None  # None: unknown (no node, or busy)
-    in_use: bool | None  # True: EBUSY; None: no node
-
-
-def group_node_name(group: IommuGroup) -> str:
-    """``5`` or ``noiommu-5``: the name of the group's node under ``/dev/vfio``."""
-    return f"noiommu-{group.number}" if group.noiommu else str(group.number)
 
 
 UNKNOWN = GroupStatus(viable=None, in_use=None)  # no node
@@ -44,14 +32,9 @@ _VIABLE = GroupStatus(viable=True, in_use=False)
 _NOT_VIABLE = GroupStatus(viable=False, in_use=False)
 
 
-def probe_group(root: Root, group: IommuGroup) -> GroupStatus:
-    """Open ``<root>/dev/vfio/<N>`` briefly and ask the kernel (``VFIO_GROUP_GET_STATUS``)."""
-    return probe_groups(root, [group]).get(group.number, UNKNOWN)
-
-
 def probe_groups(root: Root, groups: Iterable[IommuGroup]) -> dict[int, GroupStatus]:
-    """:func:`probe_group` for each group with a node in ``<root>/dev/vfio/``; groups without
-    one are left out (one directory listing, not one failed open each; nodes are opened
+    """Open ``<root>/dev/vfio/<N>`` briefly and ask the kernel (``VFIO_GROUP_GET_STATUS``),
+    for each group with a node there; groups without one are left out (one directory listing, not one failed open each; nodes are opened
     relative to the directory)."""
     try:
         dfd = os.open(root.path("dev", "vfio"), os.O_RDONLY | os.O_DIRECTORY)
@@ -61,7 +44,7 @@ def probe_groups(root: Root, groups: Iterable[IommuGroup]) -> dict[int, GroupSta
         nodes = set(os.listdir(dfd))
         out = {}
         for group in groups:
-            name = group_node_name(group)
+            name = group.node
             if name in nodes:
                 out[group.number] = _probe_at(dfd, name)
         return out
@@ -92,7 +75,7 @@ def device_nodes(root: Root, group: IommuGroup, devices: list[PciDevice]) -> lis
     /dev/vfio/vfio, /dev/vfio/<N> (or /dev/vfio/noiommu-<N>),
     /dev/vfio/devices/vfioN (per device with a cdev), /dev/iommu (when present)
     """
-    out = ["/dev/vfio/vfio", f"/dev/vfio/{group_node_name(group)}"]
+    out = ["/dev/vfio/vfio", f"/dev/vfio/{group.node}"]
     for dev in devices:
         if dev.vfio_cdev and os.path.exists(root.path("dev", "vfio", "devices", dev.vfio_cdev)):
             out.append(f"/dev/vfio/devices/{dev.vfio_cdev}")

@@ -1,1 +1,11 @@
 """Pure typed values and rules: no I/O, no third-party imports beyond PyYAML in config."""
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "address",
+    "config",
+    "device",
+    "naming",
+    "plan",
+]

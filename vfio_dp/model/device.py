@@ -21,6 +21,8 @@ VFIO_PCI = "vfio-pci"
 DMA_SAFE_DRIVERS = frozenset({"pci-stub", "pcieport"})
 #: PCI class of a PCI-to-PCI bridge (``class`` = 0x0604xx).
 BRIDGE_CLASS_PREFIX = 0x0604
+#: PCI class of a host bridge (``class`` = 0x0600xx): the CPU's side of the PCI tree.
+HOST_BRIDGE_CLASS_PREFIX = 0x0600
 
 
 def is_vfio_driver(driver: str | None) -> bool:
@@ -31,6 +33,26 @@ def is_vfio_driver(driver: str | None) -> bool:
 def is_dma_safe_driver(driver: str | None) -> bool:
     """True when a member on this driver does not make its group non-viable."""
     return driver is None or is_vfio_driver(driver) or driver in DMA_SAFE_DRIVERS
+
+
+@dataclass(frozen=True, slots=True)
+class HostUse:
+    """One use the host makes of a device (found by :mod:`vfio_dp.host.usage`), and what
+    frees it. ``str()`` is the use alone, e.g. ``network interface eth0 is up``."""
+
+    what: str
+    fix: str  # e.g. "bring it down first: ip link set eth0 down"
+
+    def __str__(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """The kernel's verdict on ``/dev/vfio/<N>`` (``VFIO_GROUP_GET_STATUS``, or EBUSY)."""
+
+    viable: bool | None  # None: unknown (no node, or busy)
+    in_use: bool | None  # True: EBUSY; None: no node
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +73,7 @@ class PciDevice:
     sriov_numvfs: int | None = None  # set on SR-IOV PFs
     boot_vga: bool = False
     vfio_cdev: str | None = None  # e.g. "vfio3" from <bdf>/vfio-dev/vfio3
-    in_use: tuple[str, ...] = ()  # reasons the host is using it (filled by host.usage)
+    in_use: tuple[HostUse, ...] = ()  # what the host uses it for (filled by host.usage)
     original_driver: str | None = None  # recorded before vfioctl bound it, if any
 
     @property
@@ -62,6 +84,10 @@ class PciDevice:
     @property
     def is_bridge(self) -> bool:
         return int(self.class_code[:4], 16) == BRIDGE_CLASS_PREFIX
+
+    @property
+    def is_host_bridge(self) -> bool:
+        return int(self.class_code[:4], 16) == HOST_BRIDGE_CLASS_PREFIX
 
     @property
     def on_vfio(self) -> bool:
@@ -87,6 +113,11 @@ class IommuGroup:
     viable: bool
     problems: tuple[GroupProblem, ...] = ()
     noiommu: bool = False  # ``name`` file says vfio-noiommu
+
+    @property
+    def node(self) -> str:
+        """``5`` or ``noiommu-5``: the name of the group's node under ``/dev/vfio``."""
+        return f"noiommu-{self.number}" if self.noiommu else str(self.number)
 
     def endpoints(self, devices: dict[PciAddress, PciDevice]) -> list[PciAddress]:
         """Members that are not bridges (the ones a VM can be given)."""

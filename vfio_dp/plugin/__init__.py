@@ -10,3 +10,10 @@ independent of the device-plugin API's shapes so that a DRA driver can reuse it.
 - :mod:`.allocation` — Allocate, GetPreferredAllocation, and PreStartContainer verification
   against the allocation record.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "allocation",
+    "listing",
+]

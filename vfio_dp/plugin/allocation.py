@@ -30,7 +30,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vfio_dp.errors import StaleAllocationError, UnhealthyDeviceError, UnknownDeviceError
+from vfio_dp.errors import (
+    PluginRequestError,
+    StaleAllocationError,
+    UnhealthyDeviceError,
+    UnknownDeviceError,
+)
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, primary_first
@@ -71,6 +76,21 @@ class ContainerAllocation:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+#: No device ID this plugin hands out is longer (``0000:65:00.0``); longer ones are not parsed.
+_MAX_ID_CHARS = 64
+
+
+def _checked_ids(resource: str, call: str, device_ids: Sequence[str]) -> list[str]:
+    """The distinct IDs of a request, in order; none at all is a malformed request (the
+    kubelet always names at least one device)."""
+    ids = list(dict.fromkeys(device_ids))
+    if not ids:
+        raise PluginRequestError(
+            f"{resource}: {call} named no device IDs; a container request needs at least one"
+        )
+    return ids
+
+
 def _checked_unit(listing: Listing, resource: str, device_id: str) -> Unit:
     unit = listing.unit(resource, device_id)
     if unit is None:
@@ -78,7 +98,7 @@ def _checked_unit(listing: Listing, resource: str, device_id: str) -> Unit:
             why = "this daemon does not serve that resource now"
         else:
             try:
-                addr = PciAddress.parse(device_id)
+                addr = PciAddress.parse(device_id) if len(device_id) <= _MAX_ID_CHARS else None
             except ValueError:
                 addr = None
             if addr is not None and listing.membership.get(addr) == resource:
@@ -116,7 +136,9 @@ def allocate(
 ) -> ContainerAllocation:
     """Answer one ``ContainerAllocateRequest``; raise a :class:`PluginError` subclass naming the
     device and the reason for an unknown or unhealthy ID."""
-    units = [_checked_unit(listing, resource, i) for i in dict.fromkeys(device_ids)]
+    units = [
+        _checked_unit(listing, resource, i) for i in _checked_ids(resource, "Allocate", device_ids)
+    ]
     addresses = primary_first([m for u in units for m in u.members])
     value = ",".join(str(a) for a in addresses)
     envs = {naming.kubevirt_env_var(resource): value, naming.sriov_env_var(resource): value}
@@ -198,7 +220,7 @@ def verify_prestart(
 ) -> None:
     """PreStartContainer: raise unless every device is still Healthy and its group node is the
     one recorded at Allocate time (see the module docstring)."""
-    for device_id in device_ids:
+    for device_id in _checked_ids(resource, "PreStartContainer", device_ids):
         unit = _checked_unit(listing, resource, device_id)
         grant = record.get(device_id)
         if grant is None or grant.resource != resource:

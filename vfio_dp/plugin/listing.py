@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from vfio_dp.errors import no_iommu_group
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
@@ -143,10 +144,7 @@ def compute_listing(
             if not dev.on_vfio:
                 reasons.append(_not_on_vfio(dev, addr in sticky))
         if g is None:
-            reasons.append(
-                f"{members[0]} has no IOMMU group (the IOMMU is off or absent); "
-                "VFIO needs intel_iommu=on / amd_iommu=on"
-            )
+            reasons.append(no_iommu_group(str(members[0])))
         else:
             group = inventory.groups.get(g)
             if group is None:
