@@ -82,6 +82,9 @@ class _TlsConnection(sslproto.SSLProtocol):
             server_side=True,
             ssl_handshake_timeout=listener.limits.handshake_timeout,  # type: ignore[arg-type]
         )
+        # asyncio internals (3.11-3.13): SSLProtocol.get_buffer() hands out _ssl_buffer_view
+        # and buffer_updated() copies from it at once. tests/vm_translate checks they are
+        # used (and the RSS per connection), so a Python that changes them is noticed.
         self._ssl_buffer = listener.recv_buffer
         self._ssl_buffer_view = listener.recv_view
         self._set_read_buffer_limits(high=INCOMING_HIGH_WATER)  # type: ignore[attr-defined]

@@ -499,3 +499,20 @@ async def test_header_block_is_bounded(
         assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     finally:
         await s.hook.stop()
+
+
+async def test_connections_share_the_listeners_receive_buffer(
+    tmp_path: Path, config: Config
+) -> None:
+    """The memory fix rests on asyncio's SSLProtocol reading through ``get_buffer()``: if a
+    Python version stops doing so, this fails (as does the RSS test above)."""
+    s = await start(tmp_path, config)
+    try:
+        _, writer = await _raw_tls(s)
+        listener = s.hook.listener
+        (conn,) = list(listener._open)
+        assert conn.get_buffer(-1) is listener.recv_view
+        assert len(conn.get_buffer(-1)) == len(listener.recv_buffer)
+        writer.close()
+    finally:
+        await s.hook.stop()
