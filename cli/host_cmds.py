@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.host import BindResult, Host
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
-    from vfio_dp.model.device import PciDevice
+    from vfio_dp.model.device import Inventory, PciDevice
+    from vfio_dp.plugin.paths import DeviceServing
 
 
 def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
@@ -51,8 +52,10 @@ def _config(path: str | None) -> Config:
 
 
 def device_json(
-    dev: PciDevice, resource: str | None, names: dict[tuple[str, str | None], str]
+    dev: PciDevice, serving: DeviceServing, names: dict[tuple[str, str | None], str]
 ) -> dict[str, object]:
+    """One row of ``vfioctl list -o json``: the device, and what each path would serve of it
+    (``resource``: the device-plugin resource; ``dra_device``: the DRA device; null: not)."""
     return {
         "address": str(dev.address),
         "vendor": dev.vendor,
@@ -70,9 +73,21 @@ def device_json(
         "physfn": str(dev.physfn) if dev.physfn else None,
         "sriov_numvfs": dev.sriov_numvfs,
         "bridge": dev.is_bridge,
-        "resource": resource,
+        "path": serving.path,
+        "resource": serving.resource,
+        "dra_device": serving.dra_device,
+        "not_served": serving.not_served,
         "in_use": [str(u) for u in dev.in_use],
     }
+
+
+def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
+    """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules)."""
+    from vfio_dp.plugin.listing import compute_listing
+    from vfio_dp.plugin.paths import device_serving, dra_units
+
+    listing = compute_listing(inv, cfg)
+    return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg))
 
 
 @click.command("list")
@@ -82,34 +97,50 @@ def device_json(
     "--config",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Daemon config (YAML) used to compute each device's resource name.",
+    help="Node config (YAML): the table gets what each path would serve (device-plugin "
+    "resource, DRA device). Without it: what a process without --config would serve.",
 )
 def list_cmd(root: str, output: str, config: str | None) -> None:
-    """Every PCI device: IDs, driver, IOMMU group, NUMA node, resource name, host use."""
+    """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
+    path would serve: the device-plugin resource and the DRA device (null: not served)."""
 
     def body() -> int:
         cfg = _config(config)
         host = _host(root)
         inv = host.scan()
         names = host.names(inv)
-        rows = [device_json(d, cfg.would_name(d), names) for d in inv.devices.values()]
+        serving = _serving(inv, cfg)
+        rows = [device_json(d, serving[a], names) for a, d in inv.devices.items()]
         if output == "json":
             print_json(rows)
             return 0
+        headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
+        if config:
+            headers += ["resource", "dra device", "not served"]
         print_table(
-            ["address", "ids", "class", "driver", "group", "numa", "name", "in use"],
+            headers,
             [
                 (
-                    r["address"],
-                    f"{r['vendor']}:{r['device']}",
-                    r["class"],
-                    r["driver"],
-                    r["iommu_group"],
-                    r["numa_node"],
-                    " ".join(str(x) for x in (r["vendor_name"], r["device_name"]) if x) or None,
+                    str(a),
+                    d.ids,
+                    d.class_code,
+                    d.driver,
+                    d.iommu_group,
+                    d.numa_node,
+                    " ".join(
+                        x
+                        for x in (names.get((d.vendor, None)), names.get((d.vendor, d.device)))
+                        if x
+                    )
+                    or None,
                     "; ".join(str(u) for u in d.in_use) or None,
+                    *(
+                        (serving[a].resource, serving[a].dra_device, serving[a].not_served)
+                        if config
+                        else ()
+                    ),
                 )
-                for r, d in zip(rows, inv.devices.values(), strict=True)
+                for a, d in inv.devices.items()
             ],
         )
         return 0
@@ -126,12 +157,21 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
     show_default=True,
     help="Ask the kernel (VFIO_GROUP_GET_STATUS) for groups with a /dev/vfio node.",
 )
-def groups_cmd(root: str, output: str, probe: bool) -> None:
-    """Every IOMMU group: members, viability with reasons, the kernel's own verdict."""
+@option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Node config (YAML): say which path serves each group, or why none does.",
+)
+def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
+    """Every IOMMU group: members, viability with reasons, the kernel's own verdict, and
+    which path serves it (a group split between paths is served by neither: why)."""
 
     def body() -> int:
         from vfio_dp.errors import NoIommuError
+        from vfio_dp.plugin.paths import group_paths, path_splits
 
+        cfg = _config(config)
         try:
             inv, status = _host(root).groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
@@ -140,6 +180,8 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
                 print_json([])
             return 0
         groups = list(inv.groups.values())
+        paths = group_paths(inv, cfg)
+        splits = path_splits(inv, cfg)
         if output == "json":
             print_json(
                 [
@@ -156,6 +198,8 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
                         "noiommu": g.noiommu,
                         "kernel_viable": status[g.number].viable,
                         "in_use": status[g.number].in_use,
+                        "paths": {str(a): p for a, p in paths.get(g.number, {}).items()},
+                        "not_served": splits.get(g.number),
                     }
                     for g in groups
                 ]
@@ -163,18 +207,25 @@ def groups_cmd(root: str, output: str, probe: bool) -> None:
             return 0
         kernel = {True: "viable", False: "not viable", None: None}
         print_table(
-            ["group", "viable", "kernel", "devices", "problems"],
+            ["group", "viable", "kernel", "path", "devices", "problems"],
             [
                 (
                     g.number,
                     "yes" if g.viable else "NO",
                     "in use" if status[g.number].in_use else kernel[status[g.number].viable],
+                    "SPLIT"
+                    if g.number in splits
+                    else (",".join(sorted(set(paths.get(g.number, {}).values()))) or None),
                     " ".join(
                         f"{a}({inv.devices[a].driver or '-'})"
                         for a in g.devices
                         if a in inv.devices
                     ),
-                    " | ".join(p.reason for p in g.problems) or None,
+                    " | ".join(
+                        [p.reason for p in g.problems]
+                        + ([splits[g.number]] if g.number in splits else [])
+                    )
+                    or None,
                 )
                 for g in groups
             ],

@@ -20,6 +20,7 @@ LAZY_COMMANDS = {
     "unbind": "cli.host_cmds:unbind_cmd",
     "check": "cli.host_cmds:check_cmd",
     "plugin": "cli.plugin_cmd:plugin",
+    "dra-plugin": "cli.dra_cmd:dra_plugin",
     "webhook": "cli.vm_cmds:webhook",
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",

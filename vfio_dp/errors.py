@@ -92,6 +92,14 @@ class ConfigError(UsageError):
         super().__init__(f"invalid configuration {clip(source, 400)}:\n" + "\n".join(lines))
 
 
+class SocketPathError(VfioError):
+    """Where a socket of ours must go, something else is (or the directory is unusable)."""
+
+    def __init__(self, path: str, what: str, fix: str) -> None:
+        self.path = path
+        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+
+
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
@@ -211,4 +219,17 @@ class StaleAllocationError(PluginError):
         super().__init__(
             f"{resource}: device {clip(device_id)}: {why}; the container would get the wrong device "
             "group: delete the pod so that the kubelet allocates again"
+        )
+
+
+class DriverNameError(UsageError, ValueError):
+    """A DRA driver name is not a lowercase DNS subdomain (it names sockets and slices)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name = name
+        self.why = why
+        super().__init__(
+            f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
+            "the API server's limit for ResourceSlice spec.driver)"
         )

@@ -33,7 +33,13 @@ def test_list_json_fields(tree: SysfsTree) -> None:
     gpu = rows["0000:3b:00.0"]
     assert gpu["vendor"] == "10de" and gpu["device"] == "1eb8" and gpu["class"] == "030200"
     assert gpu["driver"] == "nvidia" and gpu["iommu_group"] == 45 and gpu["numa_node"] == 0
-    assert gpu["resource"] == "devices.kubevirt.io/10de_1eb8" and gpu["in_use"] == []
+    assert gpu["in_use"] == []
+    # without --config: exactly what a process without one serves — vfio-pci devices only
+    assert gpu["resource"] is None and gpu["dra_device"] is None and gpu["path"] is None
+    nic = rows["0000:65:00.0"]
+    assert nic["resource"] == "devices.kubevirt.io/8086_10d3" and nic["path"] == "devicePlugin"
+    assert nic["dra_device"] == "pci-0000-65-00-0"
+    assert rows["0000:00:00.0"]["resource"] is None  # a host bridge is never served
     assert rows["0000:00:00.0"]["numa_node"] is None and rows["0000:00:1f.0"]["driver"] is None
     assert any("mounted" in r for r in rows["0000:00:02.0"]["in_use"])
     # names come from this machine's pci.ids (load_names itself: tests/host/test_pciids.py)
@@ -53,6 +59,59 @@ def test_root_from_env_and_config_names(tree: SysfsTree, tmp_path: Path) -> None
     assert p.returncode == 0, p.stderr
     rows = {r["address"]: r for r in json.loads(p.stdout)}
     assert rows["0000:3b:00.0"]["resource"] == "gpu.example.com/t4"
+    assert rows["0000:3b:00.0"]["dra_device"] is None  # a devicePlugin selector's device
+    assert rows["0000:65:00.0"]["resource"] is None  # no selector takes the NIC
+
+
+SPLIT_CONFIG = """
+selectors:
+  - vendor: "10de"
+    device: "1eb8"
+    bind: true
+  - vendor: "10de"
+    path: dra
+    bind: onPrepare
+  - vendor: "8086"
+    device: "10d3"
+    path: dra
+  - vendor: "15b3"
+    device: "101c"
+    resourceName: vf
+"""
+
+
+def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SPLIT_CONFIG)
+    p = run("list", "--root", str(tree.root), "--config", str(cfg))
+    assert p.returncode == 0, p.stderr
+    head, *lines = p.stdout.splitlines()
+    assert head.split()[-5:] == ["RESOURCE", "DRA", "DEVICE", "NOT", "SERVED"]
+    line = {ln.split()[0]: ln for ln in lines}
+    assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
+    assert "pci-0000-65-00-0" in line["0000:65:00.0"]
+    assert "split between paths" in line["0000:3b:00.1"]
+    j = run("list", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    rows = {r["address"]: r for r in json.loads(j.stdout)}
+    assert rows["0000:65:00.0"]["path"] == "dra" and rows["0000:65:00.0"]["resource"] is None
+    assert rows["0000:3b:00.1"]["dra_device"] is None
+    assert rows["0000:3b:00.0"]["path"] == "devicePlugin"
+    assert "IOMMU group 45 is split between paths" in rows["0000:3b:00.0"]["not_served"]
+    assert rows["0000:af:00.0"]["path"] is None and rows["0000:af:00.0"]["resource"] is None
+
+
+def test_groups_say_why_a_split_group_is_served_by_neither(tree: SysfsTree, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SPLIT_CONFIG)
+    p = run("groups", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    groups = {g["group"]: g for g in json.loads(p.stdout)}
+    assert groups[45]["paths"] == {"0000:3b:00.0": "devicePlugin", "0000:3b:00.1": "dra"}
+    assert "give its endpoints' selectors the same path" in groups[45]["not_served"]
+    assert groups[50]["paths"] == {"0000:65:00.0": "dra"} and groups[50]["not_served"] is None
+    t = run("groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe")
+    line45 = next(ln for ln in t.stdout.splitlines() if ln.startswith("45 "))
+    assert "SPLIT" in line45 and "split between paths" in line45
 
 
 def test_groups_json(tree: SysfsTree) -> None:
@@ -284,5 +343,5 @@ def test_list_skips_a_device_with_garbage_and_says_why(tree: SysfsTree) -> None:
     assert p.returncode == 0, p.stderr
     rows = {r["address"]: r for r in json.loads(p.stdout)}
     assert "0000:65:00.0" not in rows and "0000:3b:00.0" in rows
-    assert not any("\x00" in r["resource"] for r in rows.values())
+    assert not any("\x00" in (r["resource"] or "") for r in rows.values())
     assert "0000:65:00.0/uevent" in p.stderr and "skipped" in p.stderr

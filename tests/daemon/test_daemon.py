@@ -329,7 +329,7 @@ async def test_a_uevent_triggers_a_rescan_well_within_1s(
 def test_kernel_uevent_socket_opens_here() -> None:
     """The netlink kernel source can be opened where the tests run (events themselves cannot
     be provoked safely here: that would mean rebinding this machine's own devices)."""
-    from vfio_dp.daemon.uevents import UeventSource
+    from vfio_dp.core.uevents import UeventSource
 
     loop = asyncio.new_event_loop()
     try:
@@ -340,3 +340,38 @@ def test_kernel_uevent_socket_opens_here() -> None:
         src.stop(loop)
     finally:
         loop.close()
+
+
+async def test_a_directory_replacing_our_socket_is_logged_then_served_again(
+    kdir: str, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """Someone replaces the socket with a directory while serving: an error naming the path
+    (no traceback, the daemon keeps running); once it is gone, the socket is back."""
+    import logging
+
+    daemon = await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    path = daemon.endpoints[NIC].path
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("vfio_dp").addHandler(handler)
+    try:
+        os.unlink(path)
+        os.mkdir(path)
+        for _ in range(40):
+            if any("is a directory" in r.getMessage() for r in records):
+                break
+            await asyncio.sleep(0.05)
+        msgs = [r.getMessage() for r in records if r.levelname == "ERROR"]
+        assert any(f"cannot serve a socket at {path}: it is a directory" in m for m in msgs), msgs
+        assert not any(r.exc_info for r in records)
+        os.rmdir(path)
+        for _ in range(40):
+            if os.path.exists(path) and not os.path.isdir(path):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the socket was not served again within 2 s")
+    finally:
+        logging.getLogger("vfio_dp").removeHandler(handler)

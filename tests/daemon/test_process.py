@@ -115,6 +115,30 @@ def test_bad_config_exits_2_with_every_problem(tree: SysfsTree, kdir: str, tmp_p
     assert "resourceDomain" in err and "selectors[0].vendor" in err
 
 
+def test_a_directory_where_the_socket_goes_is_a_clear_error(tree: SysfsTree, kdir: str) -> None:
+    """Issue 11 item 6: exit 1 with the path and the fix, no traceback, nothing deleted."""
+    where = Path(kdir) / naming.socket_name(NIC)
+    where.mkdir()
+    (where / "keep").write_text("not ours")
+    proc = spawn(tree, kdir)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert f"cannot serve a socket at {where}: it is a directory; remove it (rm -r {where})" in err
+    assert (where / "keep").read_text() == "not ours"
+
+
+def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(tree: SysfsTree, tmp_path: Path) -> None:
+    """A --kubelet-dir below a regular file cannot be created: said plainly, exit 1."""
+    kfile = tmp_path / "kubelet"
+    kfile.write_text("")
+    proc = spawn(tree, str(kfile / "device-plugins"))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert f"cannot serve a socket at {kfile / 'device-plugins'}: it is not a directory" in err
+
+
 GRPCURL = _near_python("grpcurl")
 
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = "vfio_dp/daemon/_pb/deviceplugin/v1beta1"
+# kubelet plugin registration and DRA, vendored verbatim from kubernetes/kubelet pkg/apis/...
+GENERATED_DRA = [
+    "vfio_dp/dra/_pb/pluginregistration/v1",
+    "vfio_dp/dra/_pb/dra/v1",
+    "vfio_dp/dra/_pb/dra/v1beta1",
+]
 
 
 def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
@@ -20,9 +27,10 @@ def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     names = ["api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi"]
     drifted = [
-        n
+        f"{d}/{n}"
+        for d in [GENERATED, *GENERATED_DRA]
         for n in names
-        if (tmp_path / GENERATED / n).read_bytes() != (REPO / GENERATED / n).read_bytes()
+        if (tmp_path / d / n).read_bytes() != (REPO / d / n).read_bytes()
     ]
     assert not drifted, f"{drifted} drifted from proto/; run: python3 scripts/gen_proto.py"
 
@@ -46,6 +54,76 @@ def test_wire_names_and_fields_match_the_kubelet() -> None:
     assert numbers[("ContainerPreferredAllocationRequest", "allocation_size")] == 3
     assert numbers[("ContainerAllocateResponse", "cdi_devices")] == 5
     assert api_pb2.Device(ID="0000:65:00.0").ID == "0000:65:00.0"
+
+
+def _numbers(fd: Any) -> dict[tuple[str, str], int]:
+    return {(m.name, f.name): f.number for m in fd.message_types_by_name.values() for f in m.fields}
+
+
+def test_registration_wire_names_and_fields_match_the_kubelet() -> None:
+    from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2
+
+    fd = api_pb2.DESCRIPTOR
+    assert fd.package == "pluginregistration"
+    assert set(fd.services_by_name) == {"Registration"}
+    methods = fd.services_by_name["Registration"].methods_by_name
+    assert set(methods) == {"GetInfo", "NotifyRegistrationStatus"}
+    assert methods["GetInfo"].input_type.name == "InfoRequest"
+    assert methods["GetInfo"].output_type.name == "PluginInfo"
+    assert methods["NotifyRegistrationStatus"].input_type.name == "RegistrationStatus"
+    assert _numbers(fd) == {
+        ("PluginInfo", "type"): 1,
+        ("PluginInfo", "name"): 2,
+        ("PluginInfo", "endpoint"): 3,
+        ("PluginInfo", "supported_versions"): 4,
+        ("RegistrationStatus", "plugin_registered"): 1,
+        ("RegistrationStatus", "error"): 2,
+    }
+
+
+def _dra_numbers(share_id: bool) -> dict[tuple[str, str], int]:
+    numbers = {
+        ("Claim", "namespace"): 1,
+        ("Claim", "uid"): 2,
+        ("Claim", "name"): 3,
+        ("NodePrepareResourcesRequest", "claims"): 1,
+        ("NodePrepareResourcesResponse", "claims"): 1,
+        ("NodePrepareResourceResponse", "devices"): 1,
+        ("NodePrepareResourceResponse", "error"): 2,
+        ("Device", "request_names"): 1,
+        ("Device", "pool_name"): 2,
+        ("Device", "device_name"): 3,
+        ("Device", "cdi_device_ids"): 4,
+        ("NodeUnprepareResourcesRequest", "claims"): 1,
+        ("NodeUnprepareResourcesResponse", "claims"): 1,
+        ("NodeUnprepareResourceResponse", "error"): 1,
+    }
+    if share_id:
+        numbers[("Device", "share_id")] = 5
+    return numbers
+
+
+def test_dra_wire_names_and_fields_match_the_kubelet() -> None:
+    from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1
+    from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1
+
+    for mod, package, share_id in (
+        (v1, "k8s.io.kubelet.pkg.apis.dra.v1", True),
+        (v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", False),
+    ):
+        fd = mod.DESCRIPTOR
+        assert fd.package == package
+        assert set(fd.services_by_name) == {"DRAPlugin"}
+        service = fd.services_by_name["DRAPlugin"]
+        assert service.full_name == f"{package}.DRAPlugin"
+        assert set(service.methods_by_name) == {"NodePrepareResources", "NodeUnprepareResources"}
+        # nested map entries are message types too; compare only the top-level messages
+        assert _numbers(fd) == _dra_numbers(share_id)
+        claims = fd.message_types_by_name["NodePrepareResourcesResponse"].fields_by_name["claims"]
+        assert claims.message_type.GetOptions().map_entry
+    # share_id is proto3 `optional` in v1: presence is tracked
+    device = v1.Device(device_name="pci-0000-3b-00-0")
+    assert not device.HasField("share_id")
 
 
 def test_runtime_floors_match_the_generator() -> None:

@@ -18,9 +18,20 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 #: Every kustomization a user can apply or build on, relative to deploy/.
-TARGETS = ("base", "overlays/cert-manager", "overlays/self-signed", "overlays/vagrant")
+TARGETS = (
+    "base",
+    "overlays/cert-manager",
+    "overlays/self-signed",
+    "overlays/vagrant",
+    "overlays/dra",
+)
 #: The ones that make a complete install (TLS and CA bundle included).
-INSTALLABLE = ("overlays/cert-manager", "overlays/self-signed", "overlays/vagrant")
+INSTALLABLE = (
+    "overlays/cert-manager",
+    "overlays/self-signed",
+    "overlays/vagrant",
+    "overlays/dra",
+)
 
 Obj = dict[str, Any]
 

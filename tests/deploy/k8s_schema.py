@@ -42,6 +42,8 @@ BUILTIN_KINDS: dict[tuple[str, str], str] = {
         "admissionregistration.k8s.io/v1",
         "MutatingWebhookConfiguration",
     ): "V1MutatingWebhookConfiguration",
+    ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
 }
 
 _LIST = re.compile(r"^(?:List|list)\[(.+)\]$")

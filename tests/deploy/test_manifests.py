@@ -115,6 +115,7 @@ def test_everything_namespaced_is_in_vfio_dp(rendered: dict[str, list[Obj]], tar
         "ClusterRole",
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
+        "DeviceClass",
     }
     for o in rendered[target]:
         if o["kind"] not in cluster_scoped:
@@ -137,7 +138,8 @@ def test_installable_overlays_are_complete(rendered: dict[str, list[Obj]], targe
         "PodDisruptionBudget",
         "MutatingWebhookConfiguration",
     ):
-        find(objs, kind)
+        assert any(o["kind"] == kind for o in objs), f"{target} has no {kind}"
+    find(objs, "DaemonSet", "vfio-dp-daemon")
 
 
 def test_one_image_for_both_components(rendered: dict[str, list[Obj]]) -> None:

@@ -69,7 +69,7 @@ def test_flags_exist_and_the_pod_serves_https(
     assert "secret" in volume and not mount.get("subPath")
     # The same ConfigMap as the daemon, so names agree.
     mount, volume = volume_for_path(spec, ctr, posixpath.dirname(given["config_path"]))
-    ds_spec = find(objs, "DaemonSet")["spec"]["template"]["spec"]
+    ds_spec = find(objs, "DaemonSet", "vfio-dp-daemon")["spec"]["template"]["spec"]
     ds_cms = {v["configMap"]["name"] for v in ds_spec["volumes"] if "configMap" in v}
     assert volume["configMap"]["name"] in ds_cms
     # Non-root, no privileges.

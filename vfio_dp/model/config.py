@@ -8,6 +8,10 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
         device: ["1eb8", "1db6"]
         resourceName: gpu                   # optional; bare names get resourceDomain
         bind: true                          # bind matched devices (and group siblings)
+        path: devicePlugin                  # who serves it: devicePlugin (default) or dra
+      - vendor: "15b3"
+        path: dra                           # published as ResourceSlices by vfioctl dra-plugin
+        bind: onPrepare                     # stays on its host driver until a claim is prepared
       - class: "0108"                       # hex prefix of the 6-digit class (NVMe)
         addresses: ["0000:65:00.0"]          # explicit PCI addresses
         resourceName: example.com/nvme-a
@@ -16,7 +20,12 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
       - drivers: [vfio-pci]                 # current driver (recorded original one with bind)
 
 Within one selector every given field must match (a list matches any of its values).
-With no configuration at all the daemon advertises every device already on vfio-pci.
+``path`` says which node process serves what the selector takes: ``devicePlugin`` (the
+device-plugin daemon, ``vfioctl plugin``; the default) or ``dra`` (``vfioctl dra-plugin``).
+``bind``: ``false`` (default), ``true`` (bound to vfio-pci at start and on hotplug by the
+process of the selector's path) or ``onPrepare`` (only with ``path: dra``: bound when a claim
+is prepared). With no configuration at all (or no ``selectors``) every device already on
+vfio-pci is served by whichever process runs — run only one of them that way.
 """
 
 from __future__ import annotations
@@ -44,8 +53,15 @@ _SELECTOR_KEYS = {
     "drivers",
     "resourceName",
     "bind",
+    "path",
 }
 _TOP_KEYS = {"resourceDomain", "selectors"}
+
+#: The two node processes a selector can give its devices to.
+DEVICE_PLUGIN = "devicePlugin"
+DRA = "dra"
+PATHS = (DEVICE_PLUGIN, DRA)
+ON_PREPARE = "onPrepare"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +76,14 @@ class Selector:
     addresses: tuple[PciAddress, ...] = ()
     drivers: tuple[str, ...] = ()
     resource_name: str | None = None  # fully qualified when set
-    bind: bool = False
+    bind: bool = False  # bound to vfio-pci at start / hotplug
+    path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
+    bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+
+    @property
+    def binds(self) -> bool:
+        """Does vfio_dp move this selector's devices to vfio-pci (now or at Prepare)?"""
+        return self.bind or self.bind_on_prepare
 
     def matches(self, dev: PciDevice) -> bool:
         """Does this selector take ``dev``? With ``bind``, ``drivers`` is checked against the
@@ -79,7 +102,7 @@ class Selector:
             return False
         if self.drivers:
             driver = dev.driver
-            if self.bind and dev.original_driver is not None:
+            if self.binds and dev.original_driver is not None:
                 driver = dev.original_driver
             if driver not in self.drivers:
                 return False
@@ -111,6 +134,25 @@ _DEFAULT_SELECTORS: tuple[Selector, ...] = (DEFAULT_SELECTOR,)
 class Config:
     resource_domain: str = naming.DEFAULT_DOMAIN
     selectors: tuple[Selector, ...] = field(default_factory=lambda: _DEFAULT_SELECTORS)
+    #: True without a config (or without ``selectors``): every path serves what is selected
+    any_path: bool = False
+
+    def selector_serves(self, sel: Selector, path: str) -> bool:
+        """Is ``sel``'s device served by the process of ``path``?"""
+        return self.any_path or sel.path == path
+
+    def select_for(self, dev: PciDevice, path: str) -> Selector | None:
+        """The first matching selector if it gives ``dev`` to ``path``, else None."""
+        sel = self.select(dev)
+        if sel is None or not self.selector_serves(sel, path):
+            return None
+        return sel
+
+    def path_of(self, dev: PciDevice) -> str | None:
+        """The path of the selector that takes ``dev`` (None: nobody serves it).
+        Without a config this is :data:`DEVICE_PLUGIN` (any process would serve it)."""
+        sel = self.select(dev)
+        return None if sel is None else sel.path
 
     def select(self, dev: PciDevice) -> Selector | None:
         """The first selector that matches ``dev``, or None."""
@@ -119,9 +161,10 @@ class Config:
                 return sel
         return None
 
-    def resource_for(self, dev: PciDevice) -> str | None:
-        """The resource name ``dev`` is advertised under, or None when no selector takes it."""
-        sel = self.select(dev)
+    def resource_for(self, dev: PciDevice, path: str | None = None) -> str | None:
+        """The resource name ``dev`` is advertised under, or None when no selector takes it
+        (or, with ``path``, when the selector gives it to the other path)."""
+        sel = self.select(dev) if path is None else self.select_for(dev, path)
         if sel is None:
             return None
         return self.name_for(sel, dev)
@@ -144,13 +187,19 @@ class Config:
         candidates, in order; one constrained by nothing but IDs shadows everything after it
         (first match wins). Only when no ID-naming selector admits the pair do selectors
         without IDs (``class``, ``drivers``, the default) count — so address selectors
-        should name the IDs of the devices they split.
+        should name the IDs of the devices they split. Only ``path: devicePlugin`` selectors
+        give names (DRA devices are not requested through resource names), but a ``path: dra``
+        selector constrained by nothing but IDs still shadows the ones after it.
         """
         vendor, device = vendor.lower(), device.lower()
         found: dict[str, None] = {}
         fallback: dict[str, None] = {}
         for sel in self.selectors:
             if not sel.admits_ids(vendor, device):
+                continue
+            if not self.selector_serves(sel, DEVICE_PLUGIN):
+                if sel.ids_only and (sel.vendors or sel.devices):
+                    break
                 continue
             name = sel.resource_name or naming.default_resource_name(
                 vendor, device, self.resource_domain
@@ -169,7 +218,7 @@ class Config:
         return [s.resource_name for s in self.selectors if s.resource_name]
 
 
-DEFAULT_CONFIG = Config()
+DEFAULT_CONFIG = Config(any_path=True)
 
 
 def _as_list(value: object) -> list[object] | None:
@@ -222,7 +271,9 @@ def parse_config(data: object, source: str = "<config>") -> Config:
                 selectors.append(sel)
     if problems:
         raise ConfigError(source, problems)
-    return Config(resource_domain=domain, selectors=tuple(selectors))
+    return Config(
+        resource_domain=domain, selectors=tuple(selectors), any_path=raw_selectors is None
+    )
 
 
 def _hex_list(
@@ -298,10 +349,27 @@ def _parse_selector(
             why = naming.resource_name_problem(resource_name)
             if why:
                 problems.append((f"{where}.resourceName", raw.get("resourceName"), why))
-    bind = raw.get("bind", False)
-    if not isinstance(bind, bool):
-        problems.append((f"{where}.bind", bind, "must be true or false"))
-        bind = False
+    path = raw.get("path", DEVICE_PLUGIN)
+    if path not in PATHS:
+        problems.append((f"{where}.path", path, f"must be {DEVICE_PLUGIN} or {DRA}"))
+        path = DEVICE_PLUGIN
+    raw_bind = raw.get("bind", False)
+    bind, on_prepare = False, False
+    if raw_bind == ON_PREPARE:
+        on_prepare = True
+        if path != DRA:
+            problems.append(
+                (
+                    f"{where}.bind",
+                    raw_bind,
+                    f"{ON_PREPARE} needs path: {DRA} (the device plugin has no Prepare step); "
+                    f"use bind: true, or add path: {DRA}",
+                )
+            )
+    elif isinstance(raw_bind, bool):
+        bind = raw_bind
+    else:
+        problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
     sel = Selector(
         vendors=_hex_list(raw, "vendor", where, problems, width=4),
         devices=_hex_list(raw, "device", where, problems, width=4),
@@ -312,8 +380,11 @@ def _parse_selector(
         drivers=tuple(drivers),
         resource_name=resource_name,
         bind=bind,
+        path=path,
+        bind_on_prepare=on_prepare,
     )
-    if sel == Selector(bind=bind, resource_name=resource_name) and len(problems) == before:
+    bare = Selector(bind=bind, resource_name=resource_name, path=path, bind_on_prepare=on_prepare)
+    if sel == bare and len(problems) == before:
         problems.append((where, dict(raw), "selects nothing: give at least one match field"))
     return sel if len(problems) == before else None
 

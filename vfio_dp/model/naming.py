@@ -16,6 +16,7 @@ import re
 
 DEFAULT_DOMAIN = "devices.kubevirt.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
+DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -40,6 +41,22 @@ def resource_name_problem(name: str) -> str | None:
             f"name part {short!r} must be 1-63 characters of [A-Za-z0-9-_.], "
             "starting and ending alphanumeric"
         )
+    return None
+
+
+def dns_subdomain_problem(name: str, limit: int = 253) -> str | None:
+    """Why ``name`` is not a lowercase RFC 1123 DNS subdomain of at most ``limit`` characters,
+    or None. A DRA driver name uses ``limit=DRA_DRIVER_NAME_MAX`` (the API server's
+    ``validateDriverName``: ResourceSlice ``spec.driver`` and attribute domains)."""
+    if not name:
+        return "it is empty"
+    if len(name) > limit:
+        return f"it is {len(name)} characters long, more than {limit}"
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        return "it is not a lowercase DNS subdomain"
+    long = [label for label in name.split(".") if len(label) > 63]
+    if long:
+        return f"label {long[0][:70]!r} is longer than 63 characters"
     return None
 
 

@@ -18,6 +18,10 @@ Invariants (tested):
   (Unhealthy) until it leaves sysfs or the config would no longer give it that resource even
   on vfio-pci. Stickiness lives in the daemon's memory (``previous`` listing), so a daemon
   restart forgets devices that were already off vfio-pci.
+- Only devices whose selector has ``path: devicePlugin`` are listed (every selected device
+  without a config). A group whose endpoints fall to different paths
+  (:mod:`vfio_dp.plugin.paths`) is served by neither: its units are listed Unhealthy with
+  the reason.
 - Bridges are never listed; companions of a group that no selector takes (a GPU's audio
   function) are not listed but must be vfio/DMA-safe for the group to be viable.
 - Lists are sorted by ID, so equal inventories give equal lists (no spurious updates).
@@ -31,8 +35,9 @@ from dataclasses import dataclass, field, replace
 
 from vfio_dp.errors import no_iommu_group
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import Config
+from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
+from vfio_dp.plugin.paths import path_splits
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -83,7 +88,7 @@ def _resource_of(
     dev: PciDevice, config: Config, previous: Listing | None
 ) -> tuple[str | None, bool]:
     """(resource, sticky) for one endpoint."""
-    name = config.resource_for(dev)
+    name = config.resource_for(dev, DEVICE_PLUGIN)
     if name is not None:
         return name, False
     if previous is None or dev.on_vfio:
@@ -93,7 +98,7 @@ def _resource_of(
         return None, False
     # It was listed and left vfio-pci: keep it if the config still gives it that resource
     # were it on vfio-pci (a ``drivers: [vfio-pci]`` selector no longer matches it now).
-    if config.resource_for(replace(dev, driver=VFIO_PCI)) == before:
+    if config.resource_for(replace(dev, driver=VFIO_PCI), DEVICE_PLUGIN) == before:
         return before, True
     return None, False
 
@@ -135,6 +140,7 @@ def compute_listing(
             buckets[(name, g, None)].append(addr)
             group_claims[g].add(name)
     conflicts = {g: tuple(sorted(rs)) for g, rs in group_claims.items() if len(rs) > 1}
+    splits = path_splits(inventory, config)
 
     resources: dict[str, list[Unit]] = defaultdict(list)
     for (name, g, _), members in buckets.items():
@@ -161,6 +167,8 @@ def compute_listing(
                     f"IOMMU group {g} has endpoints of several resources ({others}); one group "
                     "can only go to one pod: give them one resourceName or select only one"
                 )
+            if g in splits:
+                reasons.append(splits[g])
         numa = sorted(
             {n for a in members if (n := inventory.devices[a].numa_node) is not None and n >= 0}
         )

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.core")
 
 
 class UeventSource:

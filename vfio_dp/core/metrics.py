@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import ClassVar
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.core")
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -43,6 +43,9 @@ class Metrics:
         "vfio_dp_uevents_total": ("counter", "Kernel PCI uevents received."),
         "vfio_dp_scans_total": ("counter", "Scans of sysfs, by trigger."),
         "vfio_dp_config_reloads_total": ("counter", "Configuration reloads, by result."),
+        "vfio_dp_dra_devices": ("gauge", "DRA devices (IOMMU groups) in this node's pool."),
+        "vfio_dp_dra_publishes_total": ("counter", "Writes of this node's ResourceSlices."),
+        "vfio_dp_dra_pool_generation": ("gauge", "The pool generation last published."),
     }
 
     def __init__(self) -> None:

@@ -28,7 +28,7 @@ from vfio_dp.plugin.allocation import (
     record_to_json,
 )
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.core")
 
 RECORD_PATH = ("var", "lib", "vfio_dp", "allocations.json")
 

@@ -1,0 +1,1191 @@
+"""An API-server stand-in: behaves like kube-apiserver for the objects a DRA plugin touches.
+
+Named as such on purpose — it is not kube-apiserver. It is a real HTTP server on loopback
+(stdlib ``http.server``, one thread per connection) that the real ``kubernetes`` Python client
+talks to through a generated kubeconfig (bearer token required; a wrong one gets 401). It
+serves, with the real paths and verbs:
+
+- ``/api/v1/nodes[/<name>]``: get, list, create (Nodes are seeded by tests);
+- ``/apis/resource.k8s.io/v1/resourceslices[/<name>]``: get, list, watch, create, update,
+  patch, delete, deletecollection; field selectors ``metadata.name``, ``spec.nodeName``,
+  ``spec.driver`` (any other field label is a 400, as upstream), label selectors
+  (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``);
+- ``/apis/resource.k8s.io/v1/[namespaces/<ns>/]resourceclaims[/<name>[/status]]``: get,
+  list, watch, create, update, patch, delete, deletecollection; ``status`` only through the
+  ``/status`` subresource (create and main-resource updates keep the stored status, as
+  upstream's strategy does).
+
+Strict where the real server is strict:
+
+- every body is decoded against the ``kubernetes`` client's models (``openapi_types`` and
+  ``attribute_map``): an unknown field or a wrongly typed value is a 400 BadRequest
+  ``strict decoding error: unknown field "spec.foo"``. (The real server does this with
+  ``fieldValidation=Strict``, kubectl's default; in its ``Warn`` default it would drop the
+  field silently — which is exactly the bug a test must see, so the stand-in always refuses.)
+- ResourceSlice validation as upstream ``pkg/apis/resource/validation`` (and
+  ``../shared/reference/dra.md``): 422 Invalid with one cause per problem — metadata name a DNS
+  subdomain, no namespace on a cluster-scoped object, driver a DNS subdomain <= 63, pool name
+  ``/``-separated DNS subdomains <= 253, generation >= 0, resourceSliceCount > 0, exactly one of
+  nodeName/nodeSelector/allNodes/perDeviceNodeSelection, <= 128 devices (64 with taints or
+  counters), device names DNS labels and unique, <= 32 attributes + capacities per device,
+  attribute/capacity names a C identifier <= 32 or ``<DNS subdomain <= 63>/<C identifier <= 32>``,
+  exactly one value per attribute, strings <= 64, versions semver <= 64, capacity values
+  quantities; on update pool.name, driver and nodeName are immutable.
+- create with ``metadata.resourceVersion`` set: 400; an existing name: 409 AlreadyExists;
+  update/patch/delete with a stale ``resourceVersion`` (or delete precondition): 409 Conflict;
+  a missing object: 404; ``metadata.generateName`` makes a name; bodies > 3 MiB: 413;
+  a JSON Patch (the client's DEFAULT patch content type) whose body is not a list: 400.
+
+Watch streams (``?watch=true``) send ``{"type", "object"}`` lines: with ``resourceVersion``
+unset or ``"0"`` first an ADDED per existing object, then every change after it; they end at
+``timeoutSeconds`` or :meth:`ApiServerStandin.stop`. No event history is compacted.
+
+Tests may reach into :attr:`ApiServerStandin.store` only through :meth:`seed`, :meth:`objects`
+and :attr:`requests` (what was called), never to make a refused object accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import json
+import os
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes.client as k8s
+
+MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's default request body limit
+RESOURCE_GROUP = "resource.k8s.io"
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
+)
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's SimpleNameGenerator
+
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ID = 32
+MAX_DRIVER_NAME = 63
+MAX_POOL_NAME = 253
+MAX_VALUE = 64
+ATTRIBUTE_VALUE_FIELDS = (
+    "bool",
+    "int",
+    "string",
+    "version",
+    "bools",
+    "ints",
+    "strings",
+    "versions",
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One served resource: where it lives on the wire and which client model decodes it."""
+
+    plural: str
+    kind: str
+    group: str  # "" = core
+    version: str
+    model: str  # name in kubernetes.client
+    namespaced: bool
+    field_labels: tuple[str, ...]
+    has_status: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+NODES = Kind("nodes", "Node", "", "v1", "V1Node", False, ("metadata.name",), True)
+SLICES = Kind(
+    "resourceslices",
+    "ResourceSlice",
+    RESOURCE_GROUP,
+    "v1",
+    "V1ResourceSlice",
+    False,
+    ("metadata.name", "spec.nodeName", "spec.driver"),
+    False,
+)
+CLAIMS = Kind(
+    "resourceclaims",
+    "ResourceClaim",
+    RESOURCE_GROUP,
+    "v1",
+    "ResourceV1ResourceClaim",
+    True,
+    ("metadata.name", "metadata.namespace"),
+    True,
+)
+KINDS = (NODES, SLICES, CLAIMS)
+
+
+class ApiError(Exception):
+    """An answer other than success: becomes a ``Status`` object with this code/reason."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+def _bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def _not_found(kind: Kind, name: str) -> ApiError:
+    return ApiError(
+        404,
+        "NotFound",
+        f'{kind.qualified} "{name}" not found',
+        details={"name": name, "group": kind.group, "kind": kind.plural},
+    )
+
+
+def _conflict(kind: Kind, name: str) -> ApiError:
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {kind.qualified} "{name}": the object has been '
+        "modified; please apply your changes to the latest version and try again",
+        details={"name": name, "group": kind.group, "kind": kind.plural},
+    )
+
+
+def _invalid(kind: Kind, name: str, causes: list[tuple[str, str]]) -> ApiError:
+    text = ", ".join(f"{f}: {m}" for f, m in causes)
+    return ApiError(
+        422,
+        "Invalid",
+        f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: [{text}]',
+        details={
+            "name": name,
+            "group": kind.group,
+            "kind": kind.kind,
+            "causes": [
+                {"field": f, "message": m, "reason": "FieldValueInvalid"} for f, m in causes
+            ],
+        },
+    )
+
+
+# -- strict decoding against the client's models --------------------------------------------
+def decode_problems(value: Any, type_name: str, path: str = "") -> list[str]:
+    """Unknown fields and wrong JSON types in ``value`` for the client type ``type_name``."""
+    if value is None or type_name in ("object", "Any"):
+        return []
+    where = path or "<root>"
+    if type_name.startswith("List[") and type_name.endswith("]"):
+        if not isinstance(value, list):
+            return [f"{where}: expected a list, got {type(value).__name__}"]
+        inner = type_name[5:-1]
+        return [p for i, v in enumerate(value) for p in decode_problems(v, inner, f"{path}[{i}]")]
+    if type_name.startswith("Dict[") and type_name.endswith("]"):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object, got {type(value).__name__}"]
+        inner = type_name[5:-1].split(",", 1)[1].strip()
+        return [p for k, v in value.items() for p in decode_problems(v, inner, f"{path}[{k}]")]
+    scalar: dict[str, Callable[[Any], bool]] = {
+        "str": lambda v: isinstance(v, str),
+        "datetime": lambda v: isinstance(v, str),
+        "date": lambda v: isinstance(v, str),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+    }
+    if type_name in scalar:
+        if scalar[type_name](value):
+            return []
+        return [f"{where}: expected {type_name}, got {type(value).__name__} {str(value)[:40]!r}"]
+    model = getattr(k8s, type_name, None)
+    if model is None:
+        return []  # a type the client does not model: accepted like "object"
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object, got {type(value).__name__}"]
+    by_json = {j: a for a, j in model.attribute_map.items()}
+    problems: list[str] = []
+    for key, sub in value.items():
+        sub_path = f"{path}.{key}" if path else key
+        attr = by_json.get(key)
+        if attr is None:
+            problems.append(f'unknown field "{sub_path}"')
+            continue
+        problems.extend(decode_problems(sub, model.openapi_types[attr], sub_path))
+    return problems
+
+
+# -- validation as kube-apiserver's ---------------------------------------------------------
+def _dns_subdomain(value: str, limit: int = 253) -> str | None:
+    if not value:
+        return "must not be empty"
+    if len(value) > limit:
+        return f"must be no more than {limit} characters"
+    if not _DNS_SUBDOMAIN_RE.fullmatch(value):
+        return "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+    return None
+
+
+def _dns_label(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    if len(value) > 63:
+        return "must be no more than 63 characters"
+    if not _DNS_LABEL_RE.fullmatch(value):
+        return (
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"
+        )
+    return None
+
+
+def _c_identifier(value: str) -> str | None:
+    if len(value) > MAX_ID:
+        return f"may not be more than {MAX_ID} bytes"
+    if not _C_IDENTIFIER.fullmatch(value):
+        return "a valid C identifier must start with alphabetic character or '_', followed by alphanumerics or '_'"
+    return None
+
+
+def _qualified_attribute_name(name: str) -> list[str]:
+    parts = name.split("/")
+    if len(parts) == 1:
+        why = _c_identifier(parts[0])
+        return [why] if why else []
+    domain, ident = parts[0], "/".join(parts[1:])
+    problems = []
+    if not domain:
+        problems.append("the domain must not be empty")
+    elif why := _dns_subdomain(domain, MAX_DRIVER_NAME):
+        problems.append(f"domain {why}")
+    if not ident:
+        problems.append("the name must not be empty")
+    elif why := _c_identifier(ident):
+        problems.append(why)
+    return problems
+
+
+def _meta_problems(kind: Kind, meta: dict[str, Any]) -> list[tuple[str, str]]:
+    causes: list[tuple[str, str]] = []
+    name = meta.get("name") or ""
+    if not name:
+        causes.append(("metadata.name", "Required value: name or generateName is required"))
+    elif why := _dns_subdomain(name):
+        causes.append(("metadata.name", f"Invalid value: {name[:80]!r}: {why}"))
+    ns = meta.get("namespace") or ""
+    if kind.namespaced:
+        if why := _dns_label(ns):
+            causes.append(("metadata.namespace", f"Invalid value: {ns[:80]!r}: {why}"))
+    elif ns:
+        causes.append(("metadata.namespace", "Forbidden: not allowed on this type"))
+    for key, value in (meta.get("labels") or {}).items():
+        prefix, _, short = key.rpartition("/")
+        if (
+            (prefix and _dns_subdomain(prefix))
+            or not short
+            or len(short) > 63
+            or not _LABEL_VALUE.fullmatch(short)
+        ):
+            causes.append(("metadata.labels", f"Invalid value: {key[:80]!r}: not a qualified name"))
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            causes.append(("metadata.labels", f"Invalid value: {value[:80]!r}: not a label value"))
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for f in ("apiVersion", "kind", "name", "uid"):
+            if not ref.get(f):
+                causes.append((f"metadata.ownerReferences[{i}].{f}", "Required value"))
+    return causes
+
+
+def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The causes kube-apiserver would give for this ResourceSlice (empty: valid)."""
+    causes = _meta_problems(SLICES, obj.get("metadata") or {})
+    spec = obj.get("spec") or {}
+    driver = spec.get("driver") or ""
+    if not driver:
+        causes.append(("spec.driver", "Required value"))
+    elif why := _dns_subdomain(driver, MAX_DRIVER_NAME):
+        causes.append(("spec.driver", f"Invalid value: {driver[:80]!r}: {why}"))
+    pool = spec.get("pool") or {}
+    pool_name = pool.get("name") or ""
+    if not pool_name:
+        causes.append(("spec.pool.name", "Required value"))
+    elif len(pool_name) > MAX_POOL_NAME:
+        causes.append(("spec.pool.name", f"Too long: may not be more than {MAX_POOL_NAME} bytes"))
+    else:
+        for part in pool_name.split("/"):
+            if why := _dns_subdomain(part):
+                causes.append(("spec.pool.name", f"Invalid value: {pool_name[:80]!r}: {why}"))
+                break
+    if (pool.get("resourceSliceCount") or 0) <= 0:
+        causes.append(("spec.pool.resourceSliceCount", "Invalid value: must be greater than zero"))
+    if (pool.get("generation") or 0) < 0:
+        causes.append(
+            ("spec.pool.generation", "Invalid value: must be greater than or equal to zero")
+        )
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        for path, new_v, old_v in (
+            ("spec.pool.name", pool_name, (old_spec.get("pool") or {}).get("name")),
+            ("spec.driver", driver, old_spec.get("driver")),
+            ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
+        ):
+            if new_v != old_v:
+                causes.append((path, "Invalid value: field is immutable"))
+    set_fields = []
+    node_name = spec.get("nodeName")
+    if node_name is not None:
+        if node_name == "":
+            causes.append(
+                (
+                    "spec.nodeName",
+                    "Invalid value: must be either unset or set to a non-empty string",
+                )
+            )
+        else:
+            set_fields.append("nodeName")
+            if why := _dns_subdomain(node_name):
+                causes.append(("spec.nodeName", f"Invalid value: {node_name[:80]!r}: {why}"))
+    if spec.get("nodeSelector") is not None:
+        set_fields.append("nodeSelector")
+    for flag in ("allNodes", "perDeviceNodeSelection"):
+        if spec.get(flag) is True:
+            set_fields.append(flag)
+        elif spec.get(flag) is False:
+            causes.append((f"spec.{flag}", "Invalid value: must be either unset or set to true"))
+    if len(set_fields) != 1:
+        causes.append(
+            (
+                "spec",
+                "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` "
+                f"is required (set: {set_fields})",
+            )
+        )
+    devices = spec.get("devices") or []
+    if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
+        causes.append(
+            ("spec", "Invalid value: only one of `sharedCounters` or `devices` is allowed")
+        )
+    limited = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if limited else MAX_DEVICES
+    if len(devices) > limit:
+        causes.append(
+            ("spec.devices", f"Too many: {len(devices)}: must have at most {limit} items")
+        )
+        return causes  # upstream short-circuits here (DoS protection)
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        causes.extend(_device_problems(device, f"spec.devices[{i}]"))
+        name = device.get("name") or ""
+        if name in seen:
+            causes.append((f"spec.devices[{i}]", f"Duplicate value: {name!r}"))
+        seen.add(name)
+    return causes
+
+
+def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]:
+    causes: list[tuple[str, str]] = []
+    name = device.get("name") or ""
+    if why := _dns_label(name):
+        causes.append((f"{path}.name", f"Invalid value: {name[:80]!r}: {why}"))
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    total = len(attributes) + len(capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        causes.append(
+            (
+                path,
+                f"Invalid value: {total}: the total number of attributes and capacities must not "
+                f"exceed {MAX_ATTRIBUTES_AND_CAPACITIES}",
+            )
+        )
+    for key, attr in attributes.items():
+        key_path = f"{path}.attributes[{key[:70]}]"
+        causes.extend(
+            (key_path, f"Invalid value: {key[:80]!r}: {p}") for p in _qualified_attribute_name(key)
+        )
+        present = [f for f in ATTRIBUTE_VALUE_FIELDS if (attr or {}).get(f) is not None]
+        if len(present) != 1:
+            causes.append(
+                (key_path, f"Invalid value: exactly one value must be specified (got {present})")
+            )
+        for f in present:
+            values = attr[f] if f.endswith("s") else [attr[f]]
+            for v in values:
+                if f.startswith("string") and len(v) > MAX_VALUE:
+                    causes.append(
+                        (f"{key_path}.{f}", f"Too long: may not be more than {MAX_VALUE} bytes")
+                    )
+                if f.startswith("version"):
+                    if not _SEMVER.fullmatch(v):
+                        causes.append(
+                            (
+                                f"{key_path}.{f}",
+                                f"Invalid value: {v[:80]!r}: must be a string compatible with semver.org spec 2.0.0",
+                            )
+                        )
+                    if len(v) > MAX_VALUE:
+                        causes.append(
+                            (f"{key_path}.{f}", f"Too long: may not be more than {MAX_VALUE} bytes")
+                        )
+    for key, cap in capacity.items():
+        key_path = f"{path}.capacity[{key[:70]}]"
+        causes.extend(
+            (key_path, f"Invalid value: {key[:80]!r}: {p}") for p in _qualified_attribute_name(key)
+        )
+        value = (cap or {}).get("value")
+        if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+            causes.append(
+                (f"{key_path}.value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
+            )
+    for j, taint in enumerate(device.get("taints") or []):
+        if taint.get("effect") not in ("NoSchedule", "NoExecute", "None"):
+            causes.append((f"{path}.taints[{j}].effect", "Unsupported value"))
+    return causes
+
+
+def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    causes = _meta_problems(CLAIMS, obj.get("metadata") or {})
+    requests = ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for i, req in enumerate(requests):
+        if why := _dns_label(req.get("name") or ""):
+            causes.append((f"spec.devices.requests[{i}].name", f"Invalid value: {why}"))
+    if old is not None and obj.get("spec") != old.get("spec"):
+        causes.append(("spec", "Invalid value: field is immutable"))
+    for i, result in enumerate(
+        (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        or []
+    ):
+        p = f"status.allocation.devices.results[{i}]"
+        if why := _dns_subdomain(result.get("driver") or "", MAX_DRIVER_NAME):
+            causes.append((f"{p}.driver", f"Invalid value: {why}"))
+        if why := _dns_label(result.get("device") or ""):
+            causes.append((f"{p}.device", f"Invalid value: {why}"))
+        if not result.get("pool"):
+            causes.append((f"{p}.pool", "Required value"))
+        if not result.get("request"):
+            causes.append((f"{p}.request", "Required value"))
+    return causes
+
+
+def validate_node(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    return _meta_problems(NODES, obj.get("metadata") or {})
+
+
+VALIDATORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], list[tuple[str, str]]]] = {
+    "nodes": validate_node,
+    "resourceslices": validate_slice,
+    "resourceclaims": validate_claim,
+}
+
+
+# -- selectors ------------------------------------------------------------------------------
+def _field_value(obj: dict[str, Any], label: str) -> str:
+    cur: Any = obj
+    for part in label.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def parse_field_selector(kind: Kind, text: str) -> list[tuple[str, str, bool]]:
+    """``a=b,c!=d`` → [(label, value, equal)]; unsupported labels are a 400 as upstream."""
+    terms = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        m = re.fullmatch(r"([^=!]+)(==|=|!=)(.*)", term)
+        if not m:
+            raise _bad_request(f"invalid field selector: {term[:80]!r}")
+        label, op, value = m.group(1).strip(), m.group(2), m.group(3).strip()
+        if label not in kind.field_labels:
+            raise _bad_request(
+                f"field label not supported: {label[:80]}"
+                f" (supported for {kind.qualified}: {', '.join(kind.field_labels)})"
+            )
+        terms.append((label, value, op != "!="))
+    return terms
+
+
+def parse_label_selector(text: str) -> list[Callable[[dict[str, str]], bool]]:
+    preds: list[Callable[[dict[str, str]], bool]] = []
+    for term in re.findall(r"(?:[^,(]|\([^)]*\))+", text):
+        term = term.strip()
+        if not term:
+            continue
+        if m := re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)", term):
+            key, op = m.group(1), m.group(2)
+            values = {v.strip() for v in m.group(3).split(",")}
+            if op == "in":
+                preds.append(lambda ls, k=key, vs=values: ls.get(k) in vs)
+            else:
+                preds.append(lambda ls, k=key, vs=values: ls.get(k) not in vs)
+        elif m := re.fullmatch(r"([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)", term):
+            key, op, value = m.group(1), m.group(2), m.group(3)
+            if op == "!=":
+                preds.append(lambda ls, k=key, v=value: ls.get(k) != v)
+            else:
+                preds.append(lambda ls, k=key, v=value: ls.get(k) == v)
+        elif m := re.fullmatch(r"!\s*([\w./-]+)", term):
+            absent = m.group(1)
+            preds.append(lambda ls, k=absent: k not in ls)
+        elif re.fullmatch(r"[\w./-]+", term):
+            preds.append(lambda ls, k=term: k in ls)
+        else:
+            raise _bad_request(f"unable to parse requirement: {term[:80]!r}")
+    return preds
+
+
+def _json_merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _json_merge(result.get(key), value)
+    return result
+
+
+def _json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    if not isinstance(ops, list):
+        raise _bad_request(
+            "json: cannot unmarshal object into Go value of type jsonpatch.Patch "
+            "(a JSON Patch body must be a list of operations; for a partial object send "
+            "Content-Type application/merge-patch+json)"
+        )
+    doc = copy.deepcopy(doc)
+
+    def split(pointer: str) -> list[str]:
+        if not pointer.startswith("/"):
+            raise _bad_request(f"invalid JSON pointer {pointer[:80]!r}")
+        return [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+
+    def parent(pointer: str) -> tuple[Any, str]:
+        parts = split(pointer)
+        cur = doc
+        for p in parts[:-1]:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur, parts[-1]
+
+    def get(pointer: str) -> Any:
+        cont, key = parent(pointer)
+        return cont[int(key)] if isinstance(cont, list) else cont[key]
+
+    def remove(pointer: str) -> Any:
+        cont, key = parent(pointer)
+        return cont.pop(int(key)) if isinstance(cont, list) else cont.pop(key)
+
+    def add(pointer: str, value: Any) -> None:
+        cont, key = parent(pointer)
+        if isinstance(cont, list):
+            cont.insert(len(cont) if key == "-" else int(key), value)
+        else:
+            cont[key] = value
+
+    try:
+        for op in ops:
+            kind, path = op["op"], op["path"]
+            if kind == "add":
+                add(path, copy.deepcopy(op["value"]))
+            elif kind == "remove":
+                remove(path)
+            elif kind == "replace":
+                remove(path)
+                add(path, copy.deepcopy(op["value"]))
+            elif kind == "move":
+                add(path, remove(op["from"]))
+            elif kind == "copy":
+                add(path, copy.deepcopy(get(op["from"])))
+            elif kind == "test":
+                if get(path) != op["value"]:
+                    raise ApiError(422, "Invalid", f"the test operation on {path} failed")
+            else:
+                raise _bad_request(f"unknown JSON patch operation {str(kind)[:40]!r}")
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ApiError(422, "Invalid", f"the JSON patch could not be applied: {e!s:.200}") from e
+    return doc
+
+
+# -- the store ------------------------------------------------------------------------------
+@dataclass
+class Event:
+    rv: int
+    type: str
+    kind: Kind
+    obj: dict[str, Any]
+
+
+@dataclass
+class Request:
+    """One request served (for tests: who called what, when, and the answer's code)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    code: int
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Store:
+    rv: int = 0
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+
+class ApiServerStandin:
+    """Start with :meth:`start`; :attr:`kubeconfig` is a file the real client loads."""
+
+    def __init__(self, directory: str, *, token: str | None = None) -> None:
+        self.dir = directory
+        self.token = token or uuid.uuid4().hex
+        self.store = Store()
+        self.lock = threading.Condition()
+        self.requests: list[Request] = []
+        self.stopping = False
+        self.server: ThreadingHTTPServer | None = None
+        self.thread: threading.Thread | None = None
+        self.kubeconfig = os.path.join(directory, "kubeconfig")
+        self.url = ""
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        standin = self
+
+        class Handler(_Handler):
+            api = standin
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="apiserver-standin",
+            daemon=True,
+        )
+        self.thread.start()
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.kubeconfig, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+                    "users": [{"name": "plugin", "user": {"token": self.token}}],
+                    "contexts": [
+                        {"name": "standin", "context": {"cluster": "standin", "user": "plugin"}}
+                    ],
+                    "current-context": "standin",
+                },
+                f,
+            )
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def client(self) -> Any:
+        """A real ``kubernetes.client.ApiClient`` loaded from :attr:`kubeconfig`."""
+        import kubernetes.config
+
+        return kubernetes.config.new_client_from_config(config_file=self.kubeconfig)
+
+    # -- test-side access ----------------------------------------------------------------
+    def seed(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store ``obj`` as if created (status included), through the same decoding and
+        validation as a request: a seed the real server would refuse raises ApiError."""
+        with self.lock:
+            return self._create(
+                kind, (obj.get("metadata") or {}).get("namespace", ""), obj, keep_status=True
+            )
+
+    def objects(self, kind: Kind, namespace: str = "") -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(o)
+                for (p, ns, _), o in sorted(self.store.objects.items())
+                if p == kind.plural and (not namespace or ns == namespace)
+            ]
+
+    def objects_of_plural(self, plural: str) -> list[dict[str, Any]]:
+        return self.objects(next(k for k in KINDS if k.plural == plural))
+
+    def wait_for(
+        self, what: str, predicate: Callable[[ApiServerStandin], bool], timeout: float = 10.0
+    ) -> None:
+        """Block (a thread, not the event loop) until ``predicate(self)``; raise naming ``what``."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"API-server stand-in: timed out waiting for {what}")
+                self.lock.wait(min(left, 0.1))
+
+    # -- operations (called with the lock held) ---------------------------------------------
+    def _now(self) -> str:
+        return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _emit(self, kind: Kind, type_: str, obj: dict[str, Any]) -> None:
+        self.store.events.append(Event(self.store.rv, type_, kind, copy.deepcopy(obj)))
+        self.lock.notify_all()
+
+    def _decode(self, kind: Kind, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise _bad_request(f"the body is not a JSON object but {type(body).__name__}")
+        problems = decode_problems(body, kind.model)
+        if problems:
+            raise _bad_request("strict decoding error: " + ", ".join(problems[:20]))
+        for f, want in (("kind", kind.kind), ("apiVersion", kind.api_version)):
+            if body.get(f) not in (None, "", want):
+                raise _bad_request(
+                    f"{f} {str(body.get(f))[:80]!r} does not match the URL: expected {want!r}"
+                )
+        return copy.deepcopy(body)
+
+    def _validate(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        causes = VALIDATORS[kind.plural](obj, old)
+        if causes:
+            raise _invalid(kind, str((obj.get("metadata") or {}).get("name", ""))[:253], causes)
+
+    def _key(self, kind: Kind, ns: str, name: str) -> tuple[str, str, str]:
+        return (kind.plural, ns if kind.namespaced else "", name)
+
+    def _create(
+        self, kind: Kind, ns: str, body: Any, *, keep_status: bool = False
+    ) -> dict[str, Any]:
+        obj = self._decode(kind, body)
+        meta = obj.setdefault("metadata", {})
+        if meta.get("resourceVersion"):
+            raise _bad_request("resourceVersion should not be set on objects to be created")
+        if kind.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise _bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = ns
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"][:58] + "".join(
+                random.choices(_GENERATE_ALPHABET, k=5)
+            )
+        if kind.has_status and not keep_status:
+            obj.pop("status", None)
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        self._validate(kind, obj, None)
+        key = self._key(kind, ns, meta["name"])
+        if key in self.store.objects:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{kind.qualified} "{meta["name"]}" already exists',
+                details={"name": meta["name"], "group": kind.group, "kind": kind.plural},
+            )
+        self.store.rv += 1
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=str(self.store.rv),
+            creationTimestamp=self._now(),
+            generation=1,
+        )
+        self.store.objects[key] = obj
+        self._emit(kind, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def _get(self, kind: Kind, ns: str, name: str) -> dict[str, Any]:
+        obj = self.store.objects.get(self._key(kind, ns, name))
+        if obj is None:
+            raise _not_found(kind, name)
+        return obj
+
+    def _replace(
+        self, kind: Kind, ns: str, name: str, body: Any, *, status: bool
+    ) -> dict[str, Any]:
+        old = self._get(kind, ns, name)
+        new = self._decode(kind, body)
+        meta = new.setdefault("metadata", {})
+        if meta.get("name") not in (None, name):
+            raise _bad_request(
+                f"the name of the object ({str(meta.get('name'))[:80]}) does not match the name on the URL ({name})"
+            )
+        rv = meta.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise _conflict(kind, name)
+        if status:  # the /status subresource changes only status
+            merged = copy.deepcopy(old)
+            merged["status"] = new.get("status")
+            new = merged
+        elif kind.has_status:
+            new["status"] = copy.deepcopy(old.get("status"))
+        for server_owned in (
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "resourceVersion",
+            "namespace",
+            "name",
+        ):
+            if server_owned in old["metadata"]:
+                new["metadata"][server_owned] = old["metadata"][server_owned]
+            else:
+                new["metadata"].pop(server_owned, None)
+        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+        self._validate(kind, new, old)
+        if new == old:
+            return copy.deepcopy(old)  # a no-op update does not bump resourceVersion
+        if new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        self.store.rv += 1
+        new["metadata"]["resourceVersion"] = str(self.store.rv)
+        self.store.objects[self._key(kind, ns, name)] = new
+        self._emit(kind, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    def _patch(
+        self, kind: Kind, ns: str, name: str, body: Any, content_type: str, *, status: bool
+    ) -> dict[str, Any]:
+        old = self._get(kind, ns, name)
+        if content_type == "application/json-patch+json":
+            patched = _json_patch(old, body)
+        elif content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ):
+            if not isinstance(body, dict):
+                raise _bad_request("a merge patch must be a JSON object")
+            problems = decode_problems(body, kind.model)
+            if problems:
+                raise _bad_request("strict decoding error: " + ", ".join(problems[:20]))
+            patched = _json_merge(old, body)
+        else:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the API-server stand-in does not support patch content type {content_type[:80]!r} "
+                "(server-side apply is not served)",
+            )
+        return self._replace(kind, ns, name, patched, status=status)
+
+    def _delete(self, kind: Kind, ns: str, name: str, options: Any) -> dict[str, Any]:
+        obj = self._get(kind, ns, name)
+        pre = (options or {}).get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {pre['uid'][:80]}, UID in object meta: {obj['metadata']['uid']}",
+            )
+        if (
+            pre.get("resourceVersion")
+            and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]
+        ):
+            raise _conflict(kind, name)
+        del self.store.objects[self._key(kind, ns, name)]
+        self.store.rv += 1
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = str(self.store.rv)
+        self._emit(kind, "DELETED", gone)
+        return gone
+
+    def _select(
+        self, kind: Kind, ns: str, query: dict[str, str]
+    ) -> Callable[[dict[str, Any]], bool]:
+        fields = parse_field_selector(kind, query.get("fieldSelector", ""))
+        labels = parse_label_selector(query.get("labelSelector", ""))
+
+        def match(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            if kind.namespaced and ns and meta.get("namespace") != ns:
+                return False
+            if any((_field_value(obj, f) == v) != eq for f, v, eq in fields):
+                return False
+            ls = meta.get("labels") or {}
+            return all(p(ls) for p in labels)
+
+        return match
+
+    def _list(self, kind: Kind, ns: str, query: dict[str, str]) -> dict[str, Any]:
+        match = self._select(kind, ns, query)
+        items = [
+            copy.deepcopy(o)
+            for (p, _, _), o in sorted(self.store.objects.items())
+            if p == kind.plural and match(o)
+        ]
+        return {
+            "kind": kind.kind + "List",
+            "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": items,
+        }
+
+    def _delete_collection(self, kind: Kind, ns: str, query: dict[str, str]) -> dict[str, Any]:
+        listing = self._list(kind, ns, query)
+        deleted = [
+            self._delete(kind, o["metadata"].get("namespace", ""), o["metadata"]["name"], None)
+            for o in listing["items"]
+        ]
+        listing["items"] = deleted
+        listing["metadata"] = {"resourceVersion": str(self.store.rv)}
+        return listing
+
+    def watch(self, kind: Kind, ns: str, query: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """Events for a watch request (runs in the connection's thread). Selectors and the
+        resourceVersion are checked here, before the caller sends any header."""
+        with self.lock:
+            match = self._select(kind, ns, query)
+            rv_text = query.get("resourceVersion", "")
+            if rv_text in ("", "0"):
+                start = self.store.rv
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for (p, _, _), o in sorted(self.store.objects.items())
+                    if p == kind.plural and match(o)
+                ]
+            else:
+                try:
+                    start = int(rv_text)
+                except ValueError:
+                    raise _bad_request(f"invalid resourceVersion {rv_text[:40]!r}") from None
+                initial = []
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        return self._events(kind, match, initial, start, deadline)
+
+    def _events(
+        self,
+        kind: Kind,
+        match: Callable[[dict[str, Any]], bool],
+        initial: list[dict[str, Any]],
+        seen: int,
+        deadline: float,
+    ) -> Iterator[dict[str, Any]]:
+        yield from initial
+        while True:
+            with self.lock:
+                while not self.stopping and (
+                    not self.store.events or self.store.events[-1].rv <= seen
+                ):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self.lock.wait(min(left, 0.5))
+                if self.stopping:
+                    return
+                batch = [e for e in self.store.events if e.rv > seen]
+                seen = self.store.events[-1].rv
+            for e in batch:
+                if e.kind is kind and match(e.obj):
+                    yield {"type": e.type, "object": copy.deepcopy(e.obj)}
+
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v1))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$"
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServerStandin
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet in tests
+        pass
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            # read (and drop) a bounded amount so the client sees the answer, then hang up
+            left = min(length, 2 * MAX_BODY)
+            while left > 0:
+                got = self.rfile.read(min(left, 1 << 16))
+                if not got:
+                    break
+                left -= len(got)
+            self.close_connection = True
+            raise ApiError(
+                413,
+                "RequestEntityTooLarge",
+                f"the request body is {length} bytes, more than {MAX_BODY}",
+            )
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise _bad_request(f"the body is not JSON: {e!s:.120}") from e
+
+    def _route(self) -> tuple[Kind, str, str, bool, dict[str, str]]:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        m = _PATH.match(url.path)
+        kind = None
+        if m:
+            group = "" if m.group("core") else m.group("group")
+            kind = next(
+                (k for k in KINDS if k.plural == m.group("plural") and k.group == group), None
+            )
+        if m is None or kind is None:
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({url.path[:120]})",
+            )
+        ns = m.group("ns") or ""
+        if ns and not kind.namespaced:
+            raise ApiError(
+                404,
+                "NotFound",
+                f"{kind.plural} is cluster-scoped: no namespaces/{ns[:63]} in its path",
+            )
+        sub = m.group("sub") == "status"
+        if sub and not kind.has_status:
+            raise ApiError(404, "NotFound", f"{kind.plural} has no status subresource")
+        return kind, ns, m.group("name") or "", sub, query
+
+    def _record(self, method: str, code: int) -> None:
+        """Note the request BEFORE answering it: a client that got its answer finds it."""
+        url = urlsplit(self.path)
+        with self.api.lock:
+            self.api.requests.append(
+                Request(method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code)
+            )
+            self.api.lock.notify_all()
+
+    def _serve(self, method: str) -> None:
+        code = 200
+        try:
+            if self.headers.get("Authorization") != f"Bearer {self.api.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            kind, ns, name, sub, query = self._route()
+            body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            if method == "GET" and not name and query.get("watch") in ("true", "1"):
+                self._watch(kind, ns, query)
+                return
+            if query.get("dryRun"):
+                raise _bad_request("the API-server stand-in does not serve dryRun")
+            with self.api.lock:
+                if method == "GET":
+                    result = (
+                        self.api._get(kind, ns, name) if name else self.api._list(kind, ns, query)
+                    )
+                    result = copy.deepcopy(result)
+                elif method == "POST" and not name:
+                    if kind.namespaced and not ns:
+                        raise ApiError(
+                            405,
+                            "MethodNotAllowed",
+                            "create a namespaced object under /namespaces/<ns>/",
+                        )
+                    result, code = self.api._create(kind, ns, body), 201
+                elif method == "PUT" and name:
+                    result = self.api._replace(kind, ns, name, body, status=sub)
+                elif method == "PATCH" and name:
+                    ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+                    result = self.api._patch(kind, ns, name, body, ctype, status=sub)
+                elif method == "DELETE" and name:
+                    result = self.api._delete(kind, ns, name, body)
+                elif method == "DELETE":
+                    result = self.api._delete_collection(kind, ns, query)
+                else:
+                    raise ApiError(
+                        405, "MethodNotAllowed", f"{method} is not allowed on {self.path[:120]}"
+                    )
+        except ApiError as e:
+            self._record(method, e.code)
+            self._send(e.code, e.status())
+            return
+        self._record(method, code)
+        self._send(code, result)
+
+    def _watch(self, kind: Kind, ns: str, query: dict[str, str]) -> None:
+        events = self.api.watch(kind, ns, query)  # selector errors raise before any header
+        self._record("GET", 200)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for event in events:
+                chunk(json.dumps(event).encode() + b"\n")
+            self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")

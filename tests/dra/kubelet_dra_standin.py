@@ -1,0 +1,374 @@
+"""A kubelet DRA stand-in: behaves like kubelet's plugin watcher + DRA plugin manager as
+documented (``../shared/reference/dra.md``; kubernetes ``pkg/kubelet/pluginmanager`` and
+``pkg/kubelet/cm/dra/plugin``); a test fixture built from the vendored official protos.
+
+Named as such on purpose — it is not the kubelet, but it follows the kubelet's protocol:
+
+- at :meth:`start` it deletes ALL of the node's ResourceSlices through the API server
+  (DeleteCollection, ``fieldSelector=spec.nodeName=<node>``), as a starting kubelet does;
+- it watches the registry dir (``/var/lib/kubelet/plugins_registry``, recursively) and dials
+  every new socket whose name does not start with ``.`` (:attr:`attempts` records each
+  socket's file name, so tests can check ``<driver>-reg.sock``);
+- on each: ``pluginregistration.Registration/GetInfo`` (1 s deadline, as kubelet); an unknown
+  ``type`` gets ``NotifyRegistrationStatus(false, "RegisterPlugin error -- no handler
+  registered for plugin type: ...")``; an empty ``endpoint`` means the registration socket
+  itself; ``supported_versions`` naming no service it speaks, or an endpoint another instance
+  of the driver already registered, is refused with kubelet's message; otherwise it takes the
+  FIRST entry it supports (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``), answers
+  ``plugin_registered=true`` and connects to the endpoint at once;
+- a driver is *usable* while at least one registered instance has a connected gRPC channel to
+  its endpoint. When it is not usable (registration socket gone, or ``dra.sock`` gone so the
+  channel cannot connect), a wipe is scheduled ``wipe_grace`` seconds later (30 s in kubelet;
+  shorter in tests) that deletes that driver's slices on this node
+  (``spec.nodeName=<node>,spec.driver=<driver>``); becoming usable again cancels it;
+- :meth:`prepare` / :meth:`unprepare` call ``NodePrepareResources`` /
+  ``NodeUnprepareResources`` of the chosen service on the newest connected instance (else the
+  newest), with a deadline, and — like kubelet — treat a claim missing from the response as a
+  failure of the whole call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
+from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
+from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
+from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+DRA_PLUGIN_TYPE = "DRAPlugin"
+# the services this kubelet speaks, by the names plugins list in supported_versions
+SERVICES: dict[str, tuple[Any, Any]] = {
+    "v1.DRAPlugin": (v1_pb2, v1_grpc),
+    "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc),
+}
+KUBELET_WIPE_GRACE = 30.0
+GET_INFO_TIMEOUT = 1.0  # kubelet: dial 10 s, GetInfo 1 s
+DIAL_TIMEOUT = 10.0
+PREPARE_TIMEOUT = 45.0
+
+
+@dataclass
+class Attempt:
+    """One registration attempt: the socket dialled and what came of it."""
+
+    socket: str  # file name in the registry dir
+    info: Any = None  # the PluginInfo answered, if any
+    accepted: bool = False
+    error: str = ""
+
+
+@dataclass
+class DraPluginView:
+    """What the stand-in knows about one registered driver."""
+
+    driver: str
+    socket: str  # registration socket path
+    socket_id: tuple[int, int, int]
+    endpoint: str
+    version: str  # the chosen service, e.g. "v1.DRAPlugin"
+    channel: Any = None
+    stub: Any = None
+    connected: bool = False
+    calls: list[str] = field(default_factory=list)
+
+
+class KubeletDraStandin:
+    def __init__(
+        self,
+        registry_dir: str,
+        node_name: str,
+        *,
+        api_client: Any = None,
+        wipe_grace: float = KUBELET_WIPE_GRACE,
+        poll: float = 0.05,
+        versions: tuple[str, ...] = tuple(SERVICES),
+    ) -> None:
+        """``api_client``: a ``kubernetes.client.ApiClient`` (e.g. the API-server stand-in's);
+        None = no API server (slices are not wiped). ``versions``: the services this kubelet
+        speaks (an older kubelet knows only ``v1beta1.DRAPlugin``)."""
+        self.dir = registry_dir
+        self.node = node_name
+        self.api_client = api_client
+        self.wipe_grace = wipe_grace
+        self.poll = poll
+        self.versions = versions
+        self.instances: dict[str, list[DraPluginView]] = {}  # driver -> in registration order
+        self.attempts: list[Attempt] = []
+        self.wipes: list[str] = []  # field selectors of the DeleteCollection calls made
+        self.events: list[tuple[float, str]] = []  # (monotonic time, what happened), for failures
+        self.changed = asyncio.Condition()
+        self._known: dict[str, tuple[int, int, int]] = {}  # socket path -> file id dialled
+        self._wipe_timers: dict[str, asyncio.Task[None]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def plugins(self) -> dict[str, DraPluginView]:
+        """driver -> the instance kubelet would call (newest connected, else newest)."""
+        return {d: self._pick(d) for d, views in self.instances.items() if views}
+
+    def _pick(self, driver: str) -> DraPluginView:
+        views = self.instances[driver]
+        return next((v for v in reversed(views) if v.connected), views[-1])
+
+    def usable(self, driver: str) -> bool:
+        return any(v.connected for v in self.instances.get(driver, ()))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        if self.api_client is not None:
+            await self._wipe(f"spec.nodeName={self.node}")
+        self._watcher = asyncio.create_task(self._watch(), name="kubelet-dra-standin watch")
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        for timer in self._wipe_timers.values():
+            timer.cancel()
+        self._wipe_timers.clear()
+        for views in self.instances.values():
+            for view in views:
+                await self._close(view)
+        self.instances.clear()
+        self._known.clear()
+
+    async def restart(self) -> None:
+        """A kubelet restart: forget every plugin, wipe the node's slices, re-discover the
+        sockets still in the registry dir."""
+        await self.stop()
+        await self.start()
+
+    # -- the watcher -----------------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            await self._scan()
+            await asyncio.sleep(self.poll)
+
+    async def _scan(self) -> None:
+        present: dict[str, tuple[int, int, int]] = {}
+        for top, dirs, files in os.walk(self.dir):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in files:
+                if name.startswith("."):
+                    continue
+                path = os.path.join(top, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISSOCK(st.st_mode):
+                    present[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        for path, fid in list(self._known.items()):
+            if present.get(path) != fid:
+                del self._known[path]
+                await self._deregister(path, fid)
+        for path, fid in present.items():
+            if path not in self._known:
+                self._known[path] = fid
+                await self._register(path, fid)
+        await self._monitor()
+
+    async def _monitor(self) -> None:
+        """Follow each instance's channel (kubelet: gRPC ConnBegin/ConnEnd, reconnecting)."""
+        changed = False
+        for driver, views in self.instances.items():
+            for view in views:
+                state = view.channel.get_state(try_to_connect=True)
+                connected = state == grpc.ChannelConnectivity.READY
+                if connected != view.connected:
+                    view.connected = connected
+                    changed = True
+                    self._note(f"{driver} {view.endpoint}: {state.name}")
+            if changed:
+                self._sync(driver)
+        if changed:
+            async with self.changed:
+                self.changed.notify_all()
+
+    def _sync(self, driver: str) -> None:
+        """kubelet's DRAPluginManager.sync: usable → cancel a pending wipe; not → schedule one
+        (a wipe already pending keeps its time)."""
+        if self.api_client is None:
+            return
+        if self.usable(driver):
+            timer = self._wipe_timers.pop(driver, None)
+            if timer is not None:
+                timer.cancel()
+                self._note(f"{driver}: usable again, wipe cancelled")
+        elif driver not in self._wipe_timers:
+            self._wipe_timers[driver] = asyncio.create_task(self._wipe_later(driver))
+            self._note(f"{driver}: not usable, wipe in {self.wipe_grace} s")
+
+    async def _register(self, path: str, fid: tuple[int, int, int]) -> None:
+        attempt = Attempt(os.path.basename(path))
+        self.attempts.append(attempt)
+        try:
+            async with grpc.aio.insecure_channel("unix:" + path) as channel:
+                stub = reg_grpc.RegistrationStub(channel)
+                try:
+                    await asyncio.wait_for(channel.channel_ready(), DIAL_TIMEOUT)
+                    info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+                except (grpc.aio.AioRpcError, TimeoutError) as e:
+                    attempt.error = f"RegisterPlugin error -- GetInfo at socket {path}: {e}"
+                    return
+                attempt.info = info
+                endpoint = info.endpoint or path
+                why, version = self._validate(info, path, endpoint)
+                if why:
+                    attempt.error = why
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await stub.NotifyRegistrationStatus(
+                            reg_pb2.RegistrationStatus(plugin_registered=False, error=why),
+                            timeout=GET_INFO_TIMEOUT,
+                        )
+                    return
+                view = DraPluginView(info.name, path, fid, endpoint, version)
+                view.channel = grpc.aio.insecure_channel("unix:" + endpoint)
+                view.stub = SERVICES[version][1].DRAPluginStub(view.channel)
+                view.channel.get_state(try_to_connect=True)  # connect early, as kubelet
+                self.instances.setdefault(info.name, []).append(view)
+                self._sync(info.name)
+                try:
+                    await stub.NotifyRegistrationStatus(
+                        reg_pb2.RegistrationStatus(plugin_registered=True), timeout=GET_INFO_TIMEOUT
+                    )
+                except grpc.aio.AioRpcError as e:
+                    attempt.error = f"NotifyRegistrationStatus failed: {e.code().name}"
+                attempt.accepted = True
+        finally:
+            async with self.changed:
+                self.changed.notify_all()
+
+    def _validate(self, info: Any, path: str, endpoint: str) -> tuple[str, str]:
+        """(why refused or "", the chosen service) — kubelet's checks and messages."""
+        if info.type != DRA_PLUGIN_TYPE:
+            return (
+                f"RegisterPlugin error -- no handler registered for plugin type: {info.type} "
+                f"at socket {path}",
+                "",
+            )
+        prefix = (
+            "RegisterPlugin error -- plugin validation failed with err: invalid supported gRPC "
+            f"versions of DRA driver plugin {info.name} at endpoint {endpoint}: "
+        )
+        versions = list(info.supported_versions)
+        if not versions:
+            return prefix + "empty list of supported gRPC services (aka supported versions)", ""
+        chosen = next((v for v in versions if v in self.versions), "")
+        if not chosen:
+            return (
+                prefix + f"none of services supported by the plugin ({versions}) are supported "
+                f"by the kubelet ({list(self.versions)})",
+                "",
+            )
+        if any(v.endpoint == endpoint for v in self.instances.get(info.name, ())):
+            return (
+                f"RegisterPlugin error -- plugin registration failed with err: endpoint "
+                f"{endpoint} already registered for DRA driver plugin {info.name}",
+                "",
+            )
+        return "", chosen
+
+    async def _deregister(self, path: str, fid: tuple[int, int, int]) -> None:
+        for driver, views in self.instances.items():
+            for view in list(views):
+                if view.socket == path and view.socket_id == fid:
+                    views.remove(view)
+                    await self._close(view)
+                    self._sync(driver)
+        self.instances = {d: v for d, v in self.instances.items() if v}
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _wipe_later(self, driver: str) -> None:
+        await asyncio.sleep(self.wipe_grace)
+        self._wipe_timers.pop(driver, None)
+        if not self.usable(driver):
+            await self._wipe(f"spec.nodeName={self.node},spec.driver={driver}")
+
+    async def _wipe(self, selector: str) -> None:
+        from kubernetes.client import ResourceV1Api
+
+        api = ResourceV1Api(self.api_client)
+        self._note(f"wiping {selector}")
+        await asyncio.to_thread(api.delete_collection_resource_slice, field_selector=selector)
+        self.wipes.append(selector)
+        async with self.changed:
+            self.changed.notify_all()
+
+    def _note(self, what: str) -> None:
+        self.events.append((time.monotonic(), what))
+
+    @staticmethod
+    async def _close(view: DraPluginView) -> None:
+        if view.channel is not None:
+            await view.channel.close()
+            view.channel = None
+
+    # -- kubelet's calls -------------------------------------------------------------------
+    def _pb(self, driver: str) -> tuple[DraPluginView, Any]:
+        if not self.instances.get(driver):
+            raise LookupError(f"DRA driver {driver} is not registered")
+        view = self._pick(driver)
+        return view, SERVICES[view.version][0]
+
+    async def prepare(
+        self, driver: str, claims: list[tuple[str, str, str]], *, timeout: float = PREPARE_TIMEOUT
+    ) -> dict[str, Any]:
+        """NodePrepareResources for ``(namespace, uid, name)`` claims → uid -> per-claim answer.
+        Raises AssertionError, as kubelet fails the pod, when a claim is missing."""
+        view, pb = self._pb(driver)
+        request = pb.NodePrepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        view.calls.append("NodePrepareResources")
+        response = await view.stub.NodePrepareResources(request, timeout=timeout)
+        missing = [uid for _, uid, _ in claims if uid not in response.claims]
+        if missing:
+            raise AssertionError(
+                f"NodePrepareResources: claims {missing} missing from the response"
+            )
+        return dict(response.claims)
+
+    async def unprepare(
+        self, driver: str, claims: list[tuple[str, str, str]], *, timeout: float = PREPARE_TIMEOUT
+    ) -> dict[str, str]:
+        view, pb = self._pb(driver)
+        request = pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        view.calls.append("NodeUnprepareResources")
+        response = await view.stub.NodeUnprepareResources(request, timeout=timeout)
+        missing = [uid for _, uid, _ in claims if uid not in response.claims]
+        if missing:
+            raise AssertionError(
+                f"NodeUnprepareResources: claims {missing} missing from the response"
+            )
+        return {uid: r.error for uid, r in response.claims.items()}
+
+    async def wait_for(
+        self, what: str, predicate: Callable[[KubeletDraStandin], bool], timeout: float = 10.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        async with self.changed:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"kubelet DRA stand-in: timed out waiting for {what}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), min(left, 0.1))

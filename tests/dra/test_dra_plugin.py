@@ -1,0 +1,281 @@
+"""The DRA plugin end to end: the kubelet DRA stand-in registers it over real unix sockets,
+the real ``kubernetes`` client publishes to the API-server stand-in, on temp sysfs trees.
+
+In-process tests drive rescans the way the kernel's uevents do (``core.on_uevent``); the
+process tests run ``vfioctl dra-plugin`` itself (SIGTERM, SIGKILL + restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dra.apiserver_standin import NODES, SLICES, ApiServerStandin
+from tests.dra.conftest import NODE
+from tests.dra.kubelet_dra_standin import KubeletDraStandin
+from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
+from vfio_dp.host import Host
+
+DRIVER = "vfio.dra.vfio-dp.io"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> SysfsTree:
+    return dra_host(tmp_path / "host")
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(DRA_CONFIG)
+    return p
+
+
+def pool(api: ApiServerStandin) -> tuple[int, set[str], list[dict[str, Any]]]:
+    """(highest generation, device names at it, the slices) of this node's pool."""
+    slices = [
+        s
+        for s in api.objects(SLICES)
+        if s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRIVER
+    ]
+    if not slices:
+        return 0, set(), []
+    gen = max(s["spec"]["pool"]["generation"] for s in slices)
+    names = {d["name"] for s in slices if s["spec"]["pool"]["generation"] == gen
+             for d in s["spec"]["devices"]}  # fmt: skip
+    return gen, names, slices
+
+
+async def until(what: str, check: Callable[[], bool], timeout: float = 5.0) -> float:
+    """Poll ``check`` every 10 ms; seconds it took (AssertionError naming ``what``)."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+StartPlugin = Callable[..., Awaitable[DraPlugin]]
+
+
+@pytest.fixture
+async def start_plugin(
+    tree: SysfsTree, config: Path, kdirs: tuple[str, str], apiserver: ApiServerStandin
+) -> AsyncIterator[StartPlugin]:
+    started: list[DraPlugin] = []
+
+    async def start(*, resync: float = 0.2) -> DraPlugin:
+        registry, plugins = kdirs
+        p = DraPlugin(
+            DraOptions(
+                node_name=NODE,
+                driver_name=DRIVER,
+                registry_dir=registry,
+                plugins_dir=plugins,
+                config_path=str(config),
+                root=str(tree.root),
+                resync=resync,
+                metrics_port=0,
+                uevents=False,
+            ),
+            apiserver.client(),
+            host=Host(tree.root),
+        )
+        started.append(p)
+        await p.start()
+        return p
+
+    yield start
+    for p in started:
+        await p.stop()
+
+
+async def test_registers_publishes_exactly_and_refuses_claims_plainly(
+    apiserver: ApiServerStandin, kdirs: tuple[str, str], start_plugin: StartPlugin
+) -> None:
+    registry, plugins = kdirs
+    kubelet = KubeletDraStandin(registry, NODE, api_client=apiserver.client())
+    await kubelet.start()
+    try:
+        plugin = await start_plugin()
+        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
+        view = kubelet.plugins[DRIVER]
+        assert view.version == "v1.DRAPlugin"
+        assert view.socket == f"{registry}/{DRIVER}-reg.sock"
+        assert view.endpoint == f"{plugins}/{DRIVER}/dra.sock"
+        assert plugin.kubelet.registered
+        await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+        gen, _, slices = pool(apiserver)
+        (s,) = slices
+        node_uid = apiserver.objects(NODES)[0]["metadata"]["uid"]
+        assert s["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid,
+             "controller": True}
+        ]
+        assert s["spec"]["pool"] == {"name": NODE, "generation": gen, "resourceSliceCount": 1}
+        by_name = {d["name"]: d["attributes"] for d in s["spec"]["devices"]}
+        for name, (bus_id, group, functions) in PUBLISHED.items():
+            assert by_name[name]["resource.kubernetes.io/pciBusID"] == {"string": bus_id}
+            assert by_name[name]["iommuGroup"] == {"int": group}
+            assert by_name[name]["functions"] == {"int": functions}
+        # nothing to change: resyncs neither write nor bump
+        await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+        writes = plugin.publisher.writes
+        await asyncio.sleep(0.6)
+        assert plugin.publisher.writes == writes and pool(apiserver)[0] == gen
+        answer = await kubelet.prepare(DRIVER, [("vms", "uid-1", "gpu-claim")])
+        assert "does not prepare DRA claims yet" in answer["uid-1"].error
+        assert "vms/gpu-claim" in answer["uid-1"].error and not answer["uid-1"].devices
+        assert await kubelet.unprepare(DRIVER, [("vms", "uid-1", "gpu-claim")]) == {"uid-1": ""}
+        await plugin.stop()
+        assert not os.path.exists(view.socket) and not os.path.exists(view.endpoint)
+        assert pool(apiserver)[0] == gen  # the slices stay (kubelet removes them later)
+    finally:
+        await kubelet.stop()
+
+
+async def test_withdrawn_within_1s_of_a_change_and_a_hotplug_published(
+    tree: SysfsTree, apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    plugin = await start_plugin(resync=60)  # no resync help: only the event can do it
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    gen = pool(apiserver)[0]
+    tree.set_driver("0000:af:00.2", "mlx5_core")  # a VF given back to its host driver
+    plugin.core.on_uevent("unbind 0000:af:00.2")
+    took = await until(
+        "the VF withdrawn", lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-2"}
+    )
+    assert took < 1.0
+    assert pool(apiserver)[0] == gen + 1
+    tree.add(Dev("0000:af:00.3", "15b3", "101c", "020000", driver="vfio-pci", group=63,
+                 parent="0000:00:1e.0", numa=1, physfn="0000:af:00.0"))  # fmt: skip
+    plugin.core.on_uevent("add 0000:af:00.3")
+    took = await until("the hotplugged VF", lambda: "pci-0000-af-00-3" in pool(apiserver)[1])
+    assert took < 1.0 and pool(apiserver)[0] == gen + 2
+    # the other NVMe of the switch group leaves vfio-pci: the group is no longer viable
+    tree.set_driver("0000:08:00.0", "nvme")
+    plugin.core.on_uevent("bind 0000:08:00.0")
+    await until("the NVMe group withdrawn", lambda: "pci-0000-07-00-0" not in pool(apiserver)[1])
+
+
+async def test_republished_within_one_resync_after_kubelet_wipes_the_slices(
+    apiserver: ApiServerStandin, kdirs: tuple[str, str], start_plugin: StartPlugin
+) -> None:
+    plugin = await start_plugin(resync=0.5)
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    gen = pool(apiserver)[0]
+    kubelet = KubeletDraStandin(kdirs[0], NODE, api_client=apiserver.client())
+    await kubelet.start()  # a starting kubelet deletes all of the node's slices
+    try:
+        assert kubelet.wipes == [f"spec.nodeName={NODE}"]
+        took = await until("republished", lambda: pool(apiserver)[1] == set(PUBLISHED), 3)
+        assert took < 0.5 + 0.5  # one resync plus the publish
+        assert pool(apiserver)[0] > gen  # continued, never restarted at 1
+        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
+    finally:
+        await kubelet.stop()
+    del plugin
+
+
+async def test_config_reload_moves_devices_between_paths(
+    config: Path, apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    new = config.with_suffix(".new")
+    new.write_text(DRA_CONFIG.replace('class: "0108"\n    path: dra', 'class: "0108"'))
+    os.replace(new, config)  # as a ConfigMap update swaps the file
+    await until(
+        "the NVMe group handed to the device plugin",
+        lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-07-00-0"},
+    )
+
+
+# -- the real command --------------------------------------------------------------------
+def spawn(
+    tree: SysfsTree, config: Path, api: ApiServerStandin, kdirs: tuple[str, str]
+) -> subprocess.Popen[str]:
+    registry, plugins = kdirs
+    env = dict(os.environ, NODE_NAME=NODE, VFIOCTL_RESYNC="0.3")  # options from env vars too
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
+         "--driver-name", DRIVER, "--kubeconfig", api.kubeconfig,
+         "--kubelet-registry-dir", registry, "--kubelet-plugins-dir", plugins,
+         "--config", str(config), "--root", str(tree.root), "--metrics-port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sockets(
+    tree: SysfsTree, config: Path, apiserver: ApiServerStandin, kdirs: tuple[str, str]
+) -> None:
+    registry, plugins = kdirs
+    reg_sock = f"{registry}/{DRIVER}-reg.sock"
+    dra_sock = f"{plugins}/{DRIVER}/dra.sock"
+    kubelet = KubeletDraStandin(registry, NODE, api_client=apiserver.client(), wipe_grace=60)
+    await kubelet.start()
+    proc = spawn(tree, config, apiserver, kdirs)
+    try:
+        await until("published", lambda: pool(apiserver)[1] == set(PUBLISHED), 30)
+        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins, 30)
+        first = pool(apiserver)[0]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert os.path.exists(reg_sock)  # a stale socket, as a crash leaves it
+        tree.set_driver("0000:af:00.1", "mlx5_core")  # changed while the plugin was down
+        proc = spawn(tree, config, apiserver, kdirs)
+        await until(
+            "republished after restart",
+            lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-1"},
+            30,
+        )
+        gen, _, slices = pool(apiserver)
+        assert gen == first + 1  # continued from what the killed process published
+        assert all(s["spec"]["pool"]["generation"] == gen for s in slices)
+        await kubelet.wait_for(
+            "registration of the restarted plugin",
+            lambda k: DRIVER in k.plugins and len(k.attempts) >= 2,
+            30,
+        )
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(proc.communicate, timeout=20)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+        assert not os.path.exists(reg_sock) and not os.path.exists(dra_sock)
+        assert pool(apiserver)[0] == gen  # slices stay after SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        await kubelet.stop()
+
+
+def test_missing_node_name_and_bad_driver_name_exit_2(
+    tree: SysfsTree, apiserver: ApiServerStandin, kdirs: tuple[str, str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME" and not k.startswith("VFIOCTL_")}
+    base = [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
+            "--kubeconfig", apiserver.kubeconfig, "--root", str(tree.root),
+            "--kubelet-registry-dir", kdirs[0], "--kubelet-plugins-dir", kdirs[1],
+            "--metrics-port", "0"]  # fmt: skip
+    p = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--node-name is required" in p.stderr, p.stderr
+    p = subprocess.run([*base, "--node-name", NODE, "--driver-name", "Not_A.Domain"],
+                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and "Not_A.Domain" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr

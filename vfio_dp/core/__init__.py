@@ -1,0 +1,7 @@
+"""The node core shared by the kubelet front-ends (:mod:`vfio_dp.daemon`, :mod:`vfio_dp.dra`).
+
+Modules: ``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
+health, the observer interface), ``policy`` (the bind policy, pure), ``uevents`` (kernel
+netlink), ``state`` (atomically written records), ``metrics`` (/metrics, /healthz).
+Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
+"""

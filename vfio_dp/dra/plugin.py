@@ -1,0 +1,225 @@
+"""The DRA plugin's lifecycle: node core + ResourceSlice publisher + kubelet gRPC shell.
+
+What ``vfioctl dra-plugin`` runs, one asyncio process:
+
+1. The node core (:class:`vfio_dp.core.node.NodeCore`, path ``dra``, host usage on) loads the
+   config and scans; ``bind: true`` selectors of ``path: dra`` are bound at start and on
+   hotplug; ``bind: onPrepare`` groups stay on their host drivers.
+2. After every scan (start, uevent, SIGUSR1, resync, config reload) this front-end computes
+   the devices to publish (:func:`vfio_dp.dra.slices.published_devices`, pure) and hands them
+   to the :class:`~vfio_dp.dra.publisher.SlicePublisher`, which writes them when they changed
+   and rewrites them when someone deleted or changed ours (within one resync).
+3. The kubelet shell (:class:`vfio_dp.dra.kubelet.KubeletFrontEnd`) serves
+   ``<plugins>/<driver>/dra.sock``, then ``<registry>/<driver>-reg.sock``; every 0.25 s it
+   re-creates a socket removed from under it.
+4. NodePrepareResources / NodeUnprepareResources: this version does not prepare claims (the
+   next issue binds groups, writes CDI specs and device metadata): every claim gets an error
+   saying so — never a pretended success. Unprepare answers success: this version never
+   prepared anything, so there is nothing to release (an error would block the pod's
+   deletion forever).
+5. SIGTERM/SIGINT: both sockets removed, exit 0. The slices stay: kubelet deletes them 30 s
+   after no instance of the driver is connected, and a restarted plugin continues the pool's
+   generation.
+
+Paths: ``--kubelet-registry-dir``, ``--kubelet-plugins-dir`` and ``--cdi-dir`` are paths as
+this process sees them, never joined with ``--root`` (which is only for sysfs and the state
+records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.publisher import SlicePublisher
+from vfio_dp.dra.slices import Device, devices_for
+from vfio_dp.errors import UsageError
+from vfio_dp.host import Host
+from vfio_dp.host.topology import pcie_roots
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import DRA
+from vfio_dp.plugin.paths import dra_units
+
+log = logging.getLogger("vfio_dp.dra")
+
+DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
+WATCH_INTERVAL = 0.25
+MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
+NOT_YET = (
+    "vfio_dp {version} does not prepare DRA claims yet (NodePrepareResources comes with the "
+    "next release): claim {ns}/{name} was not prepared and no device was bound; use the "
+    "device-plugin path (vfioctl plugin) for this device meanwhile"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DraOptions:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    plugins_dir: str = "/var/lib/kubelet/plugins"
+    cdi_dir: str = "/var/run/cdi"  # used from the next issue on (Prepare writes CDI specs)
+    config_path: str | None = None
+    root: str = "/"
+    resync: float = 5.0
+    metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
+    metrics_host: str = ""
+    uevents: bool = True
+
+    def core(self) -> CoreOptions:
+        return CoreOptions(
+            root=self.root,
+            config_path=self.config_path,
+            resync=self.resync,
+            metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host,
+            uevents=self.uevents,
+            path=DRA,
+            usage=True,
+        )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vfio-dp")
+    except PackageNotFoundError:
+        return "(unknown version)"
+
+
+class DraPlugin:
+    def __init__(self, options: DraOptions, client: Any, host: Host | None = None) -> None:
+        if not options.node_name:
+            raise UsageError(
+                "the DRA plugin needs its node's name: --node-name, or NODE_NAME from the "
+                "pod's spec.nodeName (fieldRef)"
+            )
+        if len(options.driver_name) > MAX_DRIVER_NAME:
+            raise UsageError(
+                f"DRA driver name {options.driver_name!r} is {len(options.driver_name)} "
+                f"characters; ResourceSlice spec.driver allows at most {MAX_DRIVER_NAME}: "
+                "choose a shorter DNS subdomain"
+            )
+        self.options = options
+        self.kubelet = KubeletFrontEnd(
+            options.driver_name, options.registry_dir, options.plugins_dir, self
+        )
+        self.core = NodeCore(options.core(), host)
+        self.core.subscribe(self)
+        self.metrics = self.core.metrics
+        self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
+        self.publisher.on_published.append(self._published)
+        self.devices: list[Device] = []
+        self._roots: dict[PciAddress, str] = {}
+        self._stop = asyncio.Event()
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        log.info(
+            "DRA plugin %s on node %s: registry %s, plugins %s",
+            self.options.driver_name,
+            self.options.node_name,
+            self.options.registry_dir,
+            self.options.plugins_dir,
+        )
+        self.publisher.start()
+        await self.core.start()
+        await self.kubelet.start()
+        self._watch = asyncio.create_task(self._watch_loop(), name="watch kubelet sockets")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Remove both sockets, stop scanning and publishing (the slices stay)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.core.begin_stop()
+        if self._watch is not None:
+            self._watch.cancel()
+        await self.kubelet.stop()
+        await self.publisher.stop()
+        await self.core.close()
+        log.info("stopped")
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            try:
+                await self.kubelet.check()
+            except Exception:
+                log.exception("kubelet socket watch")
+
+    # -- the core's observer -------------------------------------------------------------
+    async def inventory_changed(self, snapshot: Snapshot) -> None:
+        inv, config = snapshot.inventory, snapshot.config
+        units = dra_units(inv, config)
+        # a device's PCIe root does not change while it is present: read new ones only
+        new = [u.primary for u in units if u.published and u.primary not in self._roots]
+        if new:
+            self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
+        for gone in set(self._roots) - set(inv.devices):
+            del self._roots[gone]
+        devices = devices_for(units, inv, self._roots)
+        before = {d["name"] for d in self.devices}
+        after = {d["name"] for d in devices}
+        for name in sorted(after - before):
+            log.info("DRA device %s published (%s)", name, snapshot.trigger)
+        for name in sorted(before - after):
+            log.info("DRA device %s withdrawn (%s)", name, snapshot.trigger)
+        for u in units:
+            if not u.published and snapshot.trigger in ("start", "config"):
+                log.info("IOMMU group %d not published: %s", u.group, "; ".join(u.reasons))
+        self.devices = devices
+        self.metrics.set("vfio_dp_dra_devices", len(devices))
+        self.publisher.want(devices)
+
+    def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
+        self.metrics.inc("vfio_dp_dra_publishes_total")
+        self.metrics.set("vfio_dp_dra_pool_generation", generation)
+
+    # -- the kubelet shell's handler -----------------------------------------------------
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
+        version = _version()
+        out: dict[str, ClaimResult] = {}
+        for c in claims:
+            msg = NOT_YET.format(version=version, ns=c.namespace, name=c.name)
+            log.warning("NodePrepareResources refused: %s", msg)
+            out[c.uid] = ClaimResult(error=msg)
+        return out
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        # nothing was ever prepared by this version: nothing to release
+        return {c.uid: "" for c in claims}
+
+
+async def serve(options: DraOptions, client: Any) -> int:
+    """Run until SIGTERM/SIGINT; 0 on a clean stop."""
+    plugin = DraPlugin(options, client)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, plugin.request_stop)
+    loop.add_signal_handler(signal.SIGUSR1, plugin.core.kick, "SIGUSR1")
+    try:
+        await plugin.start()
+        await plugin.wait_stopped()
+    finally:
+        await plugin.stop()
+    return 0
+
+
+def run(options: DraOptions, client: Any) -> int:
+    return asyncio.run(serve(options, client))

@@ -1,0 +1,159 @@
+"""ResourceSlices for one node, built from the node core's inventory: pure, no I/O.
+
+One pool per node, named after the node; one DRA device per IOMMU group that can be handed
+over (:func:`vfio_dp.plugin.paths.dra_units`), named after the group's first endpoint
+(``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice, every slice
+carrying ``pool.resourceSliceCount``; every slice owned by the Node. Objects are plain dicts
+in the API's JSON form (``resource.k8s.io/v1``)::
+
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+     "metadata": {"name": "node-a-vfio.dra.vfio-dp.io-0", "ownerReferences": [<the Node>]},
+     "spec": {"driver": "vfio.dra.vfio-dp.io", "nodeName": "node-a",
+              "pool": {"name": "node-a", "generation": 7, "resourceSliceCount": 1},
+              "devices": [{"name": "pci-0000-3b-00-0", "attributes": {
+                  "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
+                  "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+                  "vendorID": {"string": "10de"}, "deviceID": {"string": "1eb8"},
+                  "classID": {"string": "030200"}, "subsystemVendorID": {"string": "10de"},
+                  "subsystemDeviceID": {"string": "12a2"}, "iommuGroup": {"int": 45},
+                  "numaNode": {"int": 0}, "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
+                  "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"}}}]}}
+
+Driver attributes are bare identifiers, i.e. in the driver's own domain (CEL:
+``device.attributes["<driver>"].vendorID``), as upstream's example driver publishes them. Invariants (tested against the API-server
+stand-in's copy of upstream validation): names are DNS labels/subdomains, at most 32
+attributes per device, strings at most :data:`MAX_STRING` characters (longer optional values
+are left out, never cut), an empty pool is one slice without devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import Config
+from vfio_dp.model.device import Inventory
+from vfio_dp.plugin.paths import DraUnit, dra_units
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_STRING = 64
+MAX_NAME = 253
+STANDARD = "resource.kubernetes.io"
+#: label on every slice we write (with the pool's name in ``spec``, how we find ours)
+MANAGED_BY = ("app.kubernetes.io/managed-by", "vfio-dp")
+
+Device = dict[str, Any]
+Slice = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """The Node that owns the slices (``uid`` None: not known yet — no owner reference)."""
+
+    name: str
+    uid: str | None = None
+
+
+def _string(value: str) -> dict[str, str] | None:
+    return {"string": value} if len(value) <= MAX_STRING else None
+
+
+def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddress, str]) -> Device:
+    """The ResourceSlice device for one published group (see the module docstring)."""
+    dev = inventory.devices[unit.primary]
+    attrs: dict[str, dict[str, Any]] = {
+        f"{STANDARD}/pciBusID": {"string": str(unit.primary)},
+        "vendorID": {"string": dev.vendor},
+        "deviceID": {"string": dev.device},
+        "classID": {"string": dev.class_code},
+        "subsystemVendorID": {"string": dev.subsystem_vendor},
+        "subsystemDeviceID": {"string": dev.subsystem_device},
+        "iommuGroup": {"int": unit.group},
+        "functions": {"int": len(unit.endpoints)},
+    }
+    root = pcie_roots.get(unit.primary)
+    if root is not None and (value := _string(root)) is not None:
+        attrs[f"{STANDARD}/pcieRoot"] = value
+    if dev.numa_node is not None and dev.numa_node >= 0:
+        attrs["numaNode"] = {"int": dev.numa_node}
+    if (value := _string(unit.resource_name)) is not None:
+        attrs["resourceName"] = value
+    others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
+    if others and (value := _string(others)) is not None:
+        attrs["groupFunctions"] = value
+    return {"name": unit.name, "attributes": dict(sorted(attrs.items()))}
+
+
+def published_devices(
+    inventory: Inventory, config: Config, pcie_roots: Mapping[PciAddress, str]
+) -> list[Device]:
+    """Every device this node publishes, by name."""
+    return devices_for(dra_units(inventory, config), inventory, pcie_roots)
+
+
+def devices_for(
+    units: Sequence[DraUnit], inventory: Inventory, pcie_roots: Mapping[PciAddress, str]
+) -> list[Device]:
+    """The devices of the published ``units`` (from :func:`dra_units`), by name."""
+    return sorted(
+        (device_for(u, inventory, pcie_roots) for u in units if u.published),
+        key=lambda d: d["name"],
+    )
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """``<node>-<driver>-<index>``: a DNS subdomain (both parts are); a hash keeps it at most
+    253 characters when the node and driver names are long."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(f"{node}\0{driver}".encode()).hexdigest()[:12]
+    return f"{node[: MAX_NAME - len(digest) - 24].rstrip('.-')}-{digest}-{index}"
+
+
+def build_slices(
+    devices: Sequence[Device], *, driver: str, node: NodeRef, generation: int
+) -> list[Slice]:
+    """The slices of this node's pool at ``generation`` (one without devices when empty)."""
+    chunks = [
+        list(devices[i : i + MAX_DEVICES_PER_SLICE])
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    out: list[Slice] = []
+    for i, chunk in enumerate(chunks):
+        meta: dict[str, Any] = {
+            "name": slice_name(node.name, driver, i),
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
+        }
+        if node.uid:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node.name,
+                    "uid": node.uid,
+                    "controller": True,
+                }
+            ]
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": meta,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node.name,
+                    "pool": {
+                        "name": node.name,
+                        "generation": generation,
+                        "resourceSliceCount": len(chunks),
+                    },
+                    "devices": chunk,
+                },
+            }
+        )
+    return out

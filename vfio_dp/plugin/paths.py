@@ -1,0 +1,218 @@
+"""Who serves which device: the device-plugin path, the DRA path, or nobody — and why.
+
+Pure (plain typed values in, plain typed values out). The rules, shared by the device-plugin
+daemon, the DRA plugin, the webhook (through :meth:`Config.resources_for_ids`) and
+``vfioctl list``/``groups``:
+
+- The first matching selector decides (:meth:`Config.select`, on the device's identity and,
+  for selectors that bind, its recorded original driver), and its ``path`` says who serves
+  the device. Without a config every path serves what the default selector takes.
+- The unit is the IOMMU group. A group whose endpoints fall to different paths is a
+  **path split**: served by neither (the device plugin lists its units Unhealthy with the
+  reason, the DRA plugin does not publish it).
+- DRA publishes one device per IOMMU group that can be handed over (:func:`dra_units`), named
+  after the group's first endpoint (:func:`dra_device_name`); companions are covered by
+  ``/dev/vfio/<N>``. Not published (each with its reason): a group whose endpoints are split
+  between paths, or between resources (endpoints taken by different selectors that give
+  different resource names; one selector taking a GPU and its audio function is one
+  resource, named after the first endpoint, although their default device-plugin names
+  differ), one with an endpoint the host uses, one that is not viable or
+  whose selected endpoints are not on vfio-pci — except with ``bind: onPrepare``, where only
+  what binding cannot fix counts (a bridge on a DMA driver).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import DRA, Config
+from vfio_dp.model.device import Inventory, PciDevice
+
+
+def dra_device_name(address: PciAddress) -> str:
+    """``0000:3b:01.0`` → ``pci-0000-3b-01-0``: a DNS label (lowercase hex, dashes)."""
+    return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
+
+
+def group_paths(inventory: Inventory, config: Config) -> dict[int, dict[PciAddress, str]]:
+    """Per IOMMU group: each selected endpoint → the path its selector gives it."""
+    out: dict[int, dict[PciAddress, str]] = defaultdict(dict)
+    for addr in sorted(inventory.devices):
+        dev = inventory.devices[addr]
+        if dev.is_bridge or dev.iommu_group is None:
+            continue
+        path = config.path_of(dev)
+        if path is not None:
+            out[dev.iommu_group][addr] = path
+    return dict(out)
+
+
+def split_reason(group: int, paths: dict[PciAddress, str]) -> str | None:
+    """Why a group whose endpoints go to different paths is served by neither (None: not)."""
+    if len(set(paths.values())) < 2:
+        return None
+    who = ", ".join(f"{a} → {p}" for a, p in sorted(paths.items()))
+    return (
+        f"IOMMU group {group} is split between paths ({who}); one group goes to one pod "
+        "through one path: give its endpoints' selectors the same path"
+    )
+
+
+def path_splits(inventory: Inventory, config: Config) -> dict[int, str]:
+    """Every path-split group → the reason (empty without a config: one path serves all)."""
+    if config.any_path:
+        return {}
+    out: dict[int, str] = {}
+    for g, paths in group_paths(inventory, config).items():
+        why = split_reason(g, paths)
+        if why:
+            out[g] = why
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DraUnit:
+    """One IOMMU group as the DRA path sees it (published only when ``reasons`` is empty)."""
+
+    name: str  # pci-<domain>-<bus>-<slot>-<function> of ``primary``
+    group: int
+    primary: PciAddress  # the group's first endpoint
+    endpoints: tuple[PciAddress, ...]  # every endpoint of the group, address order
+    resource_name: str  # the device-plugin name of the primary's selector (for attributes)
+    on_prepare: bool  # bind: onPrepare (bound by Prepare, next issue)
+    reasons: tuple[str, ...] = ()  # why it is not published; empty = published
+
+    @property
+    def published(self) -> bool:
+        return not self.reasons
+
+
+def _dra_reasons(
+    group: int,
+    inventory: Inventory,
+    endpoints: list[PciDevice],
+    selected: dict[PciAddress, str],
+    selectors: dict[PciAddress, int],
+    on_prepare: bool,
+    config: Config,
+) -> list[str]:
+    reasons: list[str] = []
+    if not config.any_path:
+        why = split_reason(
+            group, {d.address: p for d in endpoints if (p := config.path_of(d)) is not None}
+        )
+        if why:
+            reasons.append(why)
+    if len(set(selectors.values())) > 1 and len(set(selected.values())) > 1:
+        who = ", ".join(f"{a} → {r}" for a, r in sorted(selected.items()))
+        reasons.append(
+            f"IOMMU group {group} has endpoints of several resources ({who}); one group can "
+            "only go to one pod: give them one resourceName or select only one"
+        )
+    for d in endpoints:
+        if d.in_use:
+            reasons.append(f"{d.describe()} is used by the host: {'; '.join(map(str, d.in_use))}")
+    g = inventory.groups.get(group)
+    if g is None:
+        reasons.append(f"IOMMU group {group} is missing from sysfs")
+        return reasons
+    if on_prepare:
+        # binding the group moves every endpoint to vfio-pci; it cannot fix a bridge
+        for problem in g.problems:
+            bridge = inventory.devices.get(problem.address)
+            if bridge is not None and bridge.is_bridge:
+                reasons.append(f"IOMMU group {group} cannot become viable: {problem.reason}")
+        return reasons
+    for a in sorted(selected):
+        dev = inventory.devices[a]
+        if not dev.on_vfio:
+            reasons.append(
+                f"{dev.describe()} is not on vfio-pci; bind it (vfioctl bind --group {a}) "
+                "or select it with bind: true or bind: onPrepare"
+            )
+    if not g.viable:
+        reasons.extend(f"IOMMU group {group} is not viable: {p.reason}" for p in g.problems)
+    return reasons
+
+
+def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
+    """Every IOMMU group with an endpoint the DRA path selects, published or not (with the
+    reasons), in group-number order."""
+    by_group: dict[int, list[PciDevice]] = defaultdict(list)
+    for addr in sorted(inventory.devices):
+        dev = inventory.devices[addr]
+        if not dev.is_bridge and dev.iommu_group is not None:
+            by_group[dev.iommu_group].append(dev)
+    units: list[DraUnit] = []
+    for group in sorted(by_group):
+        endpoints = by_group[group]
+        selected: dict[PciAddress, str] = {}
+        selectors: dict[PciAddress, int] = {}
+        on_prepare = False
+        for dev in endpoints:
+            sel = config.select_for(dev, DRA)
+            if sel is None:
+                continue
+            selected[dev.address] = config.name_for(sel, dev)
+            selectors[dev.address] = config.selectors.index(sel)
+            on_prepare = on_prepare or sel.bind_on_prepare
+        if not selected:
+            continue
+        primary = endpoints[0].address
+        first_selected = min(selected)
+        reasons = _dra_reasons(
+            group, inventory, endpoints, selected, selectors, on_prepare, config
+        )
+        units.append(
+            DraUnit(
+                name=dra_device_name(primary),
+                group=group,
+                primary=primary,
+                endpoints=tuple(d.address for d in endpoints),
+                resource_name=selected[first_selected],
+                on_prepare=on_prepare,
+                reasons=tuple(reasons),
+            )
+        )
+    return units
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceServing:
+    """What ``vfioctl list`` says about one device: one field per path."""
+
+    path: str | None  # the path its selector gives it (None: no selector takes it)
+    resource: str | None  # the device-plugin resource it is listed under (None: not)
+    dra_device: str | None  # the DRA device (its group's) it is published as (None: not)
+    not_served: str | None  # why the path its selector names does not serve it
+
+
+def device_serving(
+    inventory: Inventory,
+    config: Config,
+    dp_membership: dict[PciAddress, str],
+    units: list[DraUnit],
+) -> dict[PciAddress, DeviceServing]:
+    """Join the device-plugin listing's membership (``Listing.membership``) and the DRA units
+    into one answer per device."""
+    by_endpoint = {a: u for u in units for a in u.endpoints}
+    splits = path_splits(inventory, config)
+    out: dict[PciAddress, DeviceServing] = {}
+    for addr, dev in inventory.devices.items():
+        path = None if dev.is_bridge else config.path_of(dev)
+        resource = dp_membership.get(addr)
+        unit = by_endpoint.get(addr)
+        dra_name = unit.name if unit is not None and unit.published else None
+        why: str | None = None
+        if dev.iommu_group is not None and dev.iommu_group in splits and path is not None:
+            why = splits[dev.iommu_group]
+        elif (
+            (path == DRA or (config.any_path and path is not None))
+            and unit is not None
+            and not unit.published
+        ):
+            why = "; ".join(unit.reasons)
+        out[addr] = DeviceServing(path, resource, dra_name, why)
+    return out
