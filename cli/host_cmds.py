@@ -54,7 +54,8 @@ def _config(path: str | None) -> Config:
 def device_json(
     dev: PciDevice, serving: DeviceServing, names: dict[tuple[str, str | None], str]
 ) -> dict[str, object]:
-    """One row of ``vfioctl list -o json``: one field per path (null: not served there)."""
+    """One row of ``vfioctl list -o json``: the device, and what each path would serve of it
+    (``resource``: the device-plugin resource; ``dra_device``: the DRA device; null: not)."""
     return {
         "address": str(dev.address),
         "vendor": dev.vendor,
@@ -120,17 +121,26 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
             headers,
             [
                 (
-                    r["address"],
-                    f"{r['vendor']}:{r['device']}",
-                    r["class"],
-                    r["driver"],
-                    r["iommu_group"],
-                    r["numa_node"],
-                    " ".join(str(x) for x in (r["vendor_name"], r["device_name"]) if x) or None,
+                    str(a),
+                    d.ids,
+                    d.class_code,
+                    d.driver,
+                    d.iommu_group,
+                    d.numa_node,
+                    " ".join(
+                        x
+                        for x in (names.get((d.vendor, None)), names.get((d.vendor, d.device)))
+                        if x
+                    )
+                    or None,
                     "; ".join(str(u) for u in d.in_use) or None,
-                    *((r["resource"], r["dra_device"], r["not_served"]) if config else ()),
+                    *(
+                        (serving[a].resource, serving[a].dra_device, serving[a].not_served)
+                        if config
+                        else ()
+                    ),
                 )
-                for r, d in zip(rows, inv.devices.values(), strict=True)
+                for a, d in inv.devices.items()
             ],
         )
         return 0
@@ -162,7 +172,6 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
         from vfio_dp.plugin.paths import group_paths, path_splits
 
         cfg = _config(config)
-
         try:
             inv, status = _host(root).groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
@@ -173,12 +182,6 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
         groups = list(inv.groups.values())
         paths = group_paths(inv, cfg)
         splits = path_splits(inv, cfg)
-
-        def path_cell(n: int) -> str | None:
-            if n in splits:
-                return "SPLIT"
-            return ",".join(sorted(set(paths.get(n, {}).values()))) or None
-
         if output == "json":
             print_json(
                 [
@@ -210,7 +213,9 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                     g.number,
                     "yes" if g.viable else "NO",
                     "in use" if status[g.number].in_use else kernel[status[g.number].viable],
-                    path_cell(g.number),
+                    "SPLIT"
+                    if g.number in splits
+                    else (",".join(sorted(set(paths.get(g.number, {}).values()))) or None),
                     " ".join(
                         f"{a}({inv.devices[a].driver or '-'})"
                         for a in g.devices

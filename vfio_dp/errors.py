@@ -97,7 +97,9 @@ class SocketPathError(VfioError):
 
     def __init__(self, path: str, what: str, fix: str) -> None:
         self.path = path
-        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+        super().__init__(
+            f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else "")
+        )
 
 
 class HostError(VfioError):
@@ -233,3 +235,29 @@ class DriverNameError(UsageError, ValueError):
             "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
             "the API server's limit for ResourceSlice spec.driver)"
         )
+
+
+class DraError(VfioError):
+    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
+
+
+class MetadataFormatError(DraError, ValueError):
+    """A KEP-5304 device-metadata file (``metadata.resource.k8s.io``) is not in the format;
+    ``source`` names the file (or ``<string>``)."""
+
+    def __init__(self, source: str, why: str) -> None:
+        self.source = source
+        self.why = why
+        super().__init__(f"{source}: not a KEP-5304 device-metadata stream: {why}")
+
+
+class ClaimError(DraError):
+    """One claim cannot be prepared: names the claim, the device (when one is at fault) and the
+    reason with its fix, e.g. ``claim default/vm-gpu (uid 1f..): device pci-0000-3b-00-0: ...``."""
+
+    def __init__(self, claim: str, reason: str, device: str = "") -> None:
+        self.claim = claim
+        self.device = device
+        self.reason = reason
+        where = f"claim {claim}" + (f": device {device}" if device else "")
+        super().__init__(f"{where}: {reason}")

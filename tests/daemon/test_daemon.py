@@ -317,18 +317,34 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
 async def test_a_uevent_triggers_a_rescan_well_within_1s(
     tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:
+    """The kernel's unbind message, received the way the core receives it (its reader on the
+    event loop, the monitor's poll), rescans within a second; other subsystems do not count."""
+    from tests.daemon.uevent_standin import KernelUeventStandin
+
     daemon = await start_daemon(resync=60)  # no resync help: only the event can do it
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
-    tree.set_driver(NIC_ID, "e1000e")
-    daemon._on_uevent("unbind 0000:65:00.0")  # what UeventSource calls for a netlink message
-    took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
-    assert took < 1.0
-    assert daemon.metrics.get("vfio_dp_uevents_total") == 1
+    source = KernelUeventStandin()
+    try:
+        assert daemon.core.uevents.start(asyncio.get_running_loop(), source)
+        source.emit("add", "/devices/virtual/net/veth0", subsystem="net")  # filtered out
+        tree.set_driver(NIC_ID, "e1000e")
+        devpath = "/" + str(tree.dev_dir(NIC_ID).relative_to(tree.root / "sys"))
+        source.emit("unbind", devpath)
+        took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
+        assert took < 1.0
+        assert daemon.metrics.get("vfio_dp_uevents_total") == 1
+        assert daemon.metrics.get("vfio_dp_scans_total", trigger="uevent") >= 1
+    finally:
+        await daemon.stop()
+        source.close()
 
 
 def test_kernel_uevent_socket_opens_here() -> None:
     """The netlink kernel source can be opened where the tests run (events themselves cannot
-    be provoked safely here: that would mean rebinding this machine's own devices)."""
+    be provoked safely here: that would mean rebinding this machine's own devices): it is a
+    NETLINK_KOBJECT_UEVENT socket the event loop watches, and stop() lets go of it."""
+    import socket
+
     from vfio_dp.core.uevents import UeventSource
 
     loop = asyncio.new_event_loop()
@@ -336,8 +352,16 @@ def test_kernel_uevent_socket_opens_here() -> None:
         src = UeventSource(lambda what: None)
         if not src.start(loop):
             pytest.skip("no netlink uevent socket in this environment")
-        assert src.fd is not None
+        fd = src.fd
+        assert fd is not None
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            assert sock.family == socket.AF_NETLINK
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == 15  # KOBJECT_UEVENT
+        finally:
+            sock.close()
         src.stop(loop)
+        assert src.fd is None and not loop.remove_reader(fd)  # its reader went with it
     finally:
         loop.close()
 

@@ -29,11 +29,7 @@ from dataclasses import dataclass
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA, Config
 from vfio_dp.model.device import Inventory, PciDevice
-
-
-def dra_device_name(address: PciAddress) -> str:
-    """``0000:3b:01.0`` → ``pci-0000-3b-01-0``: a DNS label (lowercase hex, dashes)."""
-    return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
+from vfio_dp.model.naming import dra_device_name
 
 
 def group_paths(inventory: Inventory, config: Config) -> dict[int, dict[PciAddress, str]]:
@@ -113,7 +109,7 @@ def _dra_reasons(
         )
     for d in endpoints:
         if d.in_use:
-            reasons.append(f"{d.describe()} is used by the host: {'; '.join(str(u) for u in d.in_use)}")
+            reasons.append(f"{d.describe()} is used by the host: {'; '.join(map(str, d.in_use))}")
     g = inventory.groups.get(group)
     if g is None:
         reasons.append(f"IOMMU group {group} is missing from sysfs")
