@@ -81,11 +81,11 @@ def _int_auto(value: str | int) -> int:
 )
 @option(
     "--max-connections",
-    default=512,
+    default=384,
     show_default=True,
     type=click.IntRange(1),
-    help="Open connections at most; at the cap a new one closes the least recently active "
-    "idle one (~65 KB each).",
+    help="Open connections at most (25-100 KB each); at the cap a new one closes an idle one "
+    "(bare TCP first, then the least recently active).",
 )
 @option(
     "--handshake-timeout",
@@ -233,11 +233,26 @@ def webhook(
     default=False,
     help="Print the JSONPatch (JSON) instead of the mutated object.",
 )
-def translate(file: str, config_path: str | None, patch: bool) -> None:
+@option(
+    "--dra",
+    is_flag=True,
+    default=False,
+    help="Print the DRA form: claim-based entries + the ResourceClaimTemplates they need.",
+)
+@option(
+    "--driver-name",
+    default=None,
+    help="With --dra: the DRA driver (and DeviceClass) name. [default: vfio.dra.vfio-dp.io]",
+)
+def translate(
+    file: str, config_path: str | None, patch: bool, dra: bool, driver_name: str | None
+) -> None:
     """Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - for stdin).
 
-    Prints the mutated object(s) as YAML, or with --patch one JSON patch per document. Wrong
-    entries are listed on stderr and the exit code is 1.
+    Prints the mutated object(s) as YAML, or with --patch one JSON patch per document. With
+    --dra a VMI/VM naming devices by vendor:device or resource name is printed in its DRA form
+    (ResourceClaimTemplate first), ready for `kubectl apply -f -`. Wrong entries are listed on
+    stderr and the exit code is 1.
     """
 
     def body() -> int:
@@ -245,16 +260,26 @@ def translate(file: str, config_path: str | None, patch: bool) -> None:
 
         import yaml
 
-        from vm_translate.errors import SpecError
+        from vfio_dp.model import naming
+        from vm_translate.errors import SpecError, TranslateUsageError
         from vm_translate.inputs import load_config, load_objects, read_text
+        from vm_translate.to_dra import to_dra
         from vm_translate.translate import translate as translate_object
 
+        if patch and dra:
+            raise TranslateUsageError("--patch and --dra do not go together; give one")
+        if driver_name is not None and not dra:
+            raise TranslateUsageError("--driver-name goes with --dra")
         config = load_config(config_path)
         objects = load_objects(read_text(file), file)
         failed = False
         out: list[str] = []
         for obj in objects:
             try:
+                if dra:
+                    moved = to_dra(obj, config, driver_name or naming.DEFAULT_DRA_DRIVER)
+                    out.extend(yaml.safe_dump(dict(o), sort_keys=False) for o in moved.objects)
+                    continue
                 t = translate_object(obj, config)
             except SpecError as e:
                 click.echo(f"vfioctl: {e}", err=True)
@@ -323,6 +348,13 @@ def translate(file: str, config_path: str | None, patch: bool) -> None:
     default=False,
     help="With --connect --domain: hot-plug into the running domain.",
 )
+@option(
+    "--dra-metadata-dir",
+    default="/var/run/kubernetes.io/dra-device-attributes",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the pod sees the DRA device-metadata files (claim-based entries).",
+)
 def hostdev(
     spec_file: str | None,
     pod_annotation: str | None,
@@ -334,26 +366,32 @@ def hostdev(
     connect: str | None,
     domain_name: str | None,
     live: bool,
+    dra_metadata_dir: str,
 ) -> None:
-    """Allocated PCI_RESOURCE_* addresses → libvirt <hostdev> XML (printed, merged or defined).
+    """Allocated PCI_RESOURCE_* addresses and DRA claims → libvirt <hostdev> XML (printed,
+    merged or defined).
 
     Entries come from SPEC_FILE (VMI, VM or annotated Pod) or --pod-annotation; the i-th entry
-    of a resource gets the i-th address of its env var.
+    of a resource gets the i-th address of its env var; a claimName/requestName entry gets the
+    address in its claim's device-metadata file, as virt-launcher reads it.
     """
 
     def body() -> int:
         import os
 
+        from vfio_dp.model.address import PciAddress
         from vm_translate import hostdev as emitter
         from vm_translate.allocation import Layout
         from vm_translate.errors import TranslateUsageError
         from vm_translate.inputs import (
+            dra_addresses,
             entries_from_annotation,
             entries_from_object,
             load_config,
             load_objects,
             read_text,
         )
+        from vm_translate.spec import Entry
 
         if (spec_file is None) == (pod_annotation is None):
             raise TranslateUsageError("give SPEC_FILE or --pod-annotation (exactly one)")
@@ -362,19 +400,27 @@ def hostdev(
         if live and not domain_name:
             raise TranslateUsageError("--live needs --domain NAME")
         config = load_config(config_path)
+        entries: list[Entry]
+        claims: dict[tuple[str, str], PciAddress] = {}
         if spec_file is not None:
             objects = load_objects(read_text(spec_file), spec_file)
             if len(objects) != 1:
                 raise TranslateUsageError(f"{spec_file}: holds {len(objects)} objects; give one VM")
             entries = entries_from_object(objects[0], config)
+            claims = dra_addresses(objects[0], entries, dra_metadata_dir)
         else:
             assert pod_annotation is not None
-            entries = entries_from_annotation(pod_annotation, config)
+            entries = list(entries_from_annotation(pod_annotation, config))
         layout = Layout(bus=guest_bus, first_slot=guest_slot) if multifunction else None
         xml_in = read_text(domain_xml) if domain_xml else None
         if connect is None:
             _, text = emitter.build(
-                entries, os.environ, domain_xml=xml_in, layout=layout, source=domain_xml or ""
+                entries,
+                os.environ,
+                claims=claims,
+                domain_xml=xml_in,
+                layout=layout,
+                source=domain_xml or "",
             )
             sys.stdout.write(text)
             return 0
@@ -382,7 +428,9 @@ def hostdev(
 
         outcome = libvirt_adapter.define_or_attach(
             connect,
-            lambda xml: emitter.build(entries, os.environ, domain_xml=xml, layout=layout)[0],
+            lambda xml: emitter.build(
+                entries, os.environ, claims=claims, domain_xml=xml, layout=layout
+            )[0],
             domain_xml=xml_in,
             domain_name=domain_name,
             live=live,

@@ -97,7 +97,9 @@ class SocketPathError(VfioError):
 
     def __init__(self, path: str, what: str, fix: str) -> None:
         self.path = path
-        super().__init__(f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else ""))
+        super().__init__(
+            f"cannot serve a socket at {path}: it {what}" + (f"; {fix}" if fix else "")
+        )
 
 
 class HostError(VfioError):

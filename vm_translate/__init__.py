@@ -19,11 +19,13 @@ import-light on purpose: nothing heavy loads until a command needs it.
 __all__ = [
     "alias",
     "allocation",
+    "config_watch",
     "errors",
     "hostdev",
     "inputs",
     "kube_adapter",
     "libvirt_adapter",
+    "listener",
     "nodes",
     "patch",
     "review",

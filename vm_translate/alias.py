@@ -7,6 +7,7 @@ module is tested on its own. Every other character becomes ``-``::
     alias_for("gpu", "gpu.0")          -> "ua-gpu-gpu-0"
     alias_for("hostdevice", "nic1")    -> "ua-hostdevice-nic1"
     alias_for("hostdevice", "nvme", 1) -> "ua-hostdevice-nvme-1"   (count > 1: 0-based index)
+    dra_alias_for("gpu", "gpu1")       -> "ua-dra-gpu-gpu1"         (a DRA claim's device)
 
 Two names that sanitize to the same alias are a conflict the translator rejects at admission.
 """
@@ -31,6 +32,11 @@ def alias_for(kind: Kind, name: str, index: int | None = None) -> str:
     """The user alias of an entry (``index`` is set for the i-th device of a count > 1 entry)."""
     base = f"ua-{kind}-{sanitize(name)}"
     return base if index is None else f"{base}-{index}"
+
+
+def dra_alias_for(kind: Kind, name: str) -> str:
+    """The alias virt-launcher gives a DRA host device or GPU: ``ua-dra-<kind>-<name>``."""
+    return f"ua-dra-{kind}-{sanitize(name)}"
 
 
 def is_user_alias(alias: str) -> bool:

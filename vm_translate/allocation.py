@@ -1,4 +1,4 @@
-"""Allocated addresses (``PCI_RESOURCE_*`` env) + passthrough entries → typed hostdevs (pure).
+"""Allocated addresses (``PCI_RESOURCE_*`` env, DRA claims) + entries → typed hostdevs (pure).
 
 The device plugin hands the VM pod one env var per resource, named by
 :func:`vfio_dp.model.naming.kubevirt_env_var`::
@@ -11,6 +11,11 @@ devices each) and the i-th device of a resource gets its i-th address. One pool 
 is shared by both lists (KubeVirt keeps one pool per list, which would hand the same address
 out twice when a resource appears in both). Missing variables or too few addresses are
 errors naming the resource and the variable — never a silent skip.
+
+DRA entries (:class:`~vm_translate.spec.ClaimEntry`) take the one address their claim's
+request was given, read from the device-metadata file by :mod:`vm_translate.inputs` and passed
+in as ``claims[(claim name, request name)]``; they get virt-launcher's ``ua-dra-*`` aliases and
+need no env var. A spec may mix both kinds.
 
 With a :class:`Layout`, functions of one physical device (same domain:bus:slot, e.g. a GPU at
 ``.0`` and its audio function at ``.1``) are placed as functions of one guest slot, function
@@ -26,7 +31,7 @@ from vfio_dp.errors import AddressError
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vm_translate.errors import HostdevError
-from vm_translate.spec import DeviceEntry
+from vm_translate.spec import ClaimEntry, Entry
 
 MAX_SLOT = 0x1F
 
@@ -88,12 +93,18 @@ def addresses_from_env(resource: str, env: Mapping[str, str]) -> list[PciAddress
     return out
 
 
-def assign(entries: Sequence[DeviceEntry], env: Mapping[str, str]) -> list[Hostdev]:
-    """Map entries to allocated addresses positionally (see module docstring)."""
+def assign(
+    entries: Sequence[Entry],
+    env: Mapping[str, str],
+    claims: Mapping[tuple[str, str], PciAddress] | None = None,
+) -> list[Hostdev]:
+    """Map entries to allocated addresses: device-plugin entries positionally from the env
+    (see module docstring), DRA entries from ``claims``."""
     pools: dict[str, list[PciAddress]] = {}
     wanted: dict[str, list[str]] = {}
     for e in entries:
-        wanted.setdefault(e.resource, []).extend(e.aliases())
+        if not isinstance(e, ClaimEntry):
+            wanted.setdefault(e.resource, []).extend(e.aliases())
     for resource, aliases in wanted.items():
         pool = addresses_from_env(resource, env)
         if len(pool) < len(aliases):
@@ -107,11 +118,39 @@ def assign(entries: Sequence[DeviceEntry], env: Mapping[str, str]) -> list[Hostd
     out: list[Hostdev] = []
     taken: dict[str, int] = {}
     for e in entries:
+        if isinstance(e, ClaimEntry):
+            out.append(_claim_hostdev(e, claims or {}))
+            continue
         for alias in e.aliases():
             i = taken.get(e.resource, 0)
             taken[e.resource] = i + 1
             out.append(Hostdev(alias=alias, resource=e.resource, source=pools[e.resource][i]))
+    _refuse_twice(out)
     return out
+
+
+def _claim_hostdev(e: ClaimEntry, claims: Mapping[tuple[str, str], PciAddress]) -> Hostdev:
+    what = f"claim {e.claim_name}, request {e.request_name}"
+    addr = claims.get((e.claim_name, e.request_name))
+    if addr is None:
+        raise HostdevError(
+            f"entry {e.name!r} ({what}): no device address was read for it; point "
+            "--dra-metadata-dir at the pod's device-metadata directory"
+        )
+    return Hostdev(alias=e.aliases()[0], resource=what, source=addr)
+
+
+def _refuse_twice(hostdevs: Sequence[Hostdev]) -> None:
+    """One host function can go to one guest slot: a DRA claim and an env var (or two claims)
+    naming the same address is an error, not two hostdevs libvirt would refuse later."""
+    seen: dict[PciAddress, str] = {}
+    for h in hostdevs:
+        if h.source in seen:
+            raise HostdevError(
+                f"{h.source} is given to both {seen[h.source]} and {h.alias}; one host device "
+                "can go to one VM slot: check the claims and resources requested"
+            )
+        seen[h.source] = h.alias
 
 
 def place_multifunction(hostdevs: Iterable[Hostdev], layout: Layout) -> list[Hostdev]:

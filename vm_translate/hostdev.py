@@ -30,7 +30,7 @@ from lxml import etree
 from vfio_dp.model.address import PciAddress
 from vm_translate.allocation import GuestAddress, Hostdev, Layout, assign, place_multifunction
 from vm_translate.errors import DomainXmlError
-from vm_translate.spec import DeviceEntry
+from vm_translate.spec import Entry
 
 
 def _parser() -> etree.XMLParser:
@@ -162,19 +162,21 @@ def merge(domain_xml: str | bytes, hostdevs: Sequence[Hostdev], source: str = "<
 
 
 def build(
-    entries: Sequence[DeviceEntry],
+    entries: Sequence[Entry],
     env: Mapping[str, str],
     *,
+    claims: Mapping[tuple[str, str], PciAddress] | None = None,
     domain_xml: str | bytes | None = None,
     layout: Layout | None = None,
     source: str = "<domain>",
 ) -> tuple[list[Hostdev], str]:
-    """Entries + ``PCI_RESOURCE_*`` env → hostdevs and their XML (fragments, or merged domain).
+    """Entries + ``PCI_RESOURCE_*`` env (+ DRA claim addresses) → hostdevs and their XML
+    (fragments, or merged domain).
 
     With a layout and a domain, guest slots the domain already uses on the layout's bus are
     skipped (hostdevs about to be replaced do not count).
     """
-    hostdevs = assign(entries, env)
+    hostdevs = assign(entries, env, claims)
     root = parse_domain(domain_xml, source) if domain_xml is not None else None
     if layout is not None:
         if root is not None:

@@ -7,14 +7,28 @@ The only file reading in ``vm_translate`` outside the webhook's certificates; er
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vfio_dp.host import files
+from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import MAX_CONFIG_BYTES, Config, load_config_bytes
-from vm_translate.errors import InputError, SpecError
-from vm_translate.spec import DeviceEntry, describe, entries_of, parse_passthrough
+from vm_translate.errors import HostdevError, InputError, SpecError
+from vm_translate.spec import (
+    ClaimEntry,
+    DeviceEntry,
+    Entry,
+    claims_path,
+    describe,
+    devices_path,
+    dig,
+    entries_of,
+    parse_passthrough,
+    vm_claims,
+)
 
 
 def read_text(path: str) -> str:
@@ -58,7 +72,7 @@ def load_objects(text: str, source: str) -> list[dict[str, Any]]:
     return docs
 
 
-def entries_from_object(obj: Mapping[str, Any], config: Config) -> list[DeviceEntry]:
+def entries_from_object(obj: Mapping[str, Any], config: Config) -> list[Entry]:
     subject = describe(obj)
     entries, problems = entries_of(obj, config, subject)
     if problems:
@@ -72,3 +86,55 @@ def entries_from_annotation(value: str, config: Config) -> list[DeviceEntry]:
     if problems:
         raise SpecError("pod annotation", problems)
     return entries
+
+
+def dra_addresses(
+    obj: Mapping[str, Any], entries: Sequence[Entry], base: str
+) -> dict[tuple[str, str], PciAddress]:
+    """The address of every DRA entry of ``obj``, read from its device-metadata file under
+    ``base`` (the pod's ``/var/run/kubernetes.io/dra-device-attributes``), keyed by
+    (claim name, request name); see :mod:`vm_translate.dra`. Reads only regular files named
+    ``*-metadata.json`` (at most ``MAX_BYTES`` each) in the directory the launcher would."""
+    from vfio_dp.model import dra_metadata
+    from vm_translate import dra
+
+    wanted = [e for e in entries if isinstance(e, ClaimEntry)]
+    if not wanted:
+        return {}
+    path = devices_path(obj)
+    raw = dig(obj, claims_path(path)) if path is not None else None
+    claims, _ = vm_claims(raw, "spec.resourceClaims")
+    out: dict[tuple[str, str], PciAddress] = {}
+    for entry in wanted:
+        directory = dra.metadata_dir(entry, claims, base)
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            names = []
+        except OSError as e:
+            raise HostdevError(f"{dra.claim_label(entry)}: cannot list {directory}: {e}") from e
+        files: list[tuple[str, str | bytes]] = []
+        for name in names:
+            if not name.endswith(dra_metadata.FILE_SUFFIX):
+                continue
+            file = os.path.join(directory, name)
+            files.append((file, _read_small(file, dra_metadata.MAX_BYTES, entry)))
+        out[(entry.claim_name, entry.request_name)] = dra.address_from(entry, files, directory)
+    return out
+
+
+def _read_small(path: str, limit: int, entry: ClaimEntry) -> bytes:
+    """At most ``limit`` + 1 bytes of a regular file (never blocks on a FIFO or device)."""
+    from vm_translate import dra
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise HostdevError(f"{dra.claim_label(entry)}: cannot read {path}: {e.strerror}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HostdevError(f"{dra.claim_label(entry)}: {path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)

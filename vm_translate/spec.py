@@ -7,11 +7,18 @@ Two sources, one typed result (:class:`DeviceEntry`):
 
       hostDevices: [{name: nic1, deviceName: 8086:10d3}]           # vendor:device, either case
       gpus:        [{name: gpu1, deviceName: devices.kubevirt.io/10de_1eb8}]
+      hostDevices: [{name: nic2, claimName: nics, requestName: nic}]  # DRA (KubeVirt >= 1.8.3)
+      resourceClaims: [{name: nics, resourceClaimTemplateName: vm1-nics}]  # beside domain
+
 
 - a Pod annotation ``devices.kubevirt.io/passthrough``, a JSON or YAML list::
 
       [{"name": "gpu", "vendor": "10de", "device": "1eb8", "count": 2},
        {"name": "nvme", "resource": "example.com/nvme-a"}]
+
+A DRA entry (``claimName`` + ``requestName``, no ``deviceName``) is a :class:`ClaimEntry`:
+its device comes from the claim, so nothing is resolved here; the claim must be one of the
+object's ``resourceClaims``. An entry naming both ``deviceName`` and ``claimName`` is refused.
 
 A ``vendor:device`` pair becomes a resource name through the daemon's own configuration
 (:meth:`vfio_dp.model.config.Config.resources_for_ids`), so custom names and domains agree;
@@ -30,7 +37,7 @@ from typing import Any
 
 from vfio_dp.model import naming
 from vfio_dp.model.config import Config
-from vm_translate.alias import Kind, alias_for
+from vm_translate.alias import Kind, alias_for, dra_alias_for
 from vm_translate.errors import Problem, Unresolvable
 
 PASSTHROUGH_ANNOTATION = "devices.kubevirt.io/passthrough"
@@ -67,6 +74,37 @@ class DeviceEntry:
         if self.count == 1:
             return [alias_for(self.kind, self.name)]
         return [alias_for(self.kind, self.name, i) for i in range(self.count)]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimEntry:
+    """One DRA entry (``claimName``/``requestName``): one device of a claim's request.
+
+    ``claim_name`` is the VMI-level claim name (an entry of ``spec.resourceClaims``), not the
+    ResourceClaim object's name; :mod:`vm_translate.dra` resolves it to the metadata path.
+    """
+
+    name: str
+    claim_name: str
+    request_name: str
+    kind: Kind = "hostdevice"
+
+    def aliases(self) -> list[str]:
+        """``ua-dra-<kind>-<name>``, as virt-launcher names DRA host devices and GPUs."""
+        return [dra_alias_for(self.kind, self.name)]
+
+
+#: Any resolved entry of a VM spec or annotation.
+Entry = DeviceEntry | ClaimEntry
+
+
+@dataclass(frozen=True, slots=True)
+class VmClaim:
+    """One ``spec.resourceClaims[]`` entry of a VMI: a claim by name or from a template."""
+
+    name: str
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
 
 
 def resolve_device_name(value: object, config: Config) -> str:
@@ -173,6 +211,10 @@ class VmEntry:
     kind: Kind
     name: object
     device_name: object
+    claim_name: object = None
+    request_name: object = None
+    has_device_name: bool = False
+    has_claim: bool = False
 
     def where(self, prefix: str) -> str:
         named = f" (name {self.name!r})" if isinstance(self.name, str) else ""
@@ -198,22 +240,83 @@ def vm_entries(devices: object, prefix: str) -> tuple[list[VmEntry], list[Proble
             if not isinstance(item, Mapping):
                 problems.append(Problem(f"{prefix}.{key}[{i}]", item, "must be a mapping"))
                 continue
-            entries.append(VmEntry(key, i, kind, item.get("name"), item.get("deviceName")))
+            entries.append(
+                VmEntry(
+                    key,
+                    i,
+                    kind,
+                    item.get("name"),
+                    item.get("deviceName"),
+                    item.get("claimName"),
+                    item.get("requestName"),
+                    has_device_name="deviceName" in item,
+                    has_claim="claimName" in item or "requestName" in item,
+                )
+            )
     return entries, problems
 
 
-def resolve_vm_entries(
-    entries: Sequence[VmEntry], config: Config, prefix: str
-) -> tuple[list[DeviceEntry], list[Problem]]:
-    """Resolve each entry's ``deviceName``; check names are present and aliases unique."""
-    out: list[DeviceEntry] = []
+def claims_path(devices_at: Sequence[str]) -> tuple[str, ...]:
+    """Key path to ``resourceClaims`` beside ``domain`` (``spec`` of a VMI or VM template)."""
+    return (*devices_at[:-2], "resourceClaims")
+
+
+def vm_claims(raw: object, prefix: str) -> tuple[dict[str, VmClaim], list[Problem]]:
+    """``spec.resourceClaims`` by name; each names a claim or a template, exactly one."""
+    out: dict[str, VmClaim] = {}
     problems: list[Problem] = []
+    if raw is None:
+        return out, problems
+    if not isinstance(raw, list):
+        return out, [Problem(prefix, raw, "must be a list")]
+    for i, item in enumerate(raw):
+        where = f"{prefix}[{i}]"
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if not isinstance(item, Mapping) or not isinstance(name, str) or not name:
+            problems.append(Problem(where, item, "each resource claim needs a name"))
+            continue
+        claim = item.get("resourceClaimName")
+        template = item.get("resourceClaimTemplateName")
+        if (claim is None) == (template is None) or not isinstance(claim or template, str):
+            problems.append(
+                Problem(
+                    where,
+                    dict(item),
+                    "give exactly one of resourceClaimName (an existing ResourceClaim) or "
+                    "resourceClaimTemplateName (one claim per VM from a template)",
+                )
+            )
+            continue
+        if name in out:
+            problems.append(Problem(where, name, "resource claim names must be unique"))
+            continue
+        out[name] = VmClaim(name, claim, template)
+    return out, problems
+
+
+def resolve_vm_entries(
+    entries: Sequence[VmEntry],
+    config: Config,
+    prefix: str,
+    claims: Mapping[str, VmClaim] | None = None,
+    claims_where: str = "spec.resourceClaims",
+) -> tuple[list[Entry], list[Problem]]:
+    """Resolve each entry's ``deviceName`` (device plugin) or check its claim (DRA); check
+    names are present and aliases unique."""
+    out: list[Entry] = []
+    problems: list[Problem] = []
+    known = claims or {}
     for e in entries:
         where = e.where(prefix)
         ok = True
         if not isinstance(e.name, str) or not e.name:
             problems.append(Problem(f"{where}.name", e.name, "every entry needs a name"))
             ok = False
+        if e.has_claim:
+            claim = _claim_entry(e, where, known, claims_where, problems)
+            if ok and claim is not None:
+                out.append(claim)
+            continue
         try:
             resource = resolve_device_name(e.device_name, config)
         except Unresolvable as why:
@@ -226,7 +329,55 @@ def resolve_vm_entries(
     return out, problems
 
 
-def alias_conflicts(entries: Sequence[DeviceEntry], where: str) -> list[Problem]:
+def _claim_entry(
+    e: VmEntry,
+    where: str,
+    known: Mapping[str, VmClaim],
+    claims_where: str,
+    problems: list[Problem],
+) -> ClaimEntry | None:
+    if e.has_device_name:
+        problems.append(
+            Problem(
+                where,
+                {"deviceName": e.device_name, "claimName": e.claim_name},
+                "name either deviceName (a device-plugin resource) or claimName + requestName "
+                "(a DRA claim), not both; drop one",
+            )
+        )
+        return None
+    bad = False
+    for key, val in (("claimName", e.claim_name), ("requestName", e.request_name)):
+        if not isinstance(val, str) or not val:
+            problems.append(
+                Problem(
+                    f"{where}.{key}",
+                    val,
+                    "a DRA entry needs both claimName (an entry of spec.resourceClaims) and "
+                    "requestName (a request of that claim)",
+                )
+            )
+            bad = True
+    if bad:
+        return None
+    assert isinstance(e.claim_name, str) and isinstance(e.request_name, str)
+    if e.claim_name not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        problems.append(
+            Problem(
+                f"{where}.claimName",
+                e.claim_name,
+                f"no such claim in {claims_where} (it has {listed}); add "
+                f"{{name: {e.claim_name}, resourceClaimTemplateName: ...}} (or "
+                "resourceClaimName) there, or fix the name",
+            )
+        )
+        return None
+    assert isinstance(e.name, str)
+    return ClaimEntry(e.name, e.claim_name, e.request_name, e.kind)
+
+
+def alias_conflicts(entries: Sequence[Entry], where: str) -> list[Problem]:
     """Entries whose (sanitized) aliases collide — libvirt refuses the same alias twice."""
     seen: dict[str, str] = {}
     problems: list[Problem] = []
@@ -352,19 +503,29 @@ def _parse_annotation_entry(
 
 def entries_of(
     obj: Mapping[str, Any], config: Config, subject: str
-) -> tuple[list[DeviceEntry], list[Problem]]:
+) -> tuple[list[Entry], list[Problem]]:
     """Every passthrough entry of a VMI, VM or annotated Pod, in address-assignment order."""
     path = devices_path(obj)
     if path is not None:
-        prefix = ".".join(path)
-        raw, problems = vm_entries(dig(obj, path), prefix)
-        resolved, more = resolve_vm_entries(raw, config, prefix)
-        return resolved, problems + more
+        return vm_object_entries(obj, path, config)
     annotations = dig(obj, ("metadata", "annotations"))
     if isinstance(annotations, Mapping) and PASSTHROUGH_ANNOTATION in annotations:
         where = f"metadata.annotations[{PASSTHROUGH_ANNOTATION}]"
-        return parse_passthrough(annotations[PASSTHROUGH_ANNOTATION], config, where)
+        found, problems = parse_passthrough(annotations[PASSTHROUGH_ANNOTATION], config, where)
+        return list(found), problems
     return [], []
+
+
+def vm_object_entries(
+    obj: Mapping[str, Any], path: Sequence[str], config: Config
+) -> tuple[list[Entry], list[Problem]]:
+    """The resolved entries of a VMI or VM (``path`` from :func:`devices_path`)."""
+    prefix = ".".join(path)
+    raw, problems = vm_entries(dig(obj, path), prefix)
+    cpath = claims_path(path)
+    claims, more = vm_claims(dig(obj, cpath), ".".join(cpath))
+    resolved, most = resolve_vm_entries(raw, config, prefix, claims, ".".join(cpath))
+    return resolved, problems + more + most
 
 
 def describe(obj: Mapping[str, Any]) -> str:

@@ -37,12 +37,13 @@ from vm_translate.spec import (
     CONTAINER_ANNOTATION,
     PASSTHROUGH_ANNOTATION,
     POD_KIND,
+    DeviceEntry,
     describe,
     devices_path,
     dig,
     parse_passthrough,
-    resolve_vm_entries,
     vm_entries,
+    vm_object_entries,
 )
 
 _WHOLE = re.compile(r"[0-9]+")
@@ -83,18 +84,21 @@ def translate(obj: Mapping[str, Any], config: Config) -> Translation:
 def _vm_ops(
     obj: Mapping[str, Any], path: tuple[str, ...], config: Config, subject: str
 ) -> tuple[list[JsonPatchOp], dict[str, int]]:
-    prefix = ".".join(path)
-    raw, problems = vm_entries(dig(obj, path), prefix)
-    resolved, more = resolve_vm_entries(raw, config, prefix)
-    problems += more
+    raw, _ = vm_entries(dig(obj, path), ".".join(path))
+    resolved, problems = vm_object_entries(obj, path, config)
     if problems:
         raise SpecError(subject, problems)
     ops: list[JsonPatchOp] = []
+    requests: Counter[str] = Counter()
+    # without problems every raw entry resolved to exactly one entry, in order
     for entry, done in zip(raw, resolved, strict=True):
+        if not isinstance(done, DeviceEntry):
+            continue  # a DRA claim entry: the scheduler allocates it, nothing to rewrite
+        requests[done.resource] += 1
         if entry.device_name != done.resource:
             where = pointer(*path, entry.list_key, entry.index, "deviceName")
             ops.append({"op": "replace", "path": where, "value": done.resource})
-    return ops, dict(Counter(e.resource for e in resolved))
+    return ops, dict(requests)
 
 
 # --------------------------------------------------------------------------- Pods

@@ -9,7 +9,7 @@ import pytest
 from vfio_dp.errors import MetadataFormatError
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model.address import PciAddress
-from vfio_dp.plugin.paths import dra_device_name
+from vfio_dp.model.naming import dra_device_address, dra_device_name
 
 DRIVER = "vfio.example.com"
 
@@ -168,3 +168,17 @@ def test_container_paths() -> None:
 def test_hostile_path_components_refused(claim: str, request_: str, driver: str) -> None:
     with pytest.raises(MetadataFormatError, match="not a valid Kubernetes name"):
         md.container_path(claim, request_, driver)
+
+
+def test_dra_device_names() -> None:
+    a = PciAddress.parse("0000:3b:01.0")
+    assert dra_device_name(a) == "pci-0000-3b-01-0"
+    assert dra_device_address("pci-0000-3b-01-0") == a
+    for bad in (
+        "pci-0000-3B-01-0",
+        "pci-0000-3b-20-0",
+        "gpu-0",
+        "pci-0000-3b-01-0-1",
+        "pci-00-3b-01-0",
+    ):
+        assert dra_device_address(bad) is None

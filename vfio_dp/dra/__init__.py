@@ -11,3 +11,12 @@ NodePrepare/NodeUnprepareResources and reconcile), ``cdi`` (one CDI spec per cla
 ``__init__`` imports nothing: grpc and the generated code only in ``kubelet``, the
 Kubernetes client only in ``publisher``.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "kubelet",
+    "plugin",
+    "publisher",
+    "slices",
+]

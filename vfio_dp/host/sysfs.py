@@ -75,12 +75,21 @@ def _override(text: str | None) -> str | None:
     return None if text in (None, "", "(null)") else _name(text, "driver_override")
 
 
+_SAID: set[str] = set()  # skip reasons already logged by this process (bounded below)
+
+
 def _skip(e: SysfsValueError) -> None:
     """Say why a device is left out: through ``logging`` (imported only now, so a clean scan
-    never pays for it); with no handler configured, logging prints it on stderr."""
+    never pays for it); with no handler configured, logging prints it on stderr. The daemon
+    rescans every few seconds: each reason is logged once per process, not at every rescan."""
+    text = str(e)
+    if text in _SAID:
+        return
+    if len(_SAID) < 4096:
+        _SAID.add(text)
     import logging
 
-    logging.getLogger("vfio_dp.host").warning("%s", e)
+    logging.getLogger("vfio_dp.host").warning("%s", text)
 
 
 def pci_devices_dir(root: Root) -> str:

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import re
 
+from vfio_dp.errors import AddressError
+from vfio_dp.model.address import PciAddress
+
 DEFAULT_DOMAIN = "devices.kubevirt.io"
+#: The DRA driver name when none is given (``vfioctl dra-plugin``, ``translate --dra``): it
+#: names the sockets, the ResourceSlices' ``spec.driver``, the DeviceClass and the attributes'
+#: domain.
+DEFAULT_DRA_DRIVER = "vfio.dra.vfio-dp.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
 DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
@@ -68,9 +75,31 @@ def is_dns_label(text: str) -> bool:
 
 
 def is_dns_subdomain(text: str) -> bool:
-    """A Kubernetes DNS subdomain (object names such as a ResourceClaim's, DRA driver names):
-    :func:`dns_subdomain_problem` finds nothing."""
+    """A Kubernetes DNS subdomain: <= 253, dot-separated DNS labels (object names such as a
+    ResourceClaim's, DRA driver names)."""
     return dns_subdomain_problem(text) is None
+
+
+def dra_device_name(address: PciAddress) -> str:
+    """The DRA device name of the group whose first endpoint is ``address``:
+    ``pci-<domain>-<bus>-<slot>-<function>`` in lowercase hex (``pci-0000-3b-01-0``)."""
+    return (
+        f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
+    )
+
+
+def dra_device_address(name: str) -> PciAddress | None:
+    """The address a DRA device name stands for (inverse of :func:`dra_device_name`), or None
+    when ``name`` is not one of ours."""
+    parts = name.split("-")
+    if len(parts) != 5 or parts[0] != "pci":
+        return None
+    text = f"{parts[1]}:{parts[2]}:{parts[3]}.{parts[4]}"
+    try:
+        addr = PciAddress.parse(text)
+    except AddressError:
+        return None
+    return addr if dra_device_name(addr) == name else None
 
 
 def is_valid_id(text: str) -> bool:

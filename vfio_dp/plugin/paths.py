@@ -29,11 +29,7 @@ from dataclasses import dataclass
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA, Config
 from vfio_dp.model.device import Inventory, PciDevice
-
-
-def dra_device_name(address: PciAddress) -> str:
-    """``0000:3b:01.0`` → ``pci-0000-3b-01-0``: a DNS label (lowercase hex, dashes)."""
-    return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
+from vfio_dp.model.naming import dra_device_name
 
 
 def group_paths(inventory: Inventory, config: Config) -> dict[int, dict[PciAddress, str]]:
