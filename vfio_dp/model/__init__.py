@@ -6,6 +6,7 @@ __all__ = [
     "address",
     "config",
     "device",
+    "dra_metadata",
     "naming",
     "plan",
 ]
