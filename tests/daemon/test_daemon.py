@@ -399,3 +399,26 @@ async def test_a_directory_replacing_our_socket_is_logged_then_served_again(
             raise AssertionError("the socket was not served again within 2 s")
     finally:
         logging.getLogger("vfio_dp").removeHandler(handler)
+
+
+async def test_the_daemon_serves_only_device_plugin_devices_and_binds_only_its_own(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """`path: dra` devices are the DRA plugin's: never advertised here, and its `bind: true`
+    selectors are not bound by this process."""
+    from tests.kernel_sim import SimulatedKernel
+
+    cfg = tmp_path / "paths.yaml"
+    cfg.write_text(
+        'selectors:\n'
+        '- {vendor: "8086", device: "10d3", path: dra}\n'
+        '- {vendor: "15b3", device: "101c", path: dra, bind: true}\n'
+        '- {vendor: "8086", device: "100e", resourceName: pair, path: devicePlugin}\n'
+    )
+    host = Host(tree.root, kernel=SimulatedKernel(tree))
+    daemon = await start_daemon(config=cfg, host=host)
+    pair = "devices.kubevirt.io/pair"
+    await kubelet.wait_for("the e1000 pair listed", lambda k: pair in k.plugins)
+    assert NIC not in kubelet.plugins and set(daemon.endpoints) == {pair}
+    assert tree.driver_of("0000:af:00.1") == "mlx5_core"  # a DRA bind: true VF: not ours
+    assert daemon.metrics.get("vfio_dp_binds_total") == 0
