@@ -102,7 +102,7 @@ async def start_plugin(
         await p.stop()
 
 
-async def test_registers_publishes_exactly_and_refuses_claims_plainly(
+async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
     apiserver: ApiServerStandin, kdirs: tuple[str, str], start_plugin: StartPlugin
 ) -> None:
     registry, plugins = kdirs
@@ -135,8 +135,10 @@ async def test_registers_publishes_exactly_and_refuses_claims_plainly(
         await asyncio.sleep(0.6)
         assert plugin.publisher.writes == writes and pool(apiserver)[0] == gen
         answer = await kubelet.prepare(DRIVER, [("vms", "uid-1", "gpu-claim")])
-        assert "does not prepare DRA claims yet" in answer["uid-1"].error
-        assert "vms/gpu-claim" in answer["uid-1"].error and not answer["uid-1"].devices
+        assert "claim vms/gpu-claim (uid uid-1): the ResourceClaim does not exist" in (
+            answer["uid-1"].error
+        )
+        assert not answer["uid-1"].devices
         assert await kubelet.unprepare(DRIVER, [("vms", "uid-1", "gpu-claim")]) == {"uid-1": ""}
         await plugin.stop()
         assert not os.path.exists(view.socket) and not os.path.exists(view.endpoint)

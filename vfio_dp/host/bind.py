@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from vfio_dp.errors import BindError, PathEscapeError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import Operation, OriginalDriver, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, Operation, OriginalDriver, StateStore
 from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
@@ -112,6 +112,8 @@ class Binder:
         self.root = root
         self.kernel = kernel
         self.state = state
+        #: Who the bind records of this binder name (``operator``, ``daemon``, ``claim:<uid>``).
+        self.bound_by = BOUND_BY_OPERATOR
         #: The journal of the operation being run; each write is recorded in it first.
         self.op: Operation | None = None
 
@@ -185,13 +187,32 @@ class Binder:
         return dev
 
     # -- operations ----------------------------------------------------------------------
+    def record_to_write(self, dev: PciDevice) -> OriginalDriver | None:
+        """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
+        existing one (also when it already says exactly this). A record left from an earlier
+        boot (the device is back on a host driver) or by an interrupted bind is taken over:
+        the driver the device has now is what to give back (driverless: keep the recorded
+        one), and whoever binds it now (:attr:`bound_by`) owns the binding."""
+        rec = self.state.get(dev.address)
+        if rec is not None and rec.bound_by == self.bound_by and dev.driver is None:
+            return None
+        keep = rec is not None and dev.driver is None
+        new = OriginalDriver(
+            str(dev.address),
+            rec.driver if keep and rec is not None else dev.driver,
+            rec.driver_override if keep and rec is not None else dev.driver_override,
+            dev.vendor,
+            dev.device,
+            self.bound_by,
+        )
+        return None if new == rec else new
+
     def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
         """Move ``dev`` (as read under its lock, planned to move) to vfio-pci."""
         addr = dev.address
-        if self.state.get(addr) is None:
-            self.state.put(
-                OriginalDriver(str(addr), dev.driver, dev.driver_override, dev.vendor, dev.device)
-            )
+        new = self.record_to_write(dev)
+        if new is not None:
+            self.state.put(new)
         touched.append(addr)
         steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))
         result.steps.extend(steps)

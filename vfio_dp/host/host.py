@@ -28,7 +28,7 @@ from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import OpDevice, Operation, OriginalDriver, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, OpDevice, Operation, OriginalDriver, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, PciDevice
@@ -238,6 +238,7 @@ class Host:
         force: bool = False,
         dry_run: bool = False,
         probe: bool = True,
+        bound_by: str = BOUND_BY_OPERATOR,
     ) -> BindResult:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
@@ -248,6 +249,8 @@ class Host:
         bound some meanwhile): the binder only executes it. An interrupted operation on these
         devices (its process was killed) is undone first (:meth:`recover`), so the original
         drivers recorded stay the true ones.
+        ``bound_by`` goes into each new bind record (``operator``, ``daemon``,
+        ``claim:<uid>``); devices already on vfio-pci keep their record and owner.
         """
         undone: list[str] = []
         if not dry_run:
@@ -260,6 +263,7 @@ class Host:
         in_use = self._groups_in_use(inv, addresses) if probe else None
         plan = self._plan_bind(inv, addresses, in_use, group=group, force=force)
         binder = self._binder()
+        binder.bound_by = bound_by
         if dry_run:
             result = BindResult(
                 already=list(plan.already),
@@ -338,26 +342,26 @@ class Host:
         for dev in targets:
             self._preflight(binder, binder.bind_steps(dev, need_module=False))
         written: list[PciAddress] = []
+        replaced: list[OriginalDriver] = []
         op: Operation | None = None
         try:
             op = self.state.begin(
                 "bind", self.owner, [OpDevice(str(d.address), "vfio-pci", None) for d in targets]
             )
             for dev in targets:
-                if self.state.get(dev.address) is None:
-                    self.state.put(
-                        OriginalDriver(
-                            str(dev.address),
-                            dev.driver,
-                            dev.driver_override,
-                            dev.vendor,
-                            dev.device,
-                        )
-                    )
+                before = self.state.get(dev.address)
+                record = binder.record_to_write(dev)
+                if record is not None:
+                    self.state.put(record)
                     written.append(dev.address)
+                    if before is not None:
+                        replaced.append(before)
         except HostError as e:  # full, read-only, escaping, or an unreadable old record
             for a in written:
                 self.state.remove(a)
+            for rec in replaced:
+                with contextlib.suppress(StateWriteError, PathEscapeError):
+                    self.state.put(rec)
             if op is not None:
                 self.state.finish(op)
             if not isinstance(e, (StateWriteError, PathEscapeError)):

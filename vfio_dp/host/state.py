@@ -3,7 +3,12 @@
 - ``<root>/var/lib/vfio_dp/original/<bdf>.json`` — the driver a device had before we bound it::
 
       {"address": "0000:01:00.0", "driver": "e1000e", "driver_override": null,
-       "vendor": "8086", "device": "10d3"}
+       "vendor": "8086", "device": "10d3", "bound_by": "operator"}
+
+  ``bound_by`` says who bound it: ``operator`` (``vfioctl bind``), ``daemon`` (a selector's
+  ``bind: true``) or ``claim:<uid>`` (a DRA claim with ``bind: onPrepare``). Only a claim's
+  own bindings are ever undone by the DRA plugin's Unprepare or reconcile. Records written
+  before the field existed read as ``operator``: nobody automatic ever undoes those.
 
   written before the device's first sysfs write and removed once it is restored.
 - ``<root>/var/lib/vfio_dp/ops/<id>.json`` — the journal of one bind or unbind while it
@@ -55,6 +60,20 @@ OPS_DIR = ("var", "lib", "vfio_dp", "ops")
 LOCK_DIR = ("run", "vfio_dp")
 _MAX_RECORD = 1 << 20  # a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
 
+BOUND_BY_OPERATOR = "operator"
+BOUND_BY_DAEMON = "daemon"
+_CLAIM_PREFIX = "claim:"
+
+
+def bound_by_claim(uid: str) -> str:
+    """``claim:<uid>``: the ``bound_by`` of a device a DRA claim's Prepare bound."""
+    return _CLAIM_PREFIX + uid
+
+
+def claim_of(bound_by: str) -> str | None:
+    """The claim UID in ``claim:<uid>``, None for ``operator``/``daemon``."""
+    return bound_by[len(_CLAIM_PREFIX) :] if bound_by.startswith(_CLAIM_PREFIX) else None
+
 
 @dataclass(frozen=True, slots=True)
 class OriginalDriver:
@@ -63,6 +82,7 @@ class OriginalDriver:
     driver_override: str | None
     vendor: str
     device: str
+    bound_by: str = BOUND_BY_OPERATOR
 
 
 @dataclass(slots=True)
