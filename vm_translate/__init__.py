@@ -20,6 +20,7 @@ __all__ = [
     "alias",
     "allocation",
     "config_watch",
+    "dra",
     "errors",
     "hostdev",
     "inputs",
@@ -31,6 +32,7 @@ __all__ = [
     "review",
     "spec",
     "tls",
+    "to_dra",
     "translate",
     "webhook",
 ]
