@@ -15,8 +15,12 @@ Kubernetes client only in ``publisher``.
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
+    "cdi",
+    "checkpoint",
     "kubelet",
+    "metadata",
     "plugin",
+    "prepare",
     "publisher",
     "slices",
 ]
