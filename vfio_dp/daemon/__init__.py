@@ -7,3 +7,7 @@ reload, uevents, ``bind: true``, metrics and the allocation record live in
 (import-linter contract); never imports :mod:`vfio_dp.dra`.
 Import-light: nothing heavy is imported by this ``__init__``.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = ["app", "servicer"]
