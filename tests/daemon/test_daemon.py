@@ -17,6 +17,7 @@ from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.errors import ConfigError
 from vfio_dp.host import Host
 from vfio_dp.model import naming
+from vfio_dp.model.address import PciAddress
 
 GPU = "devices.kubevirt.io/10de_1eb8"
 AUDIO = "devices.kubevirt.io/10de_10f8"
@@ -304,6 +305,8 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     )
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
     assert tree.driver_of("0000:3b:00.1") == "vfio-pci"  # the group sibling too
+    rec = host.state.get(PciAddress.parse("0000:3b:00.0"))
+    assert rec is not None and rec.bound_by == "daemon"  # never undone by a DRA claim
     # the host's own root disk is refused, listed Unhealthy, and nothing touched it
     assert tree.driver_of("0000:00:02.0") == "virtio-pci"
     assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1

@@ -39,6 +39,7 @@ from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
 from vfio_dp.host.files import load_config, read_config_bytes
+from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
@@ -250,7 +251,9 @@ class NodeCore:
         for addrs in plan:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:
-                result = await self.run(self.host.bind, addrs, group=True, probe=False)
+                result = await self.run(
+                    self.host.bind, addrs, group=True, probe=False, bound_by=BOUND_BY_DAEMON
+                )
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")
                 log.error("bind: true: did not bind %s: %s", names, e)
