@@ -135,8 +135,9 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         await asyncio.sleep(0.6)
         assert plugin.publisher.writes == writes and pool(apiserver)[0] == gen
         answer = await kubelet.prepare(DRIVER, [("vms", "uid-1", "gpu-claim")])
-        assert "claim vms/gpu-claim (uid uid-1): the ResourceClaim does not exist" in (
-            answer["uid-1"].error
+        assert (
+            "claim vms/gpu-claim (uid uid-1): the ResourceClaim vms/gpu-claim does not exist"
+            in (answer["uid-1"].error)
         )
         assert not answer["uid-1"].devices
         assert await kubelet.unprepare(DRIVER, [("vms", "uid-1", "gpu-claim")]) == {"uid-1": ""}

@@ -173,7 +173,8 @@ async def test_per_claim_errors_in_one_pod(rig: Rig, tree: SysfsTree) -> None:
     assert "device pci-0000-3b-00-0: allocated from pool 'node-b'" in out[other_node[1]].error
     assert f"now has uid '{real_uid}'" in out["uid-of-a-deleted-claim"].error
     assert (
-        "vms/nope (uid uid-missing): the ResourceClaim does not exist" in out["uid-missing"].error
+        "vms/nope (uid uid-missing): the ResourceClaim vms/nope does not exist"
+        in out["uid-missing"].error
     )
     assert tree.driver_of(GPU) == "nvidia"  # nothing bound for the refused claims
     answers = await rig.kubelet.unprepare(DRIVER, [good, other_node, stale, missing])

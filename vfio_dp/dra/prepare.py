@@ -250,7 +250,9 @@ class ClaimPreparer:
             raise ClaimError(who, f"cannot read the ResourceClaim from the API server: {e}") from e
         if obj is None:
             raise ClaimError(
-                who, "the ResourceClaim does not exist (deleted?); kubelet retries if it returns"
+                who,
+                f"the ResourceClaim {claim.namespace}/{claim.name} does not exist in the API "
+                "server (deleted?); nothing was bound",
             )
         view = view_claim(obj)
         if view.uid != claim.uid:
