@@ -205,11 +205,17 @@ async def test_claim_deleted_while_prepared_is_restored_by_reconcile(
     ref = rig.seed(claim("vm-gpu", [gpu_result()]))
     assert (await rig.kubelet.prepare(DRIVER, [ref]))[ref[1]].error == ""
     await asyncio.to_thread(_delete_claim, rig.api, ref)
-    deadline = asyncio.get_running_loop().time() + 5
-    while (tree.driver_of(GPU), tree.driver_of(AUDIO)) != ("nvidia", "snd_hda_intel"):
+    deadline = asyncio.get_running_loop().time() + 15  # resync is 0.2 s; the machine is shared
+
+    def done() -> bool:  # drivers back, then the claim forgotten (in that order)
+        drivers = (tree.driver_of(GPU), tree.driver_of(AUDIO))
+        return drivers == ("nvidia", "snd_hda_intel") and (
+            rig.plugin.claims.checkpoint.get(ref[1]) is None
+        )
+
+    while not done():
         assert asyncio.get_running_loop().time() < deadline, "reconcile did not restore"
         await asyncio.sleep(0.05)
-    assert rig.plugin.claims.checkpoint.get(ref[1]) is None
 
 
 def _delete_claim(api: ApiServerStandin, ref: tuple[str, str, str]) -> None:
