@@ -28,3 +28,4 @@ bench:
 	$(PYTHON) bench/plugin_bench.py
 	$(PYTHON) bench/webhook_bench.py
 	$(PYTHON) bench/compare_tools.py
+	$(PYTHON) bench/dra_bench.py

@@ -48,6 +48,7 @@ def _load(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up here
     sys.path.insert(0, str(HERE.parent))
     try:
         spec.loader.exec_module(module)

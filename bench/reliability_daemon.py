@@ -25,6 +25,11 @@ last must not exceed the first (no growth per restart).
 ``rows(quick)`` returns the rows for ``bench/reliability.py`` (keys: area, case, fault_or_load,
 answered_correctly, devices_without_driver, rss_peak_mb, note). ``--quick``: 64 resources over
 1,024 devices, 2,000 calls, 3 restarts.
+
+During the Allocate load the ConfigMap is also swapped to four hostile files (billion laughs,
+2,000-deep nesting, not UTF-8, 3,000 anchored bad selectors) while ``/healthz`` is probed every
+0.1 s: each must be rejected (``vfio_dp_config_reloads_total{result="rejected"}``), the old
+config kept, and every probe answered 200.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -55,8 +60,9 @@ RESOURCES = 64
 MALFORMED_EVERY = 10  # one call in ten is malformed (alternately: no IDs, an unknown ID)
 
 
-@dataclass(frozen=True)
-class Load:
+# NamedTuples and a plain class, not dataclasses: bench/reliability.py loads this file by path
+# without registering it in sys.modules, which dataclasses need.
+class Load(NamedTuple):
     devices: int
     allocs: int
     clients: int
@@ -68,12 +74,23 @@ FULL = Load(devices=4096, allocs=10_000, clients=16, restarts=20, after=640)
 QUICK = Load(devices=1024, allocs=2_000, clients=16, restarts=3, after=640)
 
 
-def memory_limit_mib() -> float:
-    """``resources.limits.memory`` of the daemon container in deploy/base/daemonset.yaml."""
+def _daemon_container() -> dict[str, object]:
     import yaml
 
     doc = yaml.safe_load((REPO / "deploy/base/daemonset.yaml").read_text())
-    container = doc["spec"]["template"]["spec"]["containers"][0]
+    return dict(doc["spec"]["template"]["spec"]["containers"][0])
+
+
+def probe_timeout_s() -> float:
+    """``livenessProbe.timeoutSeconds`` of the daemon container (Kubernetes' default is 1)."""
+    probe = _daemon_container().get("livenessProbe") or {}
+    assert isinstance(probe, dict)
+    return float(probe.get("timeoutSeconds", 1))
+
+
+def memory_limit_mib() -> float:
+    """``resources.limits.memory`` of the daemon container in deploy/base/daemonset.yaml."""
+    container: Any = _daemon_container()
     text = str(container["resources"]["limits"]["memory"])
     units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0}
     for suffix, factor in units.items():
@@ -82,8 +99,7 @@ def memory_limit_mib() -> float:
     return float(text) / (1024 * 1024)
 
 
-@dataclass
-class Sample:
+class Sample(NamedTuple):
     rss_mib: float
     hwm_mib: float
     threads: int
@@ -108,12 +124,12 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))] if s else float("nan")
 
 
-@dataclass
 class CallStats:
-    made: int = 0
-    right: int = 0
-    wrong: list[str] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.made = 0
+        self.right = 0
+        self.wrong: list[str] = []
+        self.latencies: list[float] = []
 
 
 async def allocate_load(
@@ -170,6 +186,85 @@ async def allocate_load(
     return stats
 
 
+GOOD_CONFIG = "selectors:\n- drivers: [vfio-pci]\n"  # what the default selects, as a file
+HOSTILE_CONFIGS: list[bytes] = [
+    (
+        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+        + "".join(
+            f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n"
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        )
+    ).encode(),
+    b"selectors: " + b"[" * 2000 + b"]" * 2000,
+    b"selectors:\n- resourceName: ger\xe4t\n",
+    b"x: &x {vendor: zz, device: yy}\nselectors: [" + b",".join([b"*x"] * 3000) + b"]\n",
+]
+
+
+def swap_configmap(directory: Path, version: str, data: bytes) -> Path:
+    """A ConfigMap volume as the kubelet updates it: ``config.yaml -> ..data/config.yaml``,
+    ``..data -> ..<version>``, swapped by renaming a new symlink over ``..data``."""
+    target = directory / f"..{version}"
+    target.mkdir(parents=True)
+    (target / "config.yaml").write_bytes(data)
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(target.name)
+    os.replace(tmp, directory / "..data")
+    link = directory / "config.yaml"
+    if not link.is_symlink():
+        link.symlink_to("..data/config.yaml")
+    return link
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    return await asyncio.to_thread(get)
+
+
+async def metric(port: int, name: str) -> float:
+    _, body = await http_get(port, "/metrics")
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def hostile_swaps(directory: Path, port: int) -> tuple[int, int, float]:
+    """Swap the ConfigMap to each hostile file in turn, probing ``/healthz`` every 0.1 s for
+    1.5 s after each (the daemon looks at the file every 0.25 s); (probes, failed, slowest)."""
+    probes = bad = 0
+    slowest = 0.0
+    for i, data in enumerate(HOSTILE_CONFIGS):
+        swap_configmap(directory, f"hostile{i}", data)
+        for _ in range(15):
+            t0 = time.perf_counter()
+            status, body = await http_get(port, "/healthz")
+            slowest = max(slowest, time.perf_counter() - t0)
+            probes += 1
+            bad += (status, body.strip()) != (200, "ok")
+            await asyncio.sleep(0.1)
+    return probes, bad, slowest
+
+
 def all_listed(names: list[str], per: int) -> object:
     def check(k: KubeletStandin) -> bool:
         for name in names:
@@ -198,6 +293,8 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
     for address, dev in tree.devs.items():
         assert dev.group is not None
         targets.append((f"devices.kubevirt.io/{dev.vendor}_{dev.device}", address, dev.group))
+    config = swap_configmap(work / "cm", "v1", GOOD_CONFIG.encode())
+    port = free_port()
     kubelet = KubeletStandin(kdir)
     await kubelet.start()
     log = open(work / "daemon.log", "w")  # noqa: SIM115 - closed in finally
@@ -209,8 +306,12 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
             str(tree.root),
             "--kubelet-dir",
             kdir,
+            "--config",
+            str(config),
             "--metrics-port",
-            "0",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
         ],  # --resync 5 and log level info: as the DaemonSet runs it
         stdout=log,
         stderr=log,
@@ -241,8 +342,27 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
             return rows, detail
 
         t0 = time.monotonic()
+        swaps = asyncio.create_task(hostile_swaps(work / "cm", port))
         stats = await allocate_load(kubelet, targets, load.allocs, load.clients)
         took = time.monotonic() - t0
+        probes, bad_probes, slowest = await swaps
+        rejected = await metric(port, 'vfio_dp_config_reloads_total{result="rejected"}')
+        rows.append(
+            {
+                "area": AREA,
+                "case": "hostile ConfigMap swaps during the Allocate load",
+                "fault_or_load": "billion laughs (342 B), 2,000-deep nesting, not UTF-8, "
+                "3,000 anchored bad selectors",
+                "answered_correctly": bad_probes == 0
+                and rejected == len(HOSTILE_CONFIGS)
+                and slowest < probe_timeout_s(),
+                "devices_without_driver": devices_col,
+                "rss_peak_mb": round(sample(proc.pid).hwm_mib, 1),
+                "note": f"{rejected:.0f}/{len(HOSTILE_CONFIGS)} rejected, old config kept; "
+                f"/healthz {probes - bad_probes}/{probes} answered 200, slowest {slowest * 1e3:.0f} ms "
+                f"(the probes' timeout: {probe_timeout_s():.0f} s)",
+            }
+        )
         s = sample(proc.pid)
         p50, p99 = pct(stats.latencies, 50) * 1e3, pct(stats.latencies, 99) * 1e3
         detail.append(
@@ -343,10 +463,11 @@ async def run(load: Load) -> tuple[list[dict[str, object]], list[str]]:
         errors = [
             line
             for line in (work / "daemon.log").read_text(errors="replace").splitlines()
-            if "Traceback" in line or " ERROR " in line
+            if "Traceback" in line or (" ERROR " in line and "invalid configuration" not in line)
         ]
         detail.append(
-            f"daemon exit {proc.returncode}; ERROR/Traceback lines in its log: {len(errors)}"
+            f"daemon exit {proc.returncode}; Traceback or unexpected ERROR lines in its log "
+            f"(the rejected configs excepted): {len(errors)}"
         )
         detail.extend(errors[:5])
         await kubelet.stop()

@@ -113,6 +113,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
         rows = [device_json(d, serving[a], names) for a, d in inv.devices.items()]
         if output == "json":
             print_json(rows)
+            _report_operations(host)
             return 0
         headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
         if config:
@@ -143,9 +144,20 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                 for a, d in inv.devices.items()
             ],
         )
+        _report_operations(host)
         return 0
 
     run_guarded(body)
+
+
+def _report_operations(host: Host) -> None:
+    """Interrupted binds/unbinds and unreadable records, plainly, on stderr (stdout stays a
+    table or JSON)."""
+    found, problems = host.interrupted()
+    for op in found:
+        click.echo(f"vfioctl: {op.message()}", err=True)
+    for p in problems:
+        click.echo(f"vfioctl: warning: {p}", err=True)
 
 
 @click.command("groups")
@@ -249,7 +261,7 @@ def _report(result: BindResult, output: str, verb: str) -> None:
         )
         return
     for w in result.warnings:
-        click.echo(f"warning: forced: {w}", err=True)
+        click.echo(f"warning: {w}", err=True)
     if result.dry_run:
         for s in result.steps:
             click.echo(str(s))

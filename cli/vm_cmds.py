@@ -81,11 +81,11 @@ def _int_auto(value: str | int) -> int:
 )
 @option(
     "--max-connections",
-    default=512,
+    default=384,
     show_default=True,
     type=click.IntRange(1),
-    help="Open connections at most; at the cap a new one closes the least recently active "
-    "idle one (~65 KB each).",
+    help="Open connections at most (25-100 KB each); at the cap a new one closes an idle one "
+    "(bare TCP first, then the least recently active).",
 )
 @option(
     "--handshake-timeout",

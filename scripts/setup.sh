@@ -17,6 +17,8 @@ APT_PACKAGES=(
   pciutils pci.ids
   # the tools people use today, compared side by side in the guest
   driverctl dpdk
+  # the external fault injector of the crash tests (SIGKILL, ENOSPC, delays on sysfs writes)
+  strace
   # `vagrant validate` of the Vagrantfile with its real libvirt provider; shellcheck for its
   # provisioning script
   vagrant vagrant-libvirt shellcheck

@@ -14,7 +14,16 @@ import sys
 
 import pytest
 
-MODULE_PACKAGES = ["vfio_dp", "vfio_dp.model", "vfio_dp.plugin", "vm_translate", "cli"]
+MODULE_PACKAGES = [
+    "vfio_dp",
+    "vfio_dp.core",
+    "vfio_dp.daemon",
+    "vfio_dp.dra",
+    "vfio_dp.model",
+    "vfio_dp.plugin",
+    "vm_translate",
+    "cli",
+]
 
 
 @pytest.mark.parametrize("name", MODULE_PACKAGES)

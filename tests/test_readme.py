@@ -28,10 +28,6 @@ from vm_translate.translate import translate
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
-#: Options the README documents that another branch of this session adds; until it is merged,
-#: their check is skipped with this reason (and made as soon as the option exists).
-PENDING_OPTIONS = {("unbind", "--all"): "`vfioctl unbind --all` is added by branch `house`"}
-
 
 def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
@@ -127,8 +123,6 @@ def test_every_vfioctl_option_shown_exists(command: str, option: str) -> None:
     cmd = _command(command)
     assert cmd is not None
     opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
-    if option not in opts and (command, option) in PENDING_OPTIONS:
-        pytest.skip(f"{PENDING_OPTIONS[command, option]}; not in this tree yet")
     assert option in opts, f"`vfioctl {command}` has no {option} (it has {sorted(opts)})"
 
 

@@ -12,7 +12,9 @@ This ``__init__`` stays import-light on purpose: ``vfioctl list`` must not pay f
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
+    "core",
     "daemon",
+    "dra",
     "errors",
     "host",
     "model",

@@ -123,10 +123,14 @@ class SysfsValueError(HostError):
 class PathEscapeError(HostError):
     """A path or symlink would leave the configured root."""
 
-    def __init__(self, path: str, root: str) -> None:
+    def __init__(self, path: str, root: str, via: str | None = None) -> None:
         self.path = path
         self.root = root
-        super().__init__(f"refusing {path!r}: it resolves outside the root {root!r}")
+        self.via = via
+        msg = f"refusing {path!r}: it resolves outside the root {root!r}"
+        if via:
+            msg += f" (through the symlink {via}); fix or remove that link"
+        super().__init__(msg)
 
 
 class DeviceNotFoundError(HostError):
@@ -178,6 +182,21 @@ class LockTimeoutError(BindError):
 
 class WriteTimeoutError(BindError):
     """A sysfs write (typically ``driver/unbind``) did not return in time."""
+
+
+class StateWriteError(BindError):
+    """A durable record (original driver, operation journal, lock) could not be written:
+    the state directory is full, read-only or missing. Raised before the first sysfs write
+    of an operation, so nothing was changed."""
+
+
+class CorruptRecordError(HostError):
+    """A durable record exists but cannot be read; it is reported and kept, never dropped."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"unreadable record {path}: {why}; it is kept as it is; {fix}")
 
 
 class PluginError(VfioError):

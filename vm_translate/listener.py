@@ -7,10 +7,13 @@ allocated and zero-filled at accept, before the handshake. Measured on this proj
 ClientHello ever sent), idle TLS or slow headers; 600 connections outgrew the Deployment's
 192Mi limit. The buffer is only the target of ``recv_into`` and is copied into the
 connection's ``ssl.MemoryBIO`` at once (``buffer_updated``), so one buffer per listener serves
-every connection of the (single-threaded) event loop. What stays per connection is asyncio's
-transport and protocol objects and OpenSSL's own record buffers (~45-65 KB measured).
+every connection of the (single-threaded) event loop. What stays per connection: 26 KB
+after a handshake, 50 KB for bare TCP (measured RSS); of that, 7-9 KB is Python heap
+(tracemalloc: asyncio's transport and SSLProtocol, aiohttp's handler) and the rest OpenSSL's
+SSL object and buffers, larger before the handshake (asyncio starts it at accept).
 
-Bounds applied here (each a :class:`ListenerLimits` field, a ``vfioctl webhook`` flag)::
+Bounds applied here (:class:`ListenerLimits` fields; the first two are ``vfioctl webhook``
+flags)::
 
     max_connections     open connections; at the cap a new one evicts one that is not
                         being answered, in this order: one that has sent nothing for
@@ -21,6 +24,7 @@ Bounds applied here (each a :class:`ListenerLimits` field, a ``vfioctl webhook``
                         none qualifies, the NEW connection is closed (load is shed at the
                         door, not from connections already under way).
     handshake_timeout   seconds for the TLS handshake (asyncio's default is 60)
+    silent_grace        0.25 s: how long a new connection is protected from eviction
 
 Header and idle keep-alive time are bounded by aiohttp's keep-alive timer (see
 :mod:`vm_translate.webhook`): it starts when the handshake completes and again after each
@@ -47,14 +51,15 @@ RECV_BUFFER = 256 * 1024
 #: Ciphertext a connection may hold undecrypted while its HTTP side does not read
 #: (asyncio's default is 256 KiB per connection).
 INCOMING_HIGH_WATER = 32 * 1024
-#: Measured RSS of one open connection, rounded up (27 KB idle TLS, 50 KB bare TCP: OpenSSL's
-#: handshake state, asyncio's transport and protocol, aiohttp's handler).
-CONNECTION_RSS = 64 * 1024
+#: Measured RSS of one open connection, rounded up: 26 KB idle TLS, 50 KB bare TCP (OpenSSL's
+#: handshake state, asyncio's transport and protocol, aiohttp's handler), 104 KB holding an
+#: incomplete header block at the webhook's header limits (24 headers of 1 KiB).
+CONNECTION_RSS = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerLimits:
-    max_connections: int = 512
+    max_connections: int = 384
     handshake_timeout: float = 5.0
     silent_grace: float = 0.25
 
@@ -81,6 +86,9 @@ class _TlsConnection(sslproto.SSLProtocol):
             server_side=True,
             ssl_handshake_timeout=listener.limits.handshake_timeout,  # type: ignore[arg-type]
         )
+        # asyncio internals (3.11-3.13): SSLProtocol.get_buffer() hands out _ssl_buffer_view
+        # and buffer_updated() copies from it at once. tests/vm_translate checks they are
+        # used (and the RSS per connection), so a Python that changes them is noticed.
         self._ssl_buffer = listener.recv_buffer
         self._ssl_buffer_view = listener.recv_view
         self._set_read_buffer_limits(high=INCOMING_HIGH_WATER)  # type: ignore[attr-defined]

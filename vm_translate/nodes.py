@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vm_translate.errors import NodeCheckError
+
 _WHOLE = re.compile(r"[0-9]+")
 
 
@@ -76,27 +78,47 @@ def capacity_problems(requests: Mapping[str, int], nodes: Sequence[NodeResources
 
 
 class NodeCache:
-    """``fetch`` results kept for ``ttl`` seconds; concurrent callers share one fetch."""
+    """``fetch`` results kept for ``ttl`` seconds; concurrent callers share one fetch. A failed
+    fetch is remembered for ``retry_after`` seconds (callers get the same error at once, so an
+    unreachable API server is asked once, not once per review)."""
 
     def __init__(
         self,
         fetch: Callable[[], Awaitable[list[NodeResources]]],
         ttl: float,
         clock: Callable[[], float] = time.monotonic,
+        retry_after: float = 5.0,
     ) -> None:
         self._fetch = fetch
         self._ttl = ttl
         self._clock = clock
+        self._retry_after = retry_after
         self._value: list[NodeResources] | None = None
         self._at = 0.0
+        self._error: NodeCheckError | None = None
+        self._error_at = 0.0
         self._lock = asyncio.Lock()
 
-    async def get(self) -> list[NodeResources]:
-        if self._value is not None and self._clock() - self._at < self._ttl:
+    def _cached(self) -> list[NodeResources] | None:
+        now = self._clock()
+        if self._value is not None and now - self._at < self._ttl:
             return self._value
+        if self._error is not None and now - self._error_at < self._retry_after:
+            raise self._error
+        return None
+
+    async def get(self) -> list[NodeResources]:
+        cached = self._cached()
+        if cached is not None:
+            return cached
         async with self._lock:
-            if self._value is not None and self._clock() - self._at < self._ttl:
-                return self._value
-            value = await self._fetch()
-            self._value, self._at = value, self._clock()
+            cached = self._cached()
+            if cached is not None:
+                return cached
+            try:
+                value = await self._fetch()
+            except NodeCheckError as e:
+                self._error, self._error_at = e, self._clock()
+                raise
+            self._value, self._at, self._error = value, self._clock(), None
             return value

@@ -31,10 +31,13 @@ import contextlib
 import json
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
@@ -63,6 +66,10 @@ BACKLOG = 1024
 ACCEPT_BATCH = 16
 #: The HTTP parser's read buffer per connection (aiohttp's default is 64 KiB, paused at 2x).
 READ_BUFSIZE = 16 * 1024
+#: Request headers: how many, and the longest request line, header name or value (longer:
+#: HTTP 400). What a client holds while its headers are incomplete is bounded by these.
+MAX_HEADERS = 24
+MAX_FIELD_SIZE = 1024
 #: RSS of the started webhook with no connection (measured 49 MB with Python 3.11, rounded up).
 BASELINE_RSS = 64 * MIB
 
@@ -77,12 +84,15 @@ class WebhookSettings:
     read_timeout: float = 10.0
     handshake_timeout: float = 5.0
     idle_timeout: float = 10.0
-    max_connections: int = 512
+    max_connections: int = 384
     silent_grace: float = 0.25  # see vm_translate.listener
     body_budget_bytes: int = 16 * MIB
     reload_interval: float = 5.0
     check_nodes: bool = False
     node_cache_seconds: float = 30.0
+    #: a review waits this long for the node list, then is answered unchecked (with a
+    #: warning); well inside the API server's timeoutSeconds (5)
+    node_wait: float = 2.0
 
 
 NodeFetch = Callable[[], Awaitable[list[NodeResources]]]
@@ -119,8 +129,8 @@ _STATE: web.AppKey[_State] = web.AppKey("vfio_dp_webhook", _State)
 
 def worst_case_rss_bytes(settings: WebhookSettings) -> int:
     """An upper bound of the webhook's RSS under any mix of clients, from its limits: each open
-    connection at most its measured cost, undecrypted input, parser buffer and a small body
-    being received; plus every large body the budget admits, each parsed once (JSON objects
+    connection at most its measured cost (with a full header block), undecrypted input,
+    parser buffer and a small body being received; plus every large body the budget admits, each parsed once (JSON objects
     take several times their text; one review is parsed at a time)."""
     per_connection = CONNECTION_RSS + INCOMING_HIGH_WATER + 2 * READ_BUFSIZE + SMALL_BODY
     parsed = 10 * settings.max_body_bytes
@@ -164,6 +174,15 @@ async def _receive(request: web.Request, state: _State) -> bytes | web.Response:
         state.budget.give(reserve)
 
 
+async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckError:
+    """Never raises NodeCheckError: a shielded fetch nobody awaits any more must not leave
+    an exception unretrieved."""
+    try:
+        return await cache.get()
+    except NodeCheckError as e:
+        return e
+
+
 async def mutate(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     listener = state.listener
@@ -175,11 +194,17 @@ async def mutate(request: web.Request) -> web.Response:
         warnings: list[str] = []
         cache = state.nodes
         if cache is not None:  # before parsing: no parsed review is held across an await
+            wait = state.settings.node_wait
             try:
-                nodes = await cache.get()
-            except NodeCheckError as e:
-                log.warning("%s", e)
-                warnings.append(f"vfio_dp: device availability not checked: {e}")
+                async with asyncio.timeout(wait):  # the fetch goes on for later reviews
+                    got = await asyncio.shield(_nodes_or_error(cache))
+            except TimeoutError:
+                got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
+            if isinstance(got, NodeCheckError):
+                log.warning("%s", got)
+                warnings.append(f"vfio_dp: device availability not checked: {got}")
+            else:
+                nodes = got
         try:
             review_request = parse_review(body)
         except ReviewError as e:
@@ -228,6 +253,38 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _HttpLog(logging.Logger):
+    """aiohttp's server logger. A malformed request from a client (bad request line, too many
+    or too long headers) is the client's fault: one WARNING line at most every
+    ``every`` seconds with a count, never aiohttp's ERROR with a traceback per request (a
+    hostile client could fill the log). Other exceptions keep their traceback: they are bugs."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        super().__init__("vm_translate.webhook.http")
+        self.parent = log
+        self.every = every
+        self.malformed = 0
+        self._since = 0
+        self._last_report = -every
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if not isinstance(exc, HttpProcessingError):
+            super().exception(msg, *args, **kwargs)
+            return
+        self.malformed += 1
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last_report >= self.every:
+            self.warning(
+                "%d malformed HTTP request(s) answered 400 in the last %gs; last: %s",
+                self._since,
+                self.every,
+                str(exc.message)[:200],
+            )
+            self._since, self._last_report = 0, now
+
+
 async def _threaded_list_nodes() -> list[NodeResources]:
     from vm_translate import kube_adapter  # imports the kubernetes client on first use
 
@@ -274,8 +331,14 @@ class Webhook:
             app,
             keepalive_timeout=settings.idle_timeout,
             access_log=None,
+            logger=_HttpLog(),
             read_bufsize=READ_BUFSIZE,
             auto_decompress=False,  # the API server sends plain JSON; no gzip bombs
+            # a header block is held whole until complete: aiohttp's defaults (128 headers of
+            # 8 KiB) let one slow client hold 2 MB; the API server sends ~10 short headers
+            max_headers=MAX_HEADERS,
+            max_field_size=MAX_FIELD_SIZE,
+            max_line_size=MAX_FIELD_SIZE,
             handle_signals=False,
         )
         await runner.setup()

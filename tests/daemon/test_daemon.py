@@ -317,18 +317,34 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
 async def test_a_uevent_triggers_a_rescan_well_within_1s(
     tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:
+    """The kernel's unbind message, received the way the core receives it (its reader on the
+    event loop, the monitor's poll), rescans within a second; other subsystems do not count."""
+    from tests.daemon.uevent_standin import KernelUeventStandin
+
     daemon = await start_daemon(resync=60)  # no resync help: only the event can do it
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
-    tree.set_driver(NIC_ID, "e1000e")
-    daemon._on_uevent("unbind 0000:65:00.0")  # what UeventSource calls for a netlink message
-    took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
-    assert took < 1.0
-    assert daemon.metrics.get("vfio_dp_uevents_total") == 1
+    source = KernelUeventStandin()
+    try:
+        assert daemon.core.uevents.start(asyncio.get_running_loop(), source)
+        source.emit("add", "/devices/virtual/net/veth0", subsystem="net")  # filtered out
+        tree.set_driver(NIC_ID, "e1000e")
+        devpath = "/" + str(tree.dev_dir(NIC_ID).relative_to(tree.root / "sys"))
+        source.emit("unbind", devpath)
+        took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
+        assert took < 1.0
+        assert daemon.metrics.get("vfio_dp_uevents_total") == 1
+        assert daemon.metrics.get("vfio_dp_scans_total", trigger="uevent") >= 1
+    finally:
+        await daemon.stop()
+        source.close()
 
 
 def test_kernel_uevent_socket_opens_here() -> None:
     """The netlink kernel source can be opened where the tests run (events themselves cannot
-    be provoked safely here: that would mean rebinding this machine's own devices)."""
+    be provoked safely here: that would mean rebinding this machine's own devices): it is a
+    NETLINK_KOBJECT_UEVENT socket the event loop watches, and stop() lets go of it."""
+    import socket
+
     from vfio_dp.core.uevents import UeventSource
 
     loop = asyncio.new_event_loop()
@@ -336,8 +352,16 @@ def test_kernel_uevent_socket_opens_here() -> None:
         src = UeventSource(lambda what: None)
         if not src.start(loop):
             pytest.skip("no netlink uevent socket in this environment")
-        assert src.fd is not None
+        fd = src.fd
+        assert fd is not None
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            assert sock.family == socket.AF_NETLINK
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == 15  # KOBJECT_UEVENT
+        finally:
+            sock.close()
         src.stop(loop)
+        assert src.fd is None and not loop.remove_reader(fd)  # its reader went with it
     finally:
         loop.close()
 
@@ -375,3 +399,26 @@ async def test_a_directory_replacing_our_socket_is_logged_then_served_again(
             raise AssertionError("the socket was not served again within 2 s")
     finally:
         logging.getLogger("vfio_dp").removeHandler(handler)
+
+
+async def test_the_daemon_serves_only_device_plugin_devices_and_binds_only_its_own(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """`path: dra` devices are the DRA plugin's: never advertised here, and its `bind: true`
+    selectors are not bound by this process."""
+    from tests.kernel_sim import SimulatedKernel
+
+    cfg = tmp_path / "paths.yaml"
+    cfg.write_text(
+        'selectors:\n'
+        '- {vendor: "8086", device: "10d3", path: dra}\n'
+        '- {vendor: "15b3", device: "101c", path: dra, bind: true}\n'
+        '- {vendor: "8086", device: "100e", resourceName: pair, path: devicePlugin}\n'
+    )
+    host = Host(tree.root, kernel=SimulatedKernel(tree))
+    daemon = await start_daemon(config=cfg, host=host)
+    pair = "devices.kubevirt.io/pair"
+    await kubelet.wait_for("the e1000 pair listed", lambda k: pair in k.plugins)
+    assert NIC not in kubelet.plugins and set(daemon.endpoints) == {pair}
+    assert tree.driver_of("0000:af:00.1") == "mlx5_core"  # a DRA bind: true VF: not ours
+    assert daemon.metrics.get("vfio_dp_binds_total") == 0

@@ -46,13 +46,16 @@ and :attr:`requests` (what was called), never to make a refused object accepted.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import datetime
+import ipaddress
 import json
 import os
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -682,8 +685,12 @@ class Store:
 class ApiServerStandin:
     """Start with :meth:`start`; :attr:`kubeconfig` is a file the real client loads."""
 
-    def __init__(self, directory: str, *, token: str | None = None) -> None:
+    def __init__(self, directory: str, *, token: str | None = None, tls: bool = False) -> None:
+        """``tls``: serve HTTPS with a fresh CA (in the kubeconfig as
+        ``certificate-authority-data``), as a real API server does; else plain HTTP."""
         self.dir = directory
+        self.tls = tls
+        self.ca_pem = b""
         self.token = token or uuid.uuid4().hex
         self.store = Store()
         self.lock = threading.Condition()
@@ -703,7 +710,13 @@ class ApiServerStandin:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "http"
+        os.makedirs(self.dir, exist_ok=True)
+        if self.tls:
+            self.ca_pem, context = _tls_context(self.dir)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(
             target=self.server.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -711,13 +724,12 @@ class ApiServerStandin:
             daemon=True,
         )
         self.thread.start()
-        os.makedirs(self.dir, exist_ok=True)
         with open(self.kubeconfig, "w", encoding="utf-8") as f:
             json.dump(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+                    "clusters": [{"name": "standin", "cluster": self._cluster()}],
                     "users": [{"name": "plugin", "user": {"token": self.token}}],
                     "contexts": [
                         {"name": "standin", "context": {"cluster": "standin", "user": "plugin"}}
@@ -726,6 +738,12 @@ class ApiServerStandin:
                 },
                 f,
             )
+
+    def _cluster(self) -> dict[str, str]:
+        cluster = {"server": self.url}
+        if self.tls:
+            cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
+        return cluster
 
     def stop(self) -> None:
         with self.lock:
@@ -1027,6 +1045,60 @@ class ApiServerStandin:
             for e in batch:
                 if e.kind is kind and match(e.obj):
                     yield {"type": e.type, "object": copy.deepcopy(e.obj)}
+
+
+def _tls_context(directory: str) -> tuple[bytes, ssl.SSLContext]:
+    """A fresh CA and a serving certificate for 127.0.0.1 signed by it (files in
+    ``directory``); returns (CA PEM, server context)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "apiserver-standin-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_file = os.path.join(directory, "apiserver.crt")
+    key_file = os.path.join(directory, "apiserver.key")
+    with open(cert_file, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_file, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return ca.public_bytes(serialization.Encoding.PEM), context
 
 
 _PATH = re.compile(

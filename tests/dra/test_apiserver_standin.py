@@ -12,6 +12,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
 
@@ -511,3 +512,39 @@ def test_unknown_fields_in_nodes_too(apiserver: ApiServerStandin) -> None:
     )
     assert code == 400 and 'unknown field "spec.podCIDRz"' in status["message"]
     assert raw(apiserver, "POST", "/api/v1/nodes", {"metadata": {"name": "n2"}})[0] == 201
+
+
+def test_it_serves_https_that_the_real_client_verifies(tmp_path: Path) -> None:
+    import urllib3
+
+    api = ApiServerStandin(str(tmp_path / "tls"), tls=True)
+    api.start()
+    try:
+        assert api.url.startswith("https://127.0.0.1:")
+        client = api.client()
+        slices = k8s.ResourceV1Api(client)
+        assert slices.create_resource_slice(a_slice()).metadata.uid
+        assert [s.metadata.name for s in slices.list_resource_slice().items] == [
+            "node-a-vfio-example-com-0"
+        ]
+        # a client that does not trust this CA is refused by TLS, not served
+        other = ApiServerStandin(str(tmp_path / "other"), tls=True)
+        other.start()
+        other.stop()
+        cfg = json.loads(Path(api.kubeconfig).read_text())
+        cfg["clusters"][0]["cluster"]["certificate-authority-data"] = json.loads(
+            Path(other.kubeconfig).read_text()
+        )["clusters"][0]["cluster"]["certificate-authority-data"]
+        wrong = tmp_path / "wrong-ca"
+        wrong.write_text(json.dumps(cfg))
+        import kubernetes.config
+
+        conf = k8s.Configuration()
+        kubernetes.config.load_kube_config(str(wrong), client_configuration=conf)
+        conf.retries = 0
+        untrusting = k8s.ResourceV1Api(k8s.ApiClient(conf))
+        with pytest.raises(urllib3.exceptions.MaxRetryError) as e:
+            untrusting.list_resource_slice(_request_timeout=5)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+    finally:
+        api.stop()

@@ -102,7 +102,7 @@ async def start_plugin(
         await p.stop()
 
 
-async def test_registers_publishes_exactly_and_refuses_claims_plainly(
+async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
     apiserver: ApiServerStandin, kdirs: tuple[str, str], start_plugin: StartPlugin
 ) -> None:
     registry, plugins = kdirs
@@ -121,8 +121,7 @@ async def test_registers_publishes_exactly_and_refuses_claims_plainly(
         (s,) = slices
         node_uid = apiserver.objects(NODES)[0]["metadata"]["uid"]
         assert s["metadata"]["ownerReferences"] == [
-            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid,
-             "controller": True}
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
         ]
         assert s["spec"]["pool"] == {"name": NODE, "generation": gen, "resourceSliceCount": 1}
         by_name = {d["name"]: d["attributes"] for d in s["spec"]["devices"]}
@@ -136,8 +135,10 @@ async def test_registers_publishes_exactly_and_refuses_claims_plainly(
         await asyncio.sleep(0.6)
         assert plugin.publisher.writes == writes and pool(apiserver)[0] == gen
         answer = await kubelet.prepare(DRIVER, [("vms", "uid-1", "gpu-claim")])
-        assert "does not prepare DRA claims yet" in answer["uid-1"].error
-        assert "vms/gpu-claim" in answer["uid-1"].error and not answer["uid-1"].devices
+        assert "claim vms/gpu-claim (uid uid-1): the ResourceClaim does not exist" in (
+            answer["uid-1"].error
+        )
+        assert not answer["uid-1"].devices
         assert await kubelet.unprepare(DRIVER, [("vms", "uid-1", "gpu-claim")]) == {"uid-1": ""}
         await plugin.stop()
         assert not os.path.exists(view.socket) and not os.path.exists(view.endpoint)
@@ -154,16 +155,16 @@ async def test_withdrawn_within_1s_of_a_change_and_a_hotplug_published(
     gen = pool(apiserver)[0]
     tree.set_driver("0000:af:00.2", "mlx5_core")  # a VF given back to its host driver
     plugin.core.on_uevent("unbind 0000:af:00.2")
-    took = await until(
+    # resync is 60 s: only the event can have done it (the time itself is bench/dra_bench.py's)
+    await until(
         "the VF withdrawn", lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-2"}
     )
-    assert took < 1.0
     assert pool(apiserver)[0] == gen + 1
     tree.add(Dev("0000:af:00.3", "15b3", "101c", "020000", driver="vfio-pci", group=63,
                  parent="0000:00:1e.0", numa=1, physfn="0000:af:00.0"))  # fmt: skip
     plugin.core.on_uevent("add 0000:af:00.3")
-    took = await until("the hotplugged VF", lambda: "pci-0000-af-00-3" in pool(apiserver)[1])
-    assert took < 1.0 and pool(apiserver)[0] == gen + 2
+    await until("the hotplugged VF", lambda: "pci-0000-af-00-3" in pool(apiserver)[1])
+    assert pool(apiserver)[0] == gen + 2
     # the other NVMe of the switch group leaves vfio-pci: the group is no longer viable
     tree.set_driver("0000:08:00.0", "nvme")
     plugin.core.on_uevent("bind 0000:08:00.0")
@@ -180,8 +181,8 @@ async def test_republished_within_one_resync_after_kubelet_wipes_the_slices(
     await kubelet.start()  # a starting kubelet deletes all of the node's slices
     try:
         assert kubelet.wipes == [f"spec.nodeName={NODE}"]
-        took = await until("republished", lambda: pool(apiserver)[1] == set(PUBLISHED), 3)
-        assert took < 0.5 + 0.5  # one resync plus the publish
+        # nothing changed on the node: only the resync's check of the pool can republish
+        await until("republished", lambda: pool(apiserver)[1] == set(PUBLISHED), 5)
         assert pool(apiserver)[0] > gen  # continued, never restarted at 1
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
     finally:
@@ -279,3 +280,36 @@ def test_missing_node_name_and_bad_driver_name_exit_2(
                        env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert p.returncode == 2 and "Not_A.Domain" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
+    tree: SysfsTree, apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """A slice changed behind our back (its resourceVersion moves) is rewritten; and a device
+    change written over our stale record gets 409 Conflict, lists the pool and rewrites."""
+    import kubernetes.client as k8s
+
+    plugin = await start_plugin(resync=0.3)
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    api = k8s.ResourceV1Api(apiserver.client())
+    (s,) = pool(apiserver)[2]
+    name, gen = s["metadata"]["name"], s["spec"]["pool"]["generation"]
+    s["spec"]["devices"] = s["spec"]["devices"][:1]  # someone drops three devices
+    await asyncio.to_thread(api.replace_resource_slice, name, s)
+    await until("restored", lambda: pool(apiserver)[1] == set(PUBLISHED), 3)
+    assert pool(apiserver)[0] == gen + 1
+    # now tamper again and change a device before the resync can notice: 409 → list → rewrite
+    plugin.core.begin_stop()  # no more resyncs; publish by hand below
+    await asyncio.sleep(0.5)  # a scan in flight finishes (and hands over its devices) first
+    (s,) = pool(apiserver)[2]
+    s["metadata"]["labels"] = {"touched": "yes"}
+    await asyncio.to_thread(api.replace_resource_slice, name, s)
+    plugin.publisher.want(plugin.devices[1:])
+    await until(
+        "rewritten after the conflict",
+        lambda: pool(apiserver)[1] == {d["name"] for d in plugin.devices[1:]},
+    )
+    assert plugin.publisher.problem is None
+    conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]
+    assert conflicts, "the stale write was refused by the stand-in and then redone"

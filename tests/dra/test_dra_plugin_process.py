@@ -34,6 +34,16 @@ def vfioctl() -> list[str]:
 
 
 @pytest.fixture
+def apiserver(tmp_path: Path) -> Iterator[ApiServerStandin]:
+    """Over HTTPS, as a real API server: the plugin must trust the kubeconfig's CA."""
+    api = ApiServerStandin(str(tmp_path / "api"), tls=True)
+    api.start()
+    api.seed(NODES, {"metadata": {"name": NODE}})
+    yield api
+    api.stop()
+
+
+@pytest.fixture
 def host(tmp_path: Path) -> SysfsTree:
     return dra_host(tmp_path / "root")
 

@@ -171,7 +171,7 @@ async def test_a_restarted_kubelet_finds_the_socket_again(
     try:
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
         await kubelet.restart()
-        await kubelet.wait_for("registration after restart", lambda k: DRIVER in k.plugins)
+        await kubelet.wait_for("registration after restart", lambda k: k.usable(DRIVER))
         assert len(kubelet.attempts) == 2
         answer = await kubelet.prepare(DRIVER, [("d", "u-1", "c")])
         assert answer["u-1"].error == ""

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -51,8 +51,9 @@ async def kubelet(kdirs: tuple[str, str]) -> AsyncIterator[KubeletDraStandin]:
     await k.stop()
 
 
-def registered(driver: str = DRIVER) -> object:
-    return lambda k: driver in k.plugins
+def registered(driver: str = DRIVER) -> Callable[[KubeletDraStandin], bool]:
+    """Registered and connected (kubelet's "usable")."""
+    return lambda k: k.usable(driver)
 
 
 async def test_sockets_paths_and_get_info_are_what_kubelet_expects(
@@ -201,7 +202,7 @@ async def test_a_request_larger_than_the_bound_is_refused(
 async def test_a_cancelled_call_lets_the_handler_finish(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 0.5
+    handler.delay = 1.0
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         req = v1_pb2.NodePrepareResourcesRequest(
@@ -210,7 +211,11 @@ async def test_a_cancelled_call_lets_the_handler_finish(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.NodePrepareResources(req, timeout=0.1)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.sleep(0.8)
+    assert handler.finished == []  # the deadline passed while the handler was working
+    for _ in range(200):
+        if handler.finished:
+            break
+        await asyncio.sleep(0.05)
     assert handler.finished == ["prepare"]  # the bind was not abandoned half-way
     assert UID_A in handler.prepared
 
@@ -317,7 +322,10 @@ async def test_stop_waits_for_a_running_call(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
         )
         call = asyncio.ensure_future(v1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5))
-        await asyncio.sleep(0.1)  # the handler is running
+        for _ in range(200):  # until the handler is running
+            if handler.calls:
+                break
+            await asyncio.sleep(0.02)
         await front.stop()
         assert handler.finished == ["prepare"]
         with contextlib.suppress(grpc.aio.AioRpcError):
@@ -331,7 +339,9 @@ async def test_a_removed_service_socket_is_recreated_and_serves(
     os.unlink(front.service_socket)
     await front.check()
     assert os.path.exists(front.service_socket)
-    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])  # the kubelet's channel redials
+    # the kubelet's channel redials the new socket (after its reconnect backoff)
+    await kubelet.wait_for("reconnected", lambda k: k.usable(DRIVER), timeout=15)
+    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])
     assert answer[UID_A].error == ""
 
 

@@ -218,3 +218,10 @@ def test_unquoted_ids_are_refused_with_the_fix_never_read_as_other_ids(
 def test_quoted_ids_still_work() -> None:
     cfg = load_config_text("selectors:\n- vendor: '8086'\n  device: \"1000\"\n", "q.yaml")
     assert cfg.selectors[0].vendors == ("8086",) and cfg.selectors[0].devices == ("1000",)
+
+
+def test_too_many_values_are_refused_while_composing() -> None:
+    from vfio_dp.model.config import MAX_CONFIG_NODES
+
+    text = refusal("selectors: [" + "a," * (MAX_CONFIG_NODES + 10) + "]")
+    assert f"more than {MAX_CONFIG_NODES} values" in text

@@ -79,3 +79,18 @@ def test_check_kernel_verdicts(inv: Inventory, tmp_path: Path) -> None:
     assert "not viable (VFIO_GROUP_GET_STATUS)" in bad.reasons[0]
     (none,) = plan_check(inv, [NIC], {})
     assert "/dev/vfio/50 does not exist" in none.reasons[0]
+
+
+def test_a_host_use_is_its_text_and_carries_its_fix() -> None:
+    """Listed, joined and JSON-encoded as the plain text it always was; ``fix`` rides along."""
+    import json
+    import pickle
+
+    from vfio_dp.model.device import HostUse
+
+    u = HostUse("network interface eth0 is up", "bring it down first: ip link set eth0 down")
+    assert u == "network interface eth0 is up" and str(u) == u
+    assert "; ".join([u, u]) == "network interface eth0 is up; network interface eth0 is up"
+    assert json.loads(json.dumps([u])) == ["network interface eth0 is up"]
+    again = pickle.loads(pickle.dumps(u))
+    assert again == u and again.fix == u.fix

@@ -24,8 +24,10 @@ from tests.vm_translate.conftest import CONFIG_YAML
 from tests.vm_translate.test_webhook import VMI, Running, post, review, start
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
-from vm_translate.errors import ReviewError
+from vm_translate.errors import NodeCheckError, ReviewError
+from vm_translate.nodes import NodeResources
 from vm_translate.review import MAX_DEPTH, decide, parse_review
+from vm_translate.webhook import MAX_FIELD_SIZE, MAX_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -426,3 +428,91 @@ def test_config_watch_reads_only_when_the_file_changes(tmp_path: Path) -> None:
     _swap(d, "..v2", NEW_CONFIG)
     assert watch.check()
     assert len(loads) == 2
+
+
+# ------------------------------------------------------------------ --check-nodes time bound
+
+
+async def test_node_list_that_never_comes_is_not_waited_for(tmp_path: Path, config: Config) -> None:
+    never = asyncio.Event()
+
+    async def fetch() -> list[NodeResources]:
+        await never.wait()
+        return []
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch, node_wait=0.2)
+    try:
+        status, answer = await post(s, json.dumps(review(VMI)).encode())
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert "did not arrive within 0.2s" in answer["response"]["warnings"][0]
+    finally:
+        never.set()
+        await s.hook.stop()
+
+
+async def test_failed_node_list_is_asked_once_for_many_reviews(
+    tmp_path: Path, config: Config
+) -> None:
+    calls = []
+
+    async def fetch() -> list[NodeResources]:
+        calls.append(1)
+        raise NodeCheckError("cannot list nodes: forbidden")
+
+    s = await start(tmp_path, config, check_nodes=True, node_fetch=fetch)
+    try:
+        answers = await asyncio.gather(
+            *(post(s, json.dumps(review(VMI)).encode()) for _ in range(5))
+        )
+        for status, answer in answers:
+            assert status == 200 and "forbidden" in answer["response"]["warnings"][0]
+        assert len(calls) == 1
+    finally:
+        await s.hook.stop()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS + 1)),
+        b"X-Big: " + b"a" * (MAX_FIELD_SIZE + 1) + b"\r\n",
+    ],
+    ids=["too-many", "too-long"],
+)
+async def test_header_block_is_bounded(
+    tmp_path: Path, config: Config, headers: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp's defaults (128 headers of 8 KiB) let a client hold 2 MB in one incomplete
+    header block; the webhook's limits answer 400 instead, logged as one warning line."""
+    s = await start(tmp_path, config)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(3):
+                reader, writer = await _raw_tls(s)
+                writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\n" + headers)
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readline(), timeout=10)
+                assert head.split()[1] == b"400", head
+                writer.close()
+        assert "Traceback" not in caplog.text
+        warnings = [r for r in caplog.records if "malformed HTTP request" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    finally:
+        await s.hook.stop()
+
+
+async def test_connections_share_the_listeners_receive_buffer(
+    tmp_path: Path, config: Config
+) -> None:
+    """The memory fix rests on asyncio's SSLProtocol reading through ``get_buffer()``: if a
+    Python version stops doing so, this fails (as does the RSS test above)."""
+    s = await start(tmp_path, config)
+    try:
+        _, writer = await _raw_tls(s)
+        listener = s.hook.listener
+        (conn,) = list(listener._open)
+        assert conn.get_buffer(-1) is listener.recv_view
+        assert len(conn.get_buffer(-1)) == len(listener.recv_buffer)
+        writer.close()
+    finally:
+        await s.hook.stop()

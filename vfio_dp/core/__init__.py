@@ -5,3 +5,13 @@ health, the observer interface), ``policy`` (the bind policy, pure), ``uevents``
 netlink), ``state`` (atomically written records), ``metrics`` (/metrics, /healthz).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "metrics",
+    "node",
+    "policy",
+    "state",
+    "uevents",
+]

@@ -46,6 +46,16 @@ class Metrics:
         "vfio_dp_dra_devices": ("gauge", "DRA devices (IOMMU groups) in this node's pool."),
         "vfio_dp_dra_publishes_total": ("counter", "Writes of this node's ResourceSlices."),
         "vfio_dp_dra_pool_generation": ("gauge", "The pool generation last published."),
+        "vfio_dp_dra_prepared_total": ("counter", "DRA claims prepared (NodePrepareResources)."),
+        "vfio_dp_dra_prepare_errors_total": ("counter", "DRA claims refused by Prepare."),
+        "vfio_dp_dra_unprepare_errors_total": (
+            "counter",
+            "DRA claims Unprepare could not finish (a group still held open, a failed restore).",
+        ),
+        "vfio_dp_dra_held_groups": (
+            "gauge",
+            "IOMMU groups a released claim bound that stay on vfio-pci: a process holds them open.",
+        ),
     }
 
     def __init__(self) -> None:

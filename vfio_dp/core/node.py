@@ -98,7 +98,7 @@ class Observer(Protocol):
 class NodeCore:
     def __init__(self, options: CoreOptions, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root)
+        self.host = host or Host(options.root, owner="daemon")
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
@@ -143,6 +143,7 @@ class NodeCore:
             self._http = await serve_http(
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
+        await self.run(self.host.recover, owner="daemon")  # undo binds a kill interrupted
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),

@@ -25,17 +25,22 @@ class UeventSource:
         self.monitor: Any = None
         self.fd: int | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Open the netlink socket; False (logged) when that is impossible here."""
-        try:
-            import pyudev
+    def start(self, loop: asyncio.AbstractEventLoop, monitor: Any = None) -> bool:
+        """Open the netlink socket; False (logged) when that is impossible here.
 
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
-            monitor.filter_by("pci")
-            monitor.start()
-        except Exception as e:  # pyudev raises OSError, ImportError, or its own errors
-            log.warning("kernel uevents unavailable (%s); relying on the periodic resync", e)
-            return False
+        ``monitor``: an already started source with pyudev's ``Monitor`` interface
+        (``fileno()``, ``poll(timeout)`` returning a device with ``action`` and ``sys_name``,
+        or None) instead of the kernel's netlink socket -- a test's stand-in."""
+        if monitor is None:
+            try:
+                import pyudev
+
+                monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
+                monitor.filter_by("pci")
+                monitor.start()
+            except Exception as e:  # pyudev raises OSError, ImportError, or its own errors
+                log.warning("kernel uevents unavailable (%s); relying on the periodic resync", e)
+                return False
         self.monitor = monitor
         self.fd = monitor.fileno()
         loop.add_reader(self.fd, self._drain)

@@ -225,9 +225,6 @@ class Daemon:
         """Rescan soon (a uevent, SIGUSR1)."""
         self.core.kick(reason)
 
-    def _on_uevent(self, what: str) -> None:
-        self.core.on_uevent(what)
-
     # -- the core's observer -----------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         """Recompute every resource's list from the core's new view and publish changes."""

@@ -3,8 +3,24 @@
 Modules: ``slices`` (pure: the node core's inventory → ResourceSlice objects), ``publisher``
 (the Kubernetes client shell that keeps this node's slices published), ``kubelet`` (the gRPC
 shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``plugin`` (lifecycle:
-core + publisher + kubelet shell). Generated protobuf code lives in ``_pb`` and is imported
-only by ``kubelet``. Never imports :mod:`vfio_dp.daemon` (import-linter contract), and this
+core + publisher + kubelet shell), and for claims: ``prepare`` (the kubelet's Handler:
+NodePrepare/NodeUnprepareResources and reconcile), ``cdi`` (one CDI spec per claim),
+``metadata`` (KEP-5304 device-metadata files; the format is :mod:`vfio_dp.model.dra_metadata`),
+``checkpoint`` (prepared claims, with the boot ID). Generated protobuf code lives in
+``_pb`` and is imported only by ``kubelet``. Never imports :mod:`vfio_dp.daemon` (import-linter contract), and this
 ``__init__`` imports nothing: grpc and the generated code only in ``kubelet``, the
 Kubernetes client only in ``publisher``.
 """
+
+# The public modules, imported on use (this __init__ stays import-light); a new module is
+# listed here or named with a leading underscore (tests/test_public_names.py).
+__all__ = [
+    "cdi",
+    "checkpoint",
+    "kubelet",
+    "metadata",
+    "plugin",
+    "prepare",
+    "publisher",
+    "slices",
+]

@@ -12,11 +12,12 @@ What ``vfioctl dra-plugin`` runs, one asyncio process:
 3. The kubelet shell (:class:`vfio_dp.dra.kubelet.KubeletFrontEnd`) serves
    ``<plugins>/<driver>/dra.sock``, then ``<registry>/<driver>-reg.sock``; every 0.25 s it
    re-creates a socket removed from under it.
-4. NodePrepareResources / NodeUnprepareResources: this version does not prepare claims (the
-   next issue binds groups, writes CDI specs and device metadata): every claim gets an error
-   saying so — never a pretended success. Unprepare answers success: this version never
-   prepared anything, so there is nothing to release (an error would block the pod's
-   deletion forever).
+4. NodePrepareResources / NodeUnprepareResources go to the
+   :class:`~vfio_dp.dra.prepare.ClaimPreparer` (claims read through the publisher's
+   :func:`~vfio_dp.dra.publisher.claim_reader`): ``bind: onPrepare`` groups are bound when a
+   claim is prepared and given back when it is unprepared; CDI specs go to ``--cdi-dir`` and
+   device metadata under ``<plugins>/<driver>/``. At start and every resync it reconciles:
+   claims gone from the API server are unprepared, groups still held open are kept.
 5. SIGTERM/SIGINT: both sockets removed, exit 0. The slices stay: kubelet deletes them 30 s
    after no instance of the driver is connected, and a restarted plugin continues the pool's
    generation.
@@ -37,7 +38,8 @@ from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
-from vfio_dp.dra.publisher import SlicePublisher
+from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
@@ -51,11 +53,6 @@ log = logging.getLogger("vfio_dp.dra")
 DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
 WATCH_INTERVAL = 0.25
 MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
-NOT_YET = (
-    "vfio_dp {version} does not prepare DRA claims yet (NodePrepareResources comes with the "
-    "next release): claim {ns}/{name} was not prepared and no device was bound; use the "
-    "device-plugin path (vfioctl plugin) for this device meanwhile"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +61,7 @@ class DraOptions:
     driver_name: str = DEFAULT_DRIVER
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     plugins_dir: str = "/var/lib/kubelet/plugins"
-    cdi_dir: str = "/var/run/cdi"  # used from the next issue on (Prepare writes CDI specs)
+    cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
     config_path: str | None = None
     root: str = "/"
     resync: float = 5.0
@@ -83,15 +80,6 @@ class DraOptions:
             path=DRA,
             usage=True,
         )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vfio-dp")
-    except PackageNotFoundError:
-        return "(unknown version)"
 
 
 class DraPlugin:
@@ -118,8 +106,20 @@ class DraPlugin:
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
         self._roots: dict[PciAddress, str] = {}
+        self.claims = ClaimPreparer(
+            host=self.core.host,
+            driver=options.driver_name,
+            node=options.node_name,
+            cdi_dir=options.cdi_dir,
+            plugins_dir=options.plugins_dir,
+            read_claim=claim_reader(client),
+            config=lambda: self.core.config,
+            published=self._published_devices,
+            metrics=self.metrics,
+        )
         self._stop = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
+        self._reconcile: asyncio.Task[None] | None = None
         self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -133,8 +133,10 @@ class DraPlugin:
         )
         self.publisher.start()
         await self.core.start()
+        await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
         self._watch = asyncio.create_task(self._watch_loop(), name="watch kubelet sockets")
+        self._reconcile = asyncio.create_task(self._reconcile_loop(), name="reconcile claims")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -150,6 +152,8 @@ class DraPlugin:
         self.core.begin_stop()
         if self._watch is not None:
             self._watch.cancel()
+        if self._reconcile is not None:
+            self._reconcile.cancel()
         await self.kubelet.stop()
         await self.publisher.stop()
         await self.core.close()
@@ -162,6 +166,26 @@ class DraPlugin:
                 await self.kubelet.check()
             except Exception:
                 log.exception("kubelet socket watch")
+
+    async def _reconcile_once(self) -> None:
+        try:
+            report = await self.claims.reconcile()
+        except Exception:
+            log.exception("reconciling prepared claims")
+            return
+        for line in report.unprepared:
+            log.info("claim unprepared by reconcile: %s", line)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync)
+            await self._reconcile_once()
+
+    def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
+        """The devices last written to the API server (before the first write: the ones being
+        published), by name."""
+        written = self.publisher.written_devices
+        return {d["name"]: d for d in (written if written is not None else self.devices)}
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -193,17 +217,10 @@ class DraPlugin:
 
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        version = _version()
-        out: dict[str, ClaimResult] = {}
-        for c in claims:
-            msg = NOT_YET.format(version=version, ns=c.namespace, name=c.name)
-            log.warning("NodePrepareResources refused: %s", msg)
-            out[c.uid] = ClaimResult(error=msg)
-        return out
+        return await self.claims.prepare(claims)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        # nothing was ever prepared by this version: nothing to release
-        return {c.uid: "" for c in claims}
+        return await self.claims.unprepare(claims)
 
 
 async def serve(options: DraOptions, client: Any) -> int:

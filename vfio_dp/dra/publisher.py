@@ -310,3 +310,26 @@ class _suppress_cancel:
 
     def __exit__(self, et: object, e: object, tb: object) -> bool:
         return et is asyncio.CancelledError
+
+
+def claim_reader(client: Any) -> Any:
+    """``await read(namespace, name)`` → the ResourceClaim in its API JSON form
+    (``resource.k8s.io/v1``, camelCase as the server sends it), None when it does not exist
+    (404); any other API failure raises. The Prepare handler's only door to the API server."""
+    api = k8s.ResourceV1Api(client)
+
+    def get(namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            resp = api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        except k8s.exceptions.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _api_error(f"reading ResourceClaim {namespace}/{name}", e) from e
+        raw: Any = resp  # an urllib3 response with _preload_content=False
+        data = json.loads(raw.data)
+        return data if isinstance(data, dict) else None
+
+    async def read(namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(get, namespace, name)
+
+    return read

@@ -12,6 +12,11 @@ unbind from vfio-pci, write the address to ``drivers/<original>/bind`` (or ``dri
 when none was recorded) and verify. ``new_id`` is never used: it grabs every device with
 that ID. The original driver is recorded durably before the first write; any failure rolls
 back every device this call touched, so no device is left without its driver.
+
+Every write is journaled first (:meth:`StateStore.step`: which write each device is about
+to make, fsync'ed) when the binder runs inside an operation (:attr:`Binder.op`), so a
+process killed between any two writes leaves a journal that says exactly where it stopped;
+:meth:`vfio_dp.host.Host.recover` and ``vfioctl unbind`` finish the job from it.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vfio_dp.errors import BindError
+from vfio_dp.errors import BindError, PathEscapeError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import OriginalDriver, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, Operation, OriginalDriver, StateStore
 from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
@@ -107,6 +112,10 @@ class Binder:
         self.root = root
         self.kernel = kernel
         self.state = state
+        #: Who the bind records of this binder name (``operator``, ``daemon``, ``claim:<uid>``).
+        self.bound_by = BOUND_BY_OPERATOR
+        #: The journal of the operation being run; each write is recorded in it first.
+        self.op: Operation | None = None
 
     # -- paths -------------------------------------------------------------------------
     def _dev(self, addr: PciAddress, name: str) -> str:
@@ -134,6 +143,8 @@ class Binder:
     def restore_steps(self, dev: PciDevice, driver: str | None, override: str | None) -> list[Step]:
         a = str(dev.address)
         steps = [Step(self._dev(dev.address, "driver_override"), (override or "") + "\n")]
+        if driver and dev.driver == driver:
+            return steps  # interrupted before its unbind: only the override to put back
         if dev.driver:
             steps.append(Step(self._drv(dev.driver, "unbind"), a))
         if driver and not self.driver_loaded(driver):
@@ -144,17 +155,30 @@ class Binder:
             steps.append(Step(self._probe(), a))
         return steps
 
-    def run(self, steps: Sequence[Step], on_step: Callable[[Step], None] | None = None) -> None:
+    def run(
+        self,
+        steps: Sequence[Step],
+        on_step: Callable[[Step], None] | None = None,
+        *,
+        addr: PciAddress | None = None,
+    ) -> None:
+        """Make each write (journaled first for ``addr`` when inside an operation)."""
+        done = 0
         for s in steps:
             if on_step:
                 on_step(s)
             if not s.path:
                 self.kernel.modprobe(s.data)
                 continue
+            if self.op is not None and addr is not None:
+                self.state.step(self.op, str(addr), done, str(s))
             try:
                 self.kernel.write(s.path, s.data)
             except OSError as e:
                 raise BindError(f"{s} failed: {e.strerror or e}") from e
+            except PathEscapeError as e:
+                raise BindError(f"{s} refused: {e}") from e
+            done += 1
 
     def current(self, addr: PciAddress) -> PciDevice:
         dev = read_device(self.root, addr)
@@ -163,17 +187,36 @@ class Binder:
         return dev
 
     # -- operations ----------------------------------------------------------------------
+    def record_to_write(self, dev: PciDevice) -> OriginalDriver | None:
+        """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
+        existing one (also when it already says exactly this). A record left from an earlier
+        boot (the device is back on a host driver) or by an interrupted bind is taken over:
+        the driver the device has now is what to give back (driverless: keep the recorded
+        one), and whoever binds it now (:attr:`bound_by`) owns the binding."""
+        rec = self.state.get(dev.address)
+        if rec is not None and rec.bound_by == self.bound_by and dev.driver is None:
+            return None
+        keep = rec is not None and dev.driver is None
+        new = OriginalDriver(
+            str(dev.address),
+            rec.driver if keep and rec is not None else dev.driver,
+            rec.driver_override if keep and rec is not None else dev.driver_override,
+            dev.vendor,
+            dev.device,
+            self.bound_by,
+        )
+        return None if new == rec else new
+
     def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
         """Move ``dev`` (as read under its lock, planned to move) to vfio-pci."""
         addr = dev.address
-        if self.state.get(addr) is None:
-            self.state.put(
-                OriginalDriver(str(addr), dev.driver, dev.driver_override, dev.vendor, dev.device)
-            )
+        new = self.record_to_write(dev)
+        if new is not None:
+            self.state.put(new)
         touched.append(addr)
         steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))
         result.steps.extend(steps)
-        self.run(steps)
+        self.run(steps, addr=addr)
         after = self.current(addr)
         if not is_vfio_driver(after.driver):
             raise BindError(
@@ -227,12 +270,12 @@ class Binder:
         dev = self.current(addr)
         steps = self.restore_steps(dev, driver, override)
         try:
-            self.run(steps)
+            self.run(steps, addr=addr)
         except BindError:
             if not driver:
                 raise
             # The original driver refused a direct bind: let the kernel choose.
-            self.run([Step(self._probe(), str(addr))])
+            self.run([Step(self._probe(), str(addr))], addr=addr)
         after = self.current(addr)
         if driver and after.driver != driver:
             raise BindError(

@@ -40,9 +40,17 @@ class RealKernel:
     that worker is never handed out again.
     """
 
-    def __init__(self, root_prefix: str = "", timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        root_prefix: str = "",
+        timeout: float = 10.0,
+        opener: Callable[[str, int], int] | None = None,
+    ) -> None:
+        """``opener(path, flags)`` opens each sysfs file (the host passes
+        :meth:`~vfio_dp.host.root.Root.open`, which never follows a link out of the root)."""
         self.root_prefix = root_prefix
         self.timeout = timeout
+        self.opener = opener or os.open
         self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
         self._lock = threading.Lock()
 
@@ -60,7 +68,7 @@ class RealKernel:
 
         def do() -> None:
             try:
-                fd = os.open(path, os.O_WRONLY)
+                fd = self.opener(path, os.O_WRONLY)
                 try:
                     os.write(fd, data.encode())
                 finally:

@@ -3,20 +3,101 @@
 A :class:`Root` is built with the root path (``/`` on a node, ``/host`` in a pod, a temp
 tree in tests). Every path is built from components that were validated first (a parsed
 :class:`~vfio_dp.model.address.PciAddress`, an int group number, a driver name matching
-``[A-Za-z0-9_.-]+``), and symlinks are resolved *inside* the root: an absolute link target
-is taken relative to the root, and a target that would climb above it raises
-:class:`~vfio_dp.errors.PathEscapeError`.
+``[A-Za-z0-9_.-]+``).
+
+Every file vfio_dp WRITES under the root (sysfs attributes, its records, journal and locks)
+is opened with :meth:`Root.open` / :meth:`Root.open_dir`, which resolve the path *inside*
+the root, never following a symlink out of it:
+
+- relative links are followed as long as they stay below the root (``bus/pci/devices/<bdf>
+  -> ../../../devices/pci0000:00/...`` on every real node);
+- a link that climbs above the root with ``..``, and an ABSOLUTE link anywhere below the
+  root, are refused with :class:`~vfio_dp.errors.PathEscapeError` naming the path and the
+  link. (Refused, not re-rooted: the kernel's sysfs has only relative links, so an absolute
+  one under ``<root>/sys`` or in the state directories is a planted or foreign tree.)
+
+Mechanism: ``openat2(2)`` with ``RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`` relative to a
+directory fd of the root (one system call; Linux >= 5.6), else -- ``ENOSYS``, or ``EPERM``
+from a seccomp filter -- a walk one component at a time with directory fds, ``readlinkat``
+and ``O_NOFOLLOW``, with the same semantics. With the root ``/`` nothing can leave the root
+and paths are opened as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import posixpath
+import threading
+from typing import Any
 
 from vfio_dp.errors import HostError, PathEscapeError, RootNotFoundError
 
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-")
 _MAX_LINKS = 40
+
+#: openat2(2) is system call 437 on every architecture (it postdates the unified numbering).
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+#: None: not tried yet; False: this kernel (or a seccomp filter) refuses it -- walk instead.
+_openat2_ok: bool | None = None
+_openat2_fn: Any = None
+_openat2_lock = threading.Lock()
+
+
+def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
+    """``openat2(dirfd, rel, {flags, mode, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS})``; None
+    when the system call is not available here. Raises OSError (``EXDEV`` = would leave)."""
+    global _openat2_ok, _openat2_fn
+    if _openat2_ok is False:
+        return None
+    if _openat2_fn is None:
+        with _openat2_lock:
+            if _openat2_fn is None:
+                import ctypes  # only for a root other than "/" (a pod's /host, a test tree)
+
+                class OpenHow(ctypes.Structure):
+                    _fields_ = [
+                        ("flags", ctypes.c_uint64),
+                        ("mode", ctypes.c_uint64),
+                        ("resolve", ctypes.c_uint64),
+                    ]
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                syscall = libc.syscall
+                syscall.restype = ctypes.c_long
+
+                def call(dfd: int, path: str, fl: int, md: int) -> tuple[int, int]:
+                    creates = fl & os.O_CREAT or fl & os.O_TMPFILE == os.O_TMPFILE
+                    md = md if creates else 0  # a mode without O_CREAT is EINVAL
+                    how = OpenHow(fl | os.O_CLOEXEC, md, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+                    fd = syscall(
+                        _SYS_OPENAT2,
+                        ctypes.c_int(dfd),
+                        os.fsencode(path),
+                        ctypes.byref(how),
+                        ctypes.c_size_t(ctypes.sizeof(how)),
+                    )
+                    return int(fd), ctypes.get_errno()
+
+                _openat2_fn = call
+    fd: int
+    err: int
+    fd, err = _openat2_fn(dirfd, rel, flags, mode)
+    if fd >= 0:
+        _openat2_ok = True
+        return fd
+    if err in (errno.ENOSYS, errno.EPERM) and not _openat2_ok:
+        _openat2_ok = False  # no openat2 here (old kernel, seccomp): walk from now on
+        return None
+    raise OSError(err, os.strerror(err), rel)
+
+
+def openat2_available() -> bool | None:
+    """Whether :meth:`Root.open` used ``openat2`` (None until a non-``/`` root opened a path)."""
+    return _openat2_ok
 
 
 def safe_component(name: str) -> str:
@@ -29,16 +110,19 @@ def safe_component(name: str) -> str:
 class Root:
     """A filesystem root; ``root.path('sys', 'bus', 'pci')`` → ``<root>/sys/bus/pci``."""
 
-    __slots__ = ("base", "prefix")
+    __slots__ = ("_fd", "base", "prefix", "walk_only")
 
-    def __init__(self, base: str | os.PathLike[str]) -> None:
+    def __init__(self, base: str | os.PathLike[str], *, walk_only: bool = False) -> None:
         """Raises :class:`RootNotFoundError` when ``base`` is not a directory (a mistyped
-        ``--root`` would otherwise read as a host without devices)."""
+        ``--root`` would otherwise read as a host without devices). ``walk_only``: never use
+        openat2 (tests prove the fallback has the same rules)."""
         real = os.path.realpath(os.fspath(base))
         if not os.path.isdir(real):
             raise RootNotFoundError(os.fspath(base))
         self.base = real
         self.prefix = "" if real == "/" else real
+        self.walk_only = walk_only
+        self._fd: int | None = None
 
     def __repr__(self) -> str:
         return f"Root({self.base!r})"
@@ -87,6 +171,136 @@ class Root:
                 target = target.lstrip("/")
             parts = [p for p in target.split("/") if p] + parts
         return self.prefix + "/" + "/".join(done)
+
+    # -- opening inside the root ---------------------------------------------------------
+    def _root_fd(self) -> int:
+        if self._fd is None:
+            fd = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if self._fd is None:
+                self._fd = fd
+            else:  # another thread was first
+                os.close(fd)
+        return self._fd
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _relative(self, path: str) -> str:
+        if not path.startswith(self.prefix + "/"):
+            raise PathEscapeError(path, self.display)
+        return path[len(self.prefix) + 1 :]
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        """``os.open(path, flags, mode)`` for a path under the root (as :meth:`path` builds
+        it), resolved inside the root (see the module docstring). Raises
+        :class:`PathEscapeError` for a path that would leave the root, OSError otherwise."""
+        if not self.prefix:  # the root is "/": nothing can leave it
+            return os.open(path, flags | os.O_CLOEXEC, mode)
+        rel = self._relative(path)
+        if not rel:
+            return os.open(self.base, flags | os.O_CLOEXEC, mode)
+        if not self.walk_only:
+            try:
+                fd = _openat2(self._root_fd(), rel, flags, mode)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    e.filename = path
+                    raise
+                fd = None  # leaves the root: the walk names the link that does it
+            if fd is not None:
+                return fd
+        return self._walk(rel, flags, mode, path)
+
+    def _walk(self, rel: str, flags: int, mode: int, shown: str) -> int:
+        """Resolve ``rel`` one component at a time with directory fds (the fallback)."""
+        stack = [os.dup(self._root_fd())]
+        names: list[str] = []
+        parts = [p for p in rel.split("/") if p]
+        hops = 0
+        via: str | None = None  # the last link followed (named when the walk leaves)
+        try:
+            while parts:
+                part = parts.pop(0)
+                if part == ".":
+                    continue
+                if part == "..":
+                    if len(stack) == 1:
+                        raise PathEscapeError(shown, self.display, via)
+                    os.close(stack.pop())
+                    names.pop()
+                    continue
+                here = "/".join([*names, part])
+                try:
+                    target: str | None = os.readlink(part, dir_fd=stack[-1])
+                except OSError as e:
+                    if e.errno == errno.ENOENT and (parts or not flags & os.O_CREAT):
+                        raise FileNotFoundError(
+                            errno.ENOENT, os.strerror(errno.ENOENT), shown
+                        ) from None
+                    if e.errno not in (errno.EINVAL, errno.ENOENT):
+                        e.filename = shown
+                        raise
+                    target = None  # not a symlink (or a file about to be created)
+                if target is not None:
+                    hops += 1
+                    if hops > _MAX_LINKS:
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), shown)
+                    if target.startswith("/"):
+                        raise PathEscapeError(shown, self.display, f"{here} -> {target}")
+                    via = f"{here} -> {target}"
+                    parts = [p for p in target.split("/") if p] + parts
+                    # `..` in a target is relative to the link's directory: the walk's own
+                    # stack; climbing above the root is caught above.
+                    continue
+                if not parts:
+                    return os.open(
+                        part, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=stack[-1]
+                    )
+                stack.append(
+                    os.open(
+                        part,
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        dir_fd=stack[-1],
+                    )
+                )
+                names.append(part)
+            return (
+                os.dup(stack[-1])
+                if flags & os.O_DIRECTORY
+                else os.open(".", flags | os.O_CLOEXEC, mode, dir_fd=stack[-1])
+            )
+        finally:
+            for fd in stack:
+                os.close(fd)
+
+    def open_dir(self, *parts: str, create: bool = False) -> int:
+        """A directory fd (``O_RDONLY``, usable for ``fsync`` and ``*at`` calls) of
+        ``<root>/<parts>``, resolved inside the root; with ``create``, missing directories
+        are made (mode 0755), each one inside the root too."""
+        path = self.path(*parts)
+        try:
+            return self.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            if not create or not parts:
+                raise
+        parent = self.open_dir(*parts[:-1], create=True)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+        finally:
+            os.close(parent)
+        return self.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def check_inside(self, path: str) -> None:
+        """Raise :class:`PathEscapeError` if ``path`` resolves outside the root (a path that
+        does not exist is fine: nothing can be written through it)."""
+        if not self.prefix:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.close(self.open(path, os.O_PATH))
 
     def link_name(self, path: str) -> str | None:
         """The last component of a symlink's target (``driver`` → ``e1000e``), None if absent."""

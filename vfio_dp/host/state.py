@@ -3,12 +3,33 @@
 - ``<root>/var/lib/vfio_dp/original/<bdf>.json`` — the driver a device had before we bound it::
 
       {"address": "0000:01:00.0", "driver": "e1000e", "driver_override": null,
-       "vendor": "8086", "device": "10d3"}
+       "vendor": "8086", "device": "10d3", "bound_by": "operator"}
 
-  written atomically (temp file, fsync, rename, fsync of the directory), so a crash or a
-  reboot between bind and unbind loses nothing; removed once the device is restored.
+  ``bound_by`` says who bound it: ``operator`` (``vfioctl bind``), ``daemon`` (a selector's
+  ``bind: true``) or ``claim:<uid>`` (a DRA claim with ``bind: onPrepare``). Only a claim's
+  own bindings are ever undone by the DRA plugin's Unprepare or reconcile. Records written
+  before the field existed read as ``operator``: nobody automatic ever undoes those.
+
+  written before the device's first sysfs write and removed once it is restored.
+- ``<root>/var/lib/vfio_dp/ops/<id>.json`` — the journal of one bind or unbind while it
+  runs: which devices it moves, to which driver, and the sysfs write each device is at::
+
+      {"id": "...", "kind": "bind", "owner": "vfioctl", "pid": 812, "started": 1763898000.1,
+       "devices": [{"address": "0000:03:01.0", "target": "vfio-pci", "override": null,
+                    "writes_done": 2, "next": "echo '0000:03:01.0' > /sys/bus/pci/drivers_probe"}]}
+
+  written before the operation's first sysfs write and again before EACH write; removed when
+  the operation finished (or was rolled back) -- that removal is its commit. A journal left
+  behind whose devices' locks nobody holds is an INTERRUPTED operation (the process was
+  killed): ``vfioctl list`` names it, ``vfioctl unbind`` and :meth:`Host.recover` undo it.
 - ``<root>/run/vfio_dp/<bdf>.lock`` — per-device ``flock`` so concurrent vfioctl runs and the
-  daemon never interleave bind steps on one device.
+  daemon never interleave bind steps on one device; held for the whole operation, so a
+  free lock means the operation's process is gone.
+
+Every record is written whole or not at all: a temp file in the same directory, ``fsync``,
+``rename`` over the old one, ``fsync`` of the directory. A torn record cannot appear; one
+found unreadable anyway (a disk error, a hand edit) is reported, kept, and never dropped.
+Every path is opened through :meth:`Root.open_dir` (inside the root, see :mod:`.root`).
 """
 
 from __future__ import annotations
@@ -17,14 +38,41 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from vfio_dp.errors import AddressError, HostError, LockTimeoutError
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.errors import (
+    AddressError,
+    CorruptRecordError,
+    HostError,
+    LockTimeoutError,
+    PathEscapeError,
+    StateWriteError,
+)
+from vfio_dp.host.atomic import replace_at
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
+
+ORIGINAL_DIR = ("var", "lib", "vfio_dp", "original")
+OPS_DIR = ("var", "lib", "vfio_dp", "ops")
+LOCK_DIR = ("run", "vfio_dp")
+_MAX_RECORD = 1 << 20  # a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
+
+BOUND_BY_OPERATOR = "operator"
+BOUND_BY_DAEMON = "daemon"
+_CLAIM_PREFIX = "claim:"
+
+
+def bound_by_claim(uid: str) -> str:
+    """``claim:<uid>``: the ``bound_by`` of a device a DRA claim's Prepare bound."""
+    return _CLAIM_PREFIX + uid
+
+
+def claim_of(bound_by: str) -> str | None:
+    """The claim UID in ``claim:<uid>``, None for ``operator``/``daemon``."""
+    return bound_by[len(_CLAIM_PREFIX) :] if bound_by.startswith(_CLAIM_PREFIX) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,46 +82,175 @@ class OriginalDriver:
     driver_override: str | None
     vendor: str
     device: str
+    bound_by: str = BOUND_BY_OPERATOR
+
+
+@dataclass(slots=True)
+class OpDevice:
+    """One device of an operation: where it is going and how far it got."""
+
+    address: str
+    target: str | None  # "vfio-pci" for bind; the driver to restore (None: probe) for unbind
+    override: str | None  # the driver_override an unbind restores
+    writes_done: int = 0
+    next: str | None = None  # the sysfs write about to be made, as a shell command
+
+
+@dataclass(slots=True)
+class Operation:
+    """The journal of one bind or unbind (see the module docstring)."""
+
+    id: str
+    kind: str  # "bind" | "unbind"
+    owner: str  # "vfioctl" | "daemon" | ...
+    pid: int
+    started: float
+    devices: list[OpDevice] = field(default_factory=list)
+    failed: str | None = None  # set when it ended with devices it could not put back
+
+    def addresses(self) -> list[PciAddress]:
+        return [PciAddress.parse(d.address) for d in self.devices]
+
+    def describe(self) -> str:
+        """``bind by vfioctl (pid 812) started 2026-11-23 11:40:01 UTC``."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        return f"{self.kind} by {self.owner} (pid {self.pid}) started {when}"
+
+    def progress(self) -> list[str]:
+        """One line per device: how far the operation got with it."""
+        out = []
+        for d in self.devices:
+            if d.next is None and d.writes_done == 0:
+                out.append(f"{d.address}: not touched yet")
+            elif d.next is None:
+                out.append(f"{d.address}: all {d.writes_done} sysfs writes made")
+            else:
+                out.append(
+                    f"{d.address}: {d.writes_done} sysfs write(s) made, stopped at: {d.next}"
+                )
+        return out
+
+
+def _operation_from_json(data: object) -> Operation:
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    devices = data.get("devices")
+    if not isinstance(devices, list):
+        raise TypeError("no device list")
+    op = Operation(
+        id=str(data["id"]),
+        kind=str(data["kind"]),
+        owner=str(data["owner"]),
+        pid=int(data["pid"]),
+        started=float(data["started"]),
+        devices=[OpDevice(**d) for d in devices],
+        failed=None if data.get("failed") is None else str(data["failed"]),
+    )
+    if op.kind not in ("bind", "unbind"):
+        raise ValueError(f"unknown operation kind {op.kind!r}")
+    for d in op.devices:
+        PciAddress.parse(d.address)
+    return op
 
 
 class StateStore:
     def __init__(self, root: Root) -> None:
         self.root = root
+        self._journal_lock = threading.Lock()
 
     @property
     def state_dir(self) -> str:
-        return self.root.path("var", "lib", "vfio_dp", "original")
+        return self.root.path(*ORIGINAL_DIR)
+
+    @property
+    def ops_dir(self) -> str:
+        return self.root.path(*OPS_DIR)
 
     @property
     def lock_dir(self) -> str:
-        return self.root.path("run", "vfio_dp")
+        return self.root.path(*LOCK_DIR)
 
     def _file(self, address: PciAddress) -> str:
         return f"{self.state_dir}/{address}.json"
 
+    # -- whole-file records --------------------------------------------------------------
+    def _read(self, parts: tuple[str, ...], name: str) -> bytes | None:
+        """The record ``<root>/<parts>/<name>``; None if it (or its directory) is absent."""
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.read(fd, _MAX_RECORD + 1)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+
+    def _write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
+        """Replace ``<root>/<parts>/<name>`` atomically (:func:`~vfio_dp.host.atomic.replace_at`
+        in the directory opened inside the root). Raises :class:`StateWriteError` naming the
+        file and the fix."""
+        shown = f"{self.root.path(*parts)}/{name}"
+        dfd = -1
+        try:
+            dfd = self.root.open_dir(*parts, create=True)
+            replace_at(dfd, name, data)
+        except OSError as e:
+            raise StateWriteError(_write_failure(shown, e)) from e
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+
+    def _unlink(self, parts: tuple[str, ...], name: str) -> None:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dfd)
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _names(self, parts: tuple[str, ...]) -> list[str]:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except (OSError, PathEscapeError):
+            return []
+        try:
+            return sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
+
+    # -- original drivers ----------------------------------------------------------------
     def get(self, address: PciAddress) -> OriginalDriver | None:
         import json
 
         try:
-            with open(self._file(address), encoding="utf-8") as f:
-                data = json.load(f)
-            return OriginalDriver(**data)
-        except FileNotFoundError:
-            return None
+            raw = self._read(ORIGINAL_DIR, f"{address}.json")
+            if raw is None:
+                return None
+            if len(raw) > _MAX_RECORD:
+                raise ValueError("larger than 1 MB")
+            return OriginalDriver(**json.loads(raw))
         except (OSError, ValueError, TypeError) as e:
-            raise HostError(
-                f"unreadable record {self._file(address)}: {e}; "
-                f"remove it and restore by hand: vfioctl unbind --driver NAME {address}"
+            raise CorruptRecordError(
+                self._file(address),
+                str(e),
+                f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it",
             ) from e
 
     def all(self) -> dict[PciAddress, OriginalDriver]:
-        """Every record, by address (unreadable files are skipped, not fatal, for scans)."""
-        try:
-            names = os.listdir(self.state_dir)
-        except OSError:
-            return {}
+        """Every readable record, by address (see :meth:`problems` for the unreadable)."""
         out: dict[PciAddress, OriginalDriver] = {}
-        for name in names:
+        for name in self._names(ORIGINAL_DIR):
             if not name.endswith(".json"):
                 continue
             try:
@@ -89,21 +266,139 @@ class StateStore:
         """Write atomically: temp file + fsync + rename + fsync(dir)."""
         import json
 
-        final = self._file(PciAddress.parse(record.address))
-        write_atomic(final, json.dumps(asdict(record), sort_keys=True).encode())
+        address = PciAddress.parse(record.address)
+        data = json.dumps(asdict(record), sort_keys=True).encode()
+        self._write(ORIGINAL_DIR, f"{address}.json", data)
 
     def remove(self, address: PciAddress) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._file(address))
+        self._unlink(ORIGINAL_DIR, f"{address}.json")
 
+    # -- operation journal ---------------------------------------------------------------
+    def begin(self, kind: str, owner: str, devices: list[OpDevice]) -> Operation:
+        """Write the journal of a new operation (before its first sysfs write)."""
+        op = Operation(
+            id=f"{time.time_ns():x}-{os.getpid()}",
+            kind=kind,
+            owner=owner,
+            pid=os.getpid(),
+            started=time.time(),
+            devices=devices,
+        )
+        self.save(op)
+        return op
+
+    def save(self, op: Operation) -> None:
+        """Rewrite ``op``'s journal (atomically; threads of one operation take turns)."""
+        import json
+
+        with self._journal_lock:
+            data = json.dumps(asdict(op), sort_keys=True).encode()
+            self._write(OPS_DIR, f"{op.id}.json", data)
+
+    def step(self, op: Operation, address: str, writes_done: int, next_write: str | None) -> None:
+        """Record, durably, that ``address`` has made ``writes_done`` writes and is about to
+        make ``next_write`` (called before each sysfs write)."""
+        with self._journal_lock:
+            for d in op.devices:
+                if d.address == address:
+                    d.writes_done, d.next = writes_done, next_write
+                    break
+            else:
+                op.devices.append(OpDevice(address, None, None, writes_done, next_write))
+        self.save(op)
+
+    def finish(self, op: Operation) -> None:
+        """The operation is complete (or fully rolled back): remove its journal."""
+        self._unlink(OPS_DIR, f"{op.id}.json")
+
+    def operations(self) -> tuple[list[Operation], list[str]]:
+        """Every journal on disk, and a message for each unreadable one (kept as it is)."""
+        import json
+
+        ops: list[Operation] = []
+        problems: list[str] = []
+        for name in self._names(OPS_DIR):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = f"{self.ops_dir}/{name}"
+            try:
+                raw = self._read(OPS_DIR, name)
+                if raw is None:
+                    continue  # finished meanwhile
+                if len(raw) > _MAX_RECORD:
+                    raise ValueError("larger than 1 MB")
+                ops.append(_operation_from_json(json.loads(raw)))
+            except (OSError, ValueError, TypeError, KeyError, AddressError) as e:
+                problems.append(
+                    str(
+                        CorruptRecordError(
+                            path,
+                            str(e) or type(e).__name__,
+                            "the original drivers are in "
+                            f"{self.state_dir}: restore with vfioctl unbind <address>",
+                        )
+                    )
+                )
+        return ops, problems
+
+    def problems(self) -> list[str]:
+        """A message for every unreadable original-driver record (each is kept)."""
+        out = []
+        for name in self._names(ORIGINAL_DIR):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                self.get(PciAddress.parse(name[:-5]))
+            except AddressError:
+                out.append(f"odd file {self.state_dir}/{name} (not <address>.json); ignored")
+            except HostError as e:
+                out.append(str(e))
+        return out
+
+    def busy(self, addresses: list[PciAddress]) -> bool:
+        """Does a live process hold any of these devices' locks (an operation in progress)?"""
+        try:
+            dfd = self.root.open_dir(*LOCK_DIR)
+        except (OSError, PathEscapeError):
+            return False  # no lock directory (e.g. after a reboot): nobody holds a lock
+        try:
+            for addr in addresses:
+                try:
+                    fd = os.open(f"{addr}.lock", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+                except OSError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno in (errno.EAGAIN, errno.EACCES):
+                        return True
+                    raise
+                finally:
+                    os.close(fd)  # also drops our probe lock
+            return False
+        finally:
+            os.close(dfd)
+
+    # -- locks ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self, addresses: list[PciAddress], timeout: float = 10.0) -> Iterator[None]:
         """Hold the per-device locks of ``addresses`` (taken in sorted order: no deadlock)."""
-        os.makedirs(self.lock_dir, exist_ok=True)
         fds: list[int] = []
         try:
+            dfd = self.root.open_dir(*LOCK_DIR, create=True)
+        except OSError as e:
+            raise StateWriteError(_write_failure(self.lock_dir, e)) from e
+        try:
             for addr in sorted(set(addresses)):
-                fd = os.open(f"{self.lock_dir}/{addr}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fd = os.open(
+                        f"{addr}.lock",
+                        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=dfd,
+                    )
+                except OSError as e:
+                    raise StateWriteError(_write_failure(f"{self.lock_dir}/{addr}.lock", e)) from e
                 fds.append(fd)
                 deadline = time.monotonic() + timeout
                 while True:
@@ -122,5 +417,18 @@ class StateStore:
                         time.sleep(0.05)
             yield
         finally:
+            os.close(dfd)
             for fd in fds:
                 os.close(fd)
+
+
+def _write_failure(path: str, e: OSError) -> str:
+    why = e.strerror or str(e)
+    fix = {
+        errno.ENOSPC: "free space on that file system",
+        errno.EDQUOT: "raise the disk quota",
+        errno.EROFS: "mount it read-write (the DaemonSet needs it writable)",
+        errno.EACCES: "run as root",
+        errno.EPERM: "run as root",
+    }.get(e.errno or 0, "check the directory")
+    return f"cannot write {path}: {why}; {fix} and retry"

@@ -10,8 +10,8 @@ Per device (``<root>/sys/bus/pci/devices/<bdf>/``)::
     physfn -> / sriov_numvfs / boot_vga / vfio-dev/vfioN
 
 Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/name``
-(``vfio-noiommu`` for no-IOMMU groups). Only link *names* are read here (the basename of a
-``readlink``); nothing is followed, so nothing can lead out of the root.
+(``vfio-noiommu`` for no-IOMMU groups). Device directories are opened inside the root (see
+:class:`_DevicesDir`); otherwise only link *names* are read (the basename of a ``readlink``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import posixpath
 from collections.abc import Callable, Iterable
 
-from vfio_dp.errors import AddressError, SysfsValueError
+from vfio_dp.errors import AddressError, PathEscapeError, SysfsValueError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group, is_vfio_driver
@@ -75,12 +75,21 @@ def _override(text: str | None) -> str | None:
     return None if text in (None, "", "(null)") else _name(text, "driver_override")
 
 
+_SAID: set[str] = set()  # skip reasons already logged by this process (bounded below)
+
+
 def _skip(e: SysfsValueError) -> None:
     """Say why a device is left out: through ``logging`` (imported only now, so a clean scan
-    never pays for it); with no handler configured, logging prints it on stderr."""
+    never pays for it); with no handler configured, logging prints it on stderr. The daemon
+    rescans every few seconds: each reason is logged once per process, not at every rescan."""
+    text = str(e)
+    if text in _SAID:
+        return
+    if len(_SAID) < 4096:
+        _SAID.add(text)
     import logging
 
-    logging.getLogger("vfio_dp.host").warning("%s", e)
+    logging.getLogger("vfio_dp.host").warning("%s", text)
 
 
 def pci_devices_dir(root: Root) -> str:
@@ -118,18 +127,20 @@ def _link_at(dfd: int, name: str) -> str | None:
 class _DevicesDir:
     """``<root>/sys/bus/pci/devices/`` opened once: every device is reached relative to it.
 
-    Each entry is a link into ``/sys/devices`` (``../../../devices/pci0000:00/...``); its
-    target is checked to stay under ``<root>/sys/`` before it is opened, so a hostile tree
-    cannot point discovery outside the root. Files are then read relative to the device's
+    Each entry is a link into ``/sys/devices`` (``../../../devices/pci0000:00/...``). Under a
+    root other than ``/`` the device directory is opened with :meth:`Root.open` (``openat2``
+    with ``RESOLVE_BENEATH`` from the root: one system call), so neither the entry nor any
+    directory on its way (``sys/devices/pci0000:00``, ``sys`` itself) can lead discovery out
+    of the root; an entry that would is skipped. Files are then read relative to the device's
     own dir fd (one path walk per device instead of one per file).
     """
 
-    __slots__ = ("fd", "path", "sys_prefix")
+    __slots__ = ("fd", "path", "root")
 
     def __init__(self, root: Root) -> None:
+        self.root = root
         self.path = pci_devices_dir(root)
-        self.sys_prefix = root.prefix + "/sys/"
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        self.fd = root.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -137,16 +148,10 @@ class _DevicesDir:
     def open_device(self, name: str) -> int | None:
         """A dir fd for ``<name>`` (a validated address string), None if gone or escaping."""
         try:
-            target = os.readlink(name, dir_fd=self.fd)
-        except OSError:
-            target = None
-        if target is not None:
-            real = posixpath.normpath(f"{self.path}/{target}")
-            if not real.startswith(self.sys_prefix):
-                return None
-        try:
+            if self.root.prefix:
+                return self.root.open(f"{self.path}/{name}", os.O_RDONLY | os.O_DIRECTORY)
             return os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
-        except OSError:
+        except (OSError, PathEscapeError):
             return None
 
 
@@ -154,7 +159,7 @@ def open_device_dir(root: Root, address: PciAddress) -> int | None:
     """Open ``<root>/sys/bus/pci/devices/<bdf>`` as a dir fd (see :class:`_DevicesDir`)."""
     try:
         devices = _DevicesDir(root)
-    except OSError:
+    except (OSError, PathEscapeError):
         return None
     try:
         return devices.open_device(str(address))
@@ -339,7 +344,7 @@ def _read_each(
     out: dict[PciAddress, PciDevice] = {}
     try:
         devices = _DevicesDir(root)
-    except OSError:
+    except (OSError, PathEscapeError):
         return out
     known = {str(a): a for a in addresses}
     try:

@@ -16,6 +16,7 @@ import os
 import struct
 from collections.abc import Iterable
 
+from vfio_dp.errors import PathEscapeError
 from vfio_dp.host.root import Root
 from vfio_dp.model.device import GroupStatus, IommuGroup, PciDevice
 
@@ -36,9 +37,9 @@ def probe_groups(root: Root, groups: Iterable[IommuGroup]) -> dict[int, GroupSta
     """Open ``<root>/dev/vfio/<N>`` briefly and ask the kernel (``VFIO_GROUP_GET_STATUS``),
     for each group with a node there; groups without one are left out (one directory listing, not one failed open each; nodes are opened
     relative to the directory)."""
-    try:
-        dfd = os.open(root.path("dev", "vfio"), os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
+    try:  # inside the root: a planted `dev` link must not lead the ioctl elsewhere
+        dfd = root.open(root.path("dev", "vfio"), os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, PathEscapeError):
         return {}
     try:
         nodes = set(os.listdir(dfd))
@@ -54,7 +55,7 @@ def probe_groups(root: Root, groups: Iterable[IommuGroup]) -> dict[int, GroupSta
 
 def _probe_at(dfd: int, name: str) -> GroupStatus:
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dfd)
     except OSError as e:
         return _BUSY if e.errno == errno.EBUSY else UNKNOWN
     try:

@@ -7,6 +7,7 @@ __all__ = [
     "cdi",
     "config",
     "device",
+    "dra_metadata",
     "naming",
     "plan",
 ]

@@ -475,13 +475,17 @@ def _bounded_yaml(text: str, source: str) -> object:
 
     class Loader(yaml.SafeLoader):
         depth = 0
+        nodes = 0
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             self.depth += 1
+            self.nodes += 1
             try:
-                if self.depth > MAX_CONFIG_DEPTH:
+                if self.depth > MAX_CONFIG_DEPTH or self.nodes > MAX_CONFIG_NODES:
                     mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                    raise too_much(f"nested deeper than {MAX_CONFIG_DEPTH} levels", mark)
+                    if self.depth > MAX_CONFIG_DEPTH:
+                        raise too_much(f"nested deeper than {MAX_CONFIG_DEPTH} levels", mark)
+                    raise too_much(f"more than {MAX_CONFIG_NODES} values", mark)
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1

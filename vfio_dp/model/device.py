@@ -35,16 +35,23 @@ def is_dma_safe_driver(driver: str | None) -> bool:
     return driver is None or is_vfio_driver(driver) or driver in DMA_SAFE_DRIVERS
 
 
-@dataclass(frozen=True, slots=True)
-class HostUse:
-    """One use the host makes of a device (found by :mod:`vfio_dp.host.usage`), and what
-    frees it. ``str()`` is the use alone, e.g. ``network interface eth0 is up``."""
+class HostUse(str):
+    """One use the host makes of a device (found by :mod:`vfio_dp.host.usage`): the string
+    itself is the use, e.g. ``network interface eth0 is up``, as listed and joined everywhere;
+    ``fix`` says what frees it (``bring it down first: ip link set eth0 down``)."""
 
-    what: str
-    fix: str  # e.g. "bring it down first: ip link set eth0 down"
+    fix: str
 
-    def __str__(self) -> str:
-        return self.what
+    def __new__(cls, what: str, fix: str) -> HostUse:
+        self = super().__new__(cls, what)
+        self.fix = fix
+        return self
+
+    def __reduce__(self) -> tuple[type[HostUse], tuple[str, str]]:
+        return (HostUse, (str(self), self.fix))
+
+    def __repr__(self) -> str:
+        return f"HostUse({str(self)!r}, fix={self.fix!r})"
 
 
 @dataclass(frozen=True, slots=True)

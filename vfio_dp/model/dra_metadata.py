@@ -249,6 +249,11 @@ def _attribute(value: object, where: str, source: str) -> Attribute:
     return Attribute(kind, v)
 
 
+def attribute(value: object, where: str = "attribute") -> Attribute:
+    """An attribute from its JSON form (``{"string": "0000:3b:00.0"}``, as in a ResourceSlice)."""
+    return _attribute(value, where, "<attribute>")
+
+
 def _from_object(obj: Mapping[str, object], source: str) -> DeviceMetadata:
     meta = _map(obj.get("metadata"), "metadata", source)
     gen = meta.get("generation", 0)

@@ -16,4 +16,5 @@ independent of the device-plugin API's shapes so that a DRA driver can reuse it.
 __all__ = [
     "allocation",
     "listing",
+    "paths",
 ]

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Benchmark: NodePrepareResources / NodeUnprepareResources of the DRA handler on a temp tree.
+
+Builds a node with four lone NICs (each its own IOMMU group) plus the usual host devices, and
+times :class:`vfio_dp.dra.prepare.ClaimPreparer` in-process (the gRPC hop is not included):
+
+- Prepare/Unprepare of a claim whose group is already on vfio-pci (``bind: false``): the
+  handler's own cost -- ResourceClaim read (an in-memory reader), sysfs scan, CDI spec,
+  metadata file, checkpoint (each written with fsync);
+- Prepare/Unprepare with ``bind: onPrepare`` of 1 and of 4 groups through the kernel
+  SIMULATOR (tests/kernel_sim.py: no driver probe time), next to ``Host.bind`` /
+  ``Host.unbind`` of the same groups (what ``vfioctl bind --group`` runs).
+
+``--guest``: the same rows in the QEMU guest rig (real kernel 6.1, emulated Intel IOMMU, a
+topology of four lone e1000e NICs), binding for real -- e1000e's probe included.
+BENCH_RUNS (default 30 on the temp tree, 5 in the guest) rounds each; p50 and p99 in ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.kernel_sim import SimulatedKernel
+from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.dra.kubelet import ClaimRef
+from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.host import Host
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import load_config_text
+
+DRIVER = "vfio.example.com"
+NODE = "node-a"
+NICS = [f"0000:0{i + 1}:00.0" for i in range(4)]
+CONFIG = """
+selectors:
+  - vendor: "8086"
+    device: "10d3"
+    path: dra
+    bind: onPrepare
+  - vendor: "8086"
+    device: "1533"
+    path: dra
+"""
+
+
+def build(base: Path) -> SysfsTree:
+    t = SysfsTree(base)
+    t.add(Dev("0000:00:00.0", "8086", "29c0", "060000", group=0))
+    for i, nic in enumerate(NICS):
+        port = f"0000:00:1{i}.0"
+        t.add(Dev(port, "8086", "a110", "060400", driver="pcieport", group=10 + i))
+        t.add(Dev(nic, "8086", "10d3", "020000", driver="e1000e", group=20 + i, parent=port))
+    t.add(Dev("0000:00:1f.0", "8086", "a111", "060400", driver="pcieport", group=30))
+    t.add(Dev("0000:09:00.0", "8086", "1533", "020000", driver="vfio-pci", group=31,
+              parent="0000:00:1f.0", native_driver="igb"))  # fmt: skip
+    p = t.root / "proc/sys/kernel/random"
+    p.mkdir(parents=True)
+    (p / "boot_id").write_text("bench\n")
+    return t
+
+
+def name_of(bdf: str) -> str:
+    a = PciAddress.parse(bdf)
+    return f"pci-{a.domain:04x}-{a.bus:02x}-{a.slot:02x}-{a.function:x}"
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] * 1000
+
+
+Row = tuple[str, list[float], list[float]]
+
+
+def measure_all(
+    host: Host, base: str, runs: int, nics: list[str], no_bind: str | None
+) -> list[Row]:
+    """The table's rows on ``host`` (a temp tree with the simulator, or the guest's real
+    kernel); ``base`` holds the CDI and plugin dirs; ``no_bind``: a device on vfio-pci with
+    ``bind: false`` for the no-binding row."""
+    config = load_config_text(CONFIG, "bench")
+    rows: list[Row] = []
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    where = "simulator" if isinstance(host.kernel, SimulatedKernel) else "real kernel"
+
+    async def read(ns: str, name: str) -> dict[str, Any] | None:
+        return objects.get((ns, name))
+
+    prep = ClaimPreparer(
+        host=host, driver=DRIVER, node=NODE, cdi_dir=f"{base}/cdi",
+        plugins_dir=f"{base}/plugins", read_claim=read, config=lambda: config,
+    )  # fmt: skip
+
+    def claim(uid: str, devices: list[str]) -> ClaimRef:
+        results = [
+            {"request": f"r{i}", "driver": DRIVER, "pool": NODE, "device": name_of(b)}
+            for i, b in enumerate(devices)
+        ]
+        objects[("default", uid)] = {
+            "metadata": {"name": uid, "namespace": "default", "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+        return ClaimRef("default", uid, uid)
+
+    async def cycle(ref: ClaimRef) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        out = await prep.prepare([ref])
+        t1 = time.perf_counter()
+        assert out[ref.uid].error == "", out[ref.uid].error
+        un = await prep.unprepare([ref])
+        t2 = time.perf_counter()
+        assert un[ref.uid] == "", un[ref.uid]
+        return t1 - t0, t2 - t1
+
+    async def measure(label: str, devices: list[str]) -> None:
+        ref = claim(f"bench-{len(rows)}", devices)
+        await cycle(ref)  # warm
+        p, u = [], []
+        for _ in range(runs):
+            a, b = await cycle(ref)
+            p.append(a)
+            u.append(b)
+        rows.append((label, p, u))
+
+    def measure_host(label: str, devices: list[str]) -> None:
+        addrs = [PciAddress.parse(b) for b in devices]
+        p, u = [], []
+        for _ in range(runs + 1):
+            t0 = time.perf_counter()
+            host.bind(addrs, group=True, probe=False)
+            t1 = time.perf_counter()
+            host.unbind(addrs)
+            t2 = time.perf_counter()
+            p.append(t1 - t0)
+            u.append(t2 - t1)
+        rows.append((label, p[1:], u[1:]))
+
+    if no_bind:
+        asyncio.run(measure("Prepare, group already on vfio-pci (no bind)", [no_bind]))
+    for n in (1, len(nics)):
+        asyncio.run(measure(f"Prepare, onPrepare bind of {n} group(s) ({where})", nics[:n]))
+        measure_host(f"Host.bind --group of the same {n} group(s) ({where})", nics[:n])
+    return rows
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    print(title)
+    print()
+    print("| case | prepare/bind p50 | p99 | unprepare/unbind p50 | p99 |")
+    print("|---|---:|---:|---:|---:|")
+    for label, p, u in rows:
+        print(
+            f"| {label} | {statistics.median(p) * 1000:.1f} | {pct(p, 0.99):.1f} "
+            f"| {statistics.median(u) * 1000:.1f} | {pct(u, 0.99):.1f} |"
+        )
+
+
+def main() -> None:
+    if "--in-guest" in sys.argv:  # inside the QEMU guest: the real kernel, four lone e1000e
+        runs = int(os.environ.get("BENCH_RUNS", "5"))
+        nics = [f"0000:0{i}:00.0" for i in range(1, 5)]
+        with tempfile.TemporaryDirectory(prefix="dra-bench") as d:
+            rows = measure_all(Host("/"), d, runs, nics, None)
+        out = os.path.join(os.environ.get("GUEST_RIG_OUT", "/tmp"), "bench.json")
+        with open(out, "w") as f:
+            json.dump(rows, f)
+        return
+    if "--guest" in sys.argv:
+        from tests.guest.rig import GuestRig, Topology
+
+        rig = GuestRig(topology=Topology(lone_e1000e=4, shared_e1000=0))
+        runs = os.environ.get("BENCH_RUNS", "5")
+        res = rig.run(
+            f'BENCH_RUNS={runs} "$PYTHON" bench/dra_prepare_bench.py --in-guest', timeout=1800
+        )
+        if "bench.json" not in res.files:
+            sys.exit(f"guest run failed:\n{res.stdout}\n{res.stderr}\n{res.console[-3000:]}")
+        rows = [(label, p, u) for label, p, u in json.loads(res.files["bench.json"])]
+        print_table(
+            f"DRA handler in the QEMU guest (real kernel 6.1, emulated: TCG), {runs} rounds "
+            "each (ms; in-process, no gRPC hop)",
+            rows,
+        )
+        return
+    runs = int(os.environ.get("BENCH_RUNS", "30"))
+    with tempfile.TemporaryDirectory(prefix="dra-bench") as d:
+        tree = build(Path(d) / "root")
+        host = Host(tree.root, kernel=SimulatedKernel(tree))
+        rows = measure_all(host, d, runs, NICS, "0000:09:00.0")
+    print_table(
+        f"DRA handler on a temp tree, {runs} rounds each (ms; in-process, no gRPC hop)", rows
+    )
+
+
+if __name__ == "__main__":
+    main()

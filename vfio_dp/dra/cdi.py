@@ -1,0 +1,156 @@
+"""CDI specs for prepared claims: one file per claim, what the container runtime injects.
+
+``<cdi-dir>/<driver>-<claimUID>.json`` (``cdi-dir`` as the plugin sees it, default
+``/var/run/cdi``; never joined with ``--root``), ``cdiVersion`` 0.5.0 — the newest podman 4.3
+accepts and enough for deviceNodes and mounts::
+
+    {"cdiVersion": "0.5.0", "kind": "<driver>/vfio", "devices": [
+      {"name": "<claimUID>-pci-0000-3b-00-0", "containerEdits": {"deviceNodes": [
+          {"path": "/dev/vfio/vfio"}, {"path": "/dev/vfio/45"},
+          {"path": "/dev/vfio/devices/vfio3"}, {"path": "/dev/iommu"}]}},   # cdev: kernel >= 6.6
+      {"name": "<claimUID>-metadata-nic", "containerEdits": {"mounts": [
+          {"hostPath": "/var/lib/kubelet/plugins/<driver>/dra-device-metadata/<claimUID>/nic/<driver>-metadata.json",
+           "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/nic/<driver>-metadata.json",
+           "options": ["ro", "bind"]}]}}]}
+
+CDI device IDs are ``<vendor>/<class>=<name>`` = ``<driver>/vfio=<name>``. Device names carry
+the claim UID: CDI names must be unique per kind across every spec file, and an
+``adminAccess`` claim may name a device another claim holds. No ``env`` at all: a
+``PCI_RESOURCE_*`` variable here would collide with the ones KubeVirt reads for the
+device-plugin path of the same VM. Paths inside a spec are HOST paths.
+
+Pure builders plus two thin file operations through the one atomic writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vfio_dp.errors import DraError
+from vfio_dp.host.atomic import write_atomic
+from vfio_dp.model import naming
+
+CDI_VERSION = "0.5.0"
+CDI_CLASS = "vfio"
+_UID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def check_uid(uid: str) -> str:
+    """A claim UID safe in a file and CDI device name (Kubernetes UIDs are UUIDs), else
+    :class:`DraError`: the UID comes from the kubelet and reaches a path."""
+    if not uid or len(uid) > 128 or not _UID_CHARS.issuperset(uid) or uid.strip(".") == "":
+        raise DraError(f"claim UID {uid!r} is not a Kubernetes UID (expected a UUID)")
+    return uid
+
+
+def check_driver(driver: str) -> str:
+    if not naming.is_dns_subdomain(driver):
+        raise DraError(f"driver name {driver!r} is not a lowercase DNS subdomain")
+    return driver
+
+
+def kind(driver: str) -> str:
+    """``<driver>/vfio``: the CDI ``<vendor>/<class>``."""
+    return f"{check_driver(driver)}/{CDI_CLASS}"
+
+
+def device_id(driver: str, name: str) -> str:
+    """``<driver>/vfio=<name>``: what NodePrepareResources returns in ``cdi_device_ids``."""
+    return f"{kind(driver)}={name}"
+
+
+def group_device_name(claim_uid: str, dra_device: str) -> str:
+    """``<claimUID>-pci-0000-3b-00-0``: the CDI device handing over one DRA device's group."""
+    return f"{check_uid(claim_uid)}-{dra_device}"
+
+
+def metadata_device_name(claim_uid: str, request: str) -> str:
+    """``<claimUID>-metadata-<request>``: the CDI device mounting one request's metadata file."""
+    return f"{check_uid(claim_uid)}-metadata-{request}"
+
+
+def spec_path(cdi_dir: str, driver: str, claim_uid: str) -> str:
+    """``<cdi-dir>/<driver>-<claimUID>.json``."""
+    return os.path.join(cdi_dir, f"{check_driver(driver)}-{check_uid(claim_uid)}.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("ro", "bind")
+
+
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    """One CDI device: device nodes (host paths, also used in the container) and mounts."""
+
+    name: str
+    device_nodes: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.device_nodes and not self.mounts:
+            # CDI rejects a device with empty edits ("invalid device, empty device edits")
+            raise DraError(f"CDI device {self.name!r} would have no edits")
+
+
+def build_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, object]:
+    """The spec object for one claim's devices (see module doc)."""
+    out_devices: list[dict[str, object]] = []
+    for dev in devices:
+        edits: dict[str, object] = {}
+        if dev.device_nodes:
+            edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
+        if dev.mounts:
+            edits["mounts"] = [
+                {
+                    "hostPath": m.host_path,
+                    "containerPath": m.container_path,
+                    "options": list(m.options),
+                }
+                for m in dev.mounts
+            ]
+        out_devices.append({"name": dev.name, "containerEdits": edits})
+    return {"cdiVersion": CDI_VERSION, "kind": kind(driver), "devices": out_devices}
+
+
+def write_spec(cdi_dir: str, driver: str, claim_uid: str, devices: Sequence[CdiDevice]) -> str:
+    """Write (atomically replace) the claim's spec; return its path."""
+    path = spec_path(cdi_dir, driver, claim_uid)
+    write_atomic(path, (json.dumps(build_spec(driver, devices), indent=2) + "\n").encode())
+    return path
+
+
+def remove_durably(path: str) -> bool:
+    """Unlink ``path`` and fsync its directory; False when it was not there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return True
+
+
+def remove_spec(cdi_dir: str, driver: str, claim_uid: str) -> bool:
+    """Remove the claim's spec; False when there was none."""
+    return remove_durably(spec_path(cdi_dir, driver, claim_uid))
+
+
+def read_spec(cdi_dir: str, driver: str, claim_uid: str) -> dict[str, object] | None:
+    """The claim's spec as written, or None (a repeat Prepare compares against it)."""
+    try:
+        with open(spec_path(cdi_dir, driver, claim_uid), encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise DraError(f"unreadable CDI spec {spec_path(cdi_dir, driver, claim_uid)}: {e}") from e
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,125 @@
+"""KEP-5304 device-metadata files on the host: one per claim and request.
+
+Host layout (``plugins`` = ``--kubelet-plugins-dir`` as the plugin sees it, the same path on
+the host, default ``/var/lib/kubelet/plugins``)::
+
+    <plugins>/<driver>/dra-device-metadata/<claimUID>/<request>/<driver>-metadata.json
+
+keyed by claim UID so that NodeUnprepareResources, which names the claim only by
+namespace/name/UID, removes exactly its files. The CDI device of :mod:`vfio_dp.dra.cdi`
+bind-mounts each file read-only at the container path KubeVirt >= 1.8.3 reads
+(:func:`vfio_dp.model.dra_metadata.container_path`). The format itself lives in
+:mod:`vfio_dp.model.dra_metadata`, shared with the readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+
+from vfio_dp.dra import cdi
+from vfio_dp.errors import MetadataFormatError
+from vfio_dp.host.atomic import write_atomic
+from vfio_dp.model import dra_metadata as md
+from vfio_dp.model import naming
+
+SUBDIR = "dra-device-metadata"
+
+
+def claims_dir(plugins_dir: str, driver: str) -> str:
+    """``<plugins>/<driver>/dra-device-metadata``."""
+    return os.path.join(plugins_dir, cdi.check_driver(driver), SUBDIR)
+
+
+def host_path(plugins_dir: str, driver: str, claim_uid: str, request: str) -> str:
+    """``<plugins>/<driver>/dra-device-metadata/<claimUID>/<request>/<driver>-metadata.json``
+    (``request``'s base name: ``gpu`` for ``gpu/big``)."""
+    req = md.request_base(request)
+    if not naming.is_dns_label(req):
+        raise MetadataFormatError("<path>", f"request {req!r} is not a valid Kubernetes name")
+    return os.path.join(
+        claims_dir(plugins_dir, driver), cdi.check_uid(claim_uid), req, md.file_name(driver)
+    )
+
+
+def write_claim(
+    plugins_dir: str,
+    driver: str,
+    *,
+    claim_name: str,
+    namespace: str,
+    uid: str,
+    pod_claim_name: str | None,
+    devices_by_request: Mapping[str, Sequence[tuple[str, md.MetadataDevice]]],
+) -> dict[str, tuple[str, str]]:
+    """Write one file per request (base name) of the claim.
+
+    ``devices_by_request`` maps a request's base name to ``(full request name, device)``
+    pairs (the full name may be ``<request>/<subrequest>``). Returns
+    ``{request: (host path, container path)}``.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for req, pairs in devices_by_request.items():
+        by_name: dict[str, list[md.MetadataDevice]] = {}
+        for full, dev in pairs:
+            by_name.setdefault(full, []).append(dev)
+        meta = md.DeviceMetadata(
+            name=claim_name,
+            namespace=namespace,
+            uid=uid,
+            requests=tuple(md.MetadataRequest(n, tuple(d)) for n, d in by_name.items()),
+            pod_claim_name=pod_claim_name,
+        )
+        path = host_path(plugins_dir, driver, uid, req)
+        write_atomic(path, md.render(meta).encode())
+        out[req] = (path, md.container_path(claim_name, req, driver, pod_claim_name))
+    return out
+
+
+def remove_claim(plugins_dir: str, driver: str, claim_uid: str) -> bool:
+    """Remove every metadata file of the claim (and its directories); False when none.
+
+    Walks without following symlinks: only regular files and directories we created go.
+    """
+    top = os.path.join(claims_dir(plugins_dir, driver), cdi.check_uid(claim_uid))
+    if not os.path.lexists(top):
+        return False
+    if os.path.islink(top) or not os.path.isdir(top):
+        os.unlink(top)
+        return True
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False, followlinks=False):
+        for name in filenames:
+            os.unlink(os.path.join(dirpath, name))
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                os.unlink(p)
+            else:
+                os.rmdir(p)
+    os.rmdir(top)
+    with contextlib.suppress(OSError):
+        dfd = os.open(os.path.dirname(top), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return True
+
+
+def read(path: str) -> md.DeviceMetadata:
+    """Read and parse one metadata file (bounded; :class:`MetadataFormatError` names it)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(md.MAX_BYTES + 1)
+    except OSError as e:
+        raise MetadataFormatError(path, f"cannot read: {e.strerror or e}") from e
+    return md.parse(data, source=path)
+
+
+def claim_uids(plugins_dir: str, driver: str) -> list[str]:
+    """UIDs that have metadata on disk (reconcile finds leftovers of a crash with them)."""
+    try:
+        return sorted(os.listdir(claims_dir(plugins_dir, driver)))
+    except OSError:
+        return []
