@@ -28,9 +28,9 @@ SPEC1 = "deviceplugin.vfio-dp.io_pci-0000-65-00-0.json"
 SPEC2 = "deviceplugin.vfio-dp.io_pci-0000-66-00-0.json"
 ID1 = "deviceplugin.vfio-dp.io/vfio=pci-0000-65-00-0"
 
-# SPEC.md: vendor and class are "[A-Za-z0-9.-_]" / "[A-Za-z0-9-_]" starting with a letter; a
-# device name allows also ':' and starts and ends alphanumerically.
-_KIND = re.compile(r"[A-Za-z][A-Za-z0-9._-]*/[A-Za-z][A-Za-z0-9_-]*")
+# SPEC.md: vendor and class are of "A-Za-z0-9._-", starting with a letter; a device name allows
+# also ':' and starts and ends alphanumerically.
+_KIND = re.compile(r"[A-Za-z][A-Za-z0-9._-]*/[A-Za-z][A-Za-z0-9._-]*")
 _DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 _TOP = {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
 _EDITS = {"env", "deviceNodes", "hooks", "mounts", "intelRdt", "additionalGids"}

@@ -67,7 +67,8 @@ def test_build_spec_lays_out_nodes_and_mounts() -> None:
         (lambda: cdi.CdiDevice("a/b", device_nodes=("/dev/vfio/1",)), "'a/b'"),
         (lambda: cdi.CdiDevice("g1", device_nodes=("dev/vfio/1",)), "not absolute"),
         (lambda: cdi.kind("9vendor"), "'9vendor'"),
-        (lambda: cdi.kind("v", "a.b"), "class 'a.b'"),
+        (lambda: cdi.kind("v", "a/b"), "class 'a/b'"),
+        (lambda: cdi.kind("1vfio.example.com"), "'1vfio.example.com'"),
         (lambda: cdi.device_id("v", "x=y"), "'x=y'"),
         (lambda: cdi.build_spec("v", []), "at least one device"),
         (

@@ -17,9 +17,10 @@ Which device nodes a group needs (``/dev/vfio/<N>`` or ``noiommu-<N>``, the VFIO
 (``Host.device_nodes``); this module only lays them out. Paths in a spec are HOST paths, the
 same in the container.
 
-Names (CDI's parser): a kind is ``<vendor>/<class>``, vendor of letters, digits, ``.``,
-``-``, ``_`` starting with a letter, class of letters, digits, ``-``, ``_``; a device name
-letters, digits, ``-``, ``_``, ``.``, ``:``, starting and ending with a letter or digit. A
+Names (CDI's ``pkg/parser``): a kind is ``<vendor>/<class>``, each of letters, digits, ``.``,
+``-``, ``_``, starting with a letter and ending with a letter or digit (so a DRA driver name
+that starts with a digit, a valid DNS subdomain, is no CDI vendor); a device name of letters,
+digits, ``-``, ``_``, ``.``, ``:``, starting and ending with a letter or digit. A
 fully qualified CDI device ID is ``<vendor>/<class>=<name>`` — what a device plugin returns in
 ``cdi_devices`` and a DRA plugin in ``cdi_device_ids``. A device name must be unique per kind
 across every spec file in the CDI directories.
@@ -36,28 +37,28 @@ from vfio_dp.errors import CdiError
 CDI_VERSION = "0.5.0"
 CDI_CLASS = "vfio"
 #: The vendor part of the device-plugin front-end's kind: ``deviceplugin.vfio-dp.io/vfio``.
-DEVICE_PLUGIN_VENDOR = "deviceplugin.vfio-dp.io"
+DEVICE_PLUGIN_VENDOR_OR_CLASS = "deviceplugin.vfio-dp.io"
 
-_VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?")
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 #: No name of ours comes close; bounds what reaches a file name.
 _MAX_NAME = 253
 
 
 def check_vendor(vendor: str) -> str:
-    if len(vendor) > _MAX_NAME or not _VENDOR.fullmatch(vendor):
+    if len(vendor) > _MAX_NAME or not _VENDOR_OR_CLASS.fullmatch(vendor):
         raise CdiError(
             f"CDI vendor {vendor!r} is not valid: use letters, digits, '.', '-', '_', "
-            "starting with a letter (e.g. the DRA driver name)"
+            "starting with a letter and ending with a letter or digit"
         )
     return vendor
 
 
 def check_class(cls: str) -> str:
-    if len(cls) > _MAX_NAME or not _CLASS.fullmatch(cls):
+    if len(cls) > _MAX_NAME or not _VENDOR_OR_CLASS.fullmatch(cls):
         raise CdiError(
-            f"CDI class {cls!r} is not valid: use letters, digits, '-', '_', starting with a letter"
+            f"CDI class {cls!r} is not valid: use letters, digits, '.', '-', '_', starting "
+            "with a letter"
         )
     return cls
 

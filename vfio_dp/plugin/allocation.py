@@ -14,7 +14,9 @@ of kind ``deviceplugin.vfio-dp.io/vfio`` (:mod:`vfio_dp.model.cdi`) whose single
 ``pci-0000-65-00-0`` (the unit ID as a DRA-style name), carries the same device nodes, and
 Allocate adds its ID ``deviceplugin.vfio-dp.io/vfio=pci-0000-65-00-0`` to ``cdi_devices``
 (kubelets >= 1.31 pass it to a CDI-enabled runtime, which resolves it when the container is
-created). The envs and device specs stay exactly as without CDI. :func:`cdi_specs` is the
+created). The envs and device specs stay exactly as without CDI: a runtime that applies a
+CDI device node first removes any device of the same path (container-device-interface
+``ContainerEdits.Apply``), so naming the nodes in both places is harmless. :func:`cdi_specs` is the
 whole wanted directory content: the plugin API has no Deallocate, so a spec lives as long as
 its unit is advertised and is rewritten in place, never one per Allocate.
 
