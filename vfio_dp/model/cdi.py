@@ -37,7 +37,7 @@ from vfio_dp.errors import CdiError
 CDI_VERSION = "0.5.0"
 CDI_CLASS = "vfio"
 #: The vendor part of the device-plugin front-end's kind: ``deviceplugin.vfio-dp.io/vfio``.
-DEVICE_PLUGIN_VENDOR_OR_CLASS = "deviceplugin.vfio-dp.io"
+DEVICE_PLUGIN_VENDOR = "deviceplugin.vfio-dp.io"
 
 _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
