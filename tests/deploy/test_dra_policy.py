@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import subprocess
 from pathlib import Path
@@ -25,8 +26,8 @@ import yaml
 from tests.deploy.conftest import DEPLOY, Obj, find, kubectl
 from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
-from tests.dra.apiserver_standin import NODES, SLICES, ApiServerStandin
-from vfio_dp.dra.publisher import SlicePublisher
+from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
+from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import NodeRef, build_slices
 from vfio_dp.model.config import parse_config
 from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
@@ -73,10 +74,11 @@ def _device(i: int) -> dict[str, Any]:
     }
 
 
-def publisher_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
-    """Every (resource, verb) the real publisher uses over its life: first publish (two
-    slices), a device change (written over its own), a smaller pool (a slice deleted), slices
-    deleted by kubelet (republished), and a restart (listed and adopted)."""
+def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
+    """Every (resource, verb) the DRA plugin's two API doors use: the real publisher over
+    its life -- first publish (two slices), a device change (written over its own), a smaller
+    pool (a slice deleted), slices deleted by kubelet (republished), and a restart (listed and
+    adopted) -- and the real claim reader of Prepare (a claim, and one that does not exist)."""
     api = ApiServerStandin(str(tmp_path / "api"))
     api.start()
     try:
@@ -97,7 +99,27 @@ def publisher_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         assert pub.reconcile(big[:10])
         assert not SlicePublisher(client, driver, "node-a").reconcile(big[:10])
         ours += api.requests[wiped:]
-        assert {r.code for r in ours} <= {200, 201}, ours
+        api.seed(
+            CLAIMS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "vm-gpu", "namespace": "vms"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "t4", "exactly": {"deviceClassName": driver}}]
+                    }
+                },
+            },
+        )
+        read = claim_reader(client)
+        before = len(api.requests)
+        got = asyncio.run(read("vms", "vm-gpu"))
+        assert got is not None and got["metadata"]["name"] == "vm-gpu"
+        assert asyncio.run(read("vms", "gone")) is None
+        ours += api.requests[before:]
+        assert {r.code for r in api.requests[before:]} == {200, 404}
+        assert {r.code for r in ours} <= {200, 201, 404}, ours
         return {_rbac_verb(r.method, r.path, r.query) for r in ours}
     finally:
         api.stop()
@@ -118,13 +140,16 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
     for rule in rules:
         for r in rule["resources"]:
             granted.setdefault(r, set()).update(rule["verbs"])
-    sent = publisher_requests(tmp_path, driver)
+    sent = plugin_requests(tmp_path, driver)
     used: dict[str, set[str]] = {}
     for resource, verb in sent:
         used.setdefault(resource, set()).add(verb)
-    assert used == {"nodes": {"get"}, "resourceslices": {"list", "create", "update", "delete"}}
-    # Prepare reads the one claim kubelet names (GET .../resourceclaims/<name>): get only
-    assert granted == {**used, "resourceclaims": {"get"}}
+    assert used == {
+        "nodes": {"get"},
+        "resourceslices": {"list", "create", "update", "delete"},
+        "resourceclaims": {"get"},  # Prepare reads the one claim kubelet names
+    }
+    assert granted == used
     groups = {g for rule in rules for g in rule["apiGroups"]}
     assert groups == {"", "resource.k8s.io"}
     assert not any(rule.get("resourceNames") == [] for rule in rules)

@@ -7,7 +7,8 @@ it, never joined with ``--root``; on a node ``/var/run/cdi``), content from
 place through the one atomic writer and removes the specs of units no longer advertised, so
 nothing piles up (the plugin API has no Deallocate). Only files named
 ``<vendor>_*.json`` are ever touched: the DRA plugin's and other vendors' specs in the same
-directory are left alone.
+directory are left alone. Specs stay when the daemon stops (a container created while the
+daemon restarts still resolves its CDI name); the next start's first sync prunes them.
 """
 
 from __future__ import annotations
