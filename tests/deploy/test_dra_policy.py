@@ -57,6 +57,8 @@ def _rbac_verb(method: str, path: str, query: dict[str, str]) -> tuple[str, str]
     parts = [p for p in path.split("/") if p]
     # /api/v1/<plural>[/<name>] or /apis/<group>/<version>/<plural>[/<name>]
     rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if rest[0] == "namespaces" and len(rest) > 2:  # .../namespaces/<ns>/<plural>[/<name>]
+        rest = rest[2:]
     resource, named = rest[0], len(rest) > 1
     if method == "GET":
         verb = "get" if named else ("watch" if query.get("watch") in ("1", "true") else "list")
