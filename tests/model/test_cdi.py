@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vfio_dp.dra import cdi as dra_cdi
 from vfio_dp.errors import CdiError
 from vfio_dp.model import cdi
 
@@ -91,3 +92,28 @@ def test_names_cdi_accepts() -> None:
     assert cdi.spec_file_name(DRIVER, "pci-0000-65-00-0") == (
         "vfio.dra.vfio-dp.io_pci-0000-65-00-0.json"
     )
+
+
+def test_the_dra_front_ends_format_is_this_one() -> None:
+    """``vfio_dp.dra.cdi`` (owned by the DRA branch) still builds its specs itself; until it
+    imports these names, both must produce the same objects, so the move changes nothing."""
+    nodes = ("/dev/vfio/vfio", "/dev/vfio/45", "/dev/vfio/devices/vfio3", "/dev/iommu")
+    mount = ("/var/lib/kubelet/plugins/d/m.json", "/var/run/kubernetes.io/x/m.json")
+    ours = cdi.build_spec(
+        DRIVER,
+        [
+            cdi.CdiDevice("uid-1-pci-0000-3b-00-0", device_nodes=nodes),
+            cdi.CdiDevice("uid-1-metadata-nic", mounts=(cdi.Mount(*mount),)),
+        ],
+    )
+    theirs = dra_cdi.build_spec(
+        DRIVER,
+        [
+            dra_cdi.CdiDevice("uid-1-pci-0000-3b-00-0", device_nodes=nodes),
+            dra_cdi.CdiDevice("uid-1-metadata-nic", mounts=(dra_cdi.Mount(*mount),)),
+        ],
+    )
+    assert ours == theirs
+    assert cdi.kind(DRIVER) == dra_cdi.kind(DRIVER)
+    assert cdi.device_id(DRIVER, "x-1") == dra_cdi.device_id(DRIVER, "x-1")
+    assert cdi.CDI_VERSION == dra_cdi.CDI_VERSION
