@@ -13,6 +13,8 @@ import asyncio
 import json
 import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -21,7 +23,9 @@ import pytest
 from tests.daemon.conftest import NIC, NIC_ID, StartDaemon
 from tests.daemon.kubelet_standin import KubeletStandin
 from tests.daemon.test_daemon import listed, renumber_group
+from tests.daemon.test_process import GRPCURL, PROTO, spawn
 from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.model import naming
 
 NIC2 = "0000:66:00.0"
 SPEC1 = "deviceplugin.vfio-dp.io_pci-0000-65-00-0.json"
@@ -197,3 +201,50 @@ async def test_an_unwritable_cdi_dir_fails_allocate_with_the_fix(
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = err.value.details() or ""
     assert str(not_a_dir) in details and "--cdi-dir" in details
+
+
+async def test_a_go_client_reads_cdi_devices_from_the_real_process(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin, tmp_path: Path
+) -> None:
+    """``vfioctl plugin`` as a subprocess with ``VFIOCTL_CDI_DIR``; grpcurl (Go's gRPC and
+    protobuf, like the kubelet) decodes ``cdiDevices`` from Allocate; SIGTERM keeps the spec."""
+    assert GRPCURL, "grpcurl is missing: run scripts/setup.sh (the test extra ships it)"
+    cdi_dir = tmp_path / "cdi"
+    os.environ["VFIOCTL_CDI_DIR"] = str(cdi_dir)
+    try:
+        proc = spawn(tree, kdir)
+    finally:
+        del os.environ["VFIOCTL_CDI_DIR"]
+    sock = os.path.join(kdir, naming.socket_name(NIC))
+    try:
+        await kubelet.wait_for("registered", listed(NIC, {NIC_ID: "Healthy"}), timeout=15)
+        await wait_files(cdi_dir, {SPEC1}, timeout=10)
+        body = json.dumps({"container_requests": [{"devices_ids": [NIC_ID]}]})
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [
+                GRPCURL,
+                "-plaintext",
+                "-unix",
+                "-import-path",
+                str(PROTO.parent),
+                "-proto",
+                PROTO.name,
+                "-d",
+                body,
+                sock,
+                "v1beta1.DevicePlugin/Allocate",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert out.returncode == 0, out.stderr
+        resp = json.loads(out.stdout)["containerResponses"][0]
+        assert resp["cdiDevices"] == [{"name": ID1}]
+        assert resp["envs"]["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"] == NIC_ID
+        assert resolve(cdi_dir, ID1) == [d["hostPath"] for d in resp["devices"]]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    assert (cdi_dir / SPEC1).exists()  # kept at stop: a container created meanwhile resolves it
