@@ -29,6 +29,16 @@ from cli.common import option, root_option, run_guarded
     help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
 )
 @option(
+    "--cdi-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
+    "advertised device here (the host's /var/run/cdi as this process sees it; never joined "
+    "with --root). Needs kubelet >= 1.31 and a runtime with CDI on (containerd 1.7 with "
+    "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
+    "unchanged. Default: off.",
+)
+@option(
     "--resync",
     default=5.0,
     show_default=True,
@@ -57,6 +67,7 @@ def plugin(
     config_path: str | None,
     root: str,
     kubelet_dir: str,
+    cdi_dir: str | None,
     resync: float,
     metrics_port: int,
     metrics_host: str,
@@ -81,6 +92,7 @@ def plugin(
             Options(
                 root=root,
                 kubelet_dir=kubelet_dir,
+                cdi_dir=cdi_dir,
                 config_path=config_path,
                 resync=resync,
                 metrics_port=metrics_port,

@@ -164,3 +164,14 @@ def test_image_step_names_the_base_images_entry() -> None:
     base = yaml.safe_load((REPO / "deploy/base/kustomization.yaml").read_text())
     assert name in [i["name"] for i in base["images"]]
     assert name in (REPO / "deploy/base/daemonset.yaml").read_text()
+
+
+def test_the_dra_vmi_fragment_is_the_shipped_example() -> None:
+    """The abridged VMI on DRA is the example file's own claims and host devices."""
+    (block,) = [b for b in _blocks("yaml") if "deploy/examples/dra/vmi.yaml" in b]
+    shown = yaml.safe_load(block)["spec"]
+    example = yaml.safe_load((REPO / "deploy/examples/dra/vmi.yaml").read_text())["spec"]
+    assert shown["resourceClaims"] == example["resourceClaims"]
+    devices = shown["domain"]["devices"]["hostDevices"]
+    assert devices == example["domain"]["devices"]["hostDevices"]
+    assert any("claimName" in d for d in devices) and any("deviceName" in d for d in devices)

@@ -280,3 +280,7 @@ class ClaimError(DraError):
         self.reason = reason
         where = f"claim {claim}" + (f": device {device}" if device else "")
         super().__init__(f"{where}: {reason}")
+
+
+class CdiError(VfioError, ValueError):
+    """A CDI spec or name (:mod:`vfio_dp.model.cdi`) would not be valid CDI."""

@@ -43,7 +43,11 @@ async def start_daemon(tree: SysfsTree, kdir: str) -> AsyncIterator[StartDaemon]
     started: list[Daemon] = []
 
     async def start(
-        *, config: str | Path | None = None, host: Host | None = None, resync: float = 0.2
+        *,
+        config: str | Path | None = None,
+        host: Host | None = None,
+        resync: float = 0.2,
+        cdi_dir: str | Path | None = None,
     ) -> Daemon:
         d = Daemon(
             Options(
@@ -53,6 +57,7 @@ async def start_daemon(tree: SysfsTree, kdir: str) -> AsyncIterator[StartDaemon]
                 resync=resync,
                 metrics_port=0,
                 uevents=False,
+                cdi_dir=str(cdi_dir) if cdi_dir else None,
             ),
             host=host,
         )

@@ -42,8 +42,17 @@ BUILTIN_KINDS: dict[tuple[str, str], str] = {
         "admissionregistration.k8s.io/v1",
         "MutatingWebhookConfiguration",
     ): "V1MutatingWebhookConfiguration",
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+    ): "V1ValidatingAdmissionPolicy",
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+    ): "V1ValidatingAdmissionPolicyBinding",
     ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
+    ("resource.k8s.io/v1", "ResourceSlice"): "V1ResourceSlice",
 }
 
 _LIST = re.compile(r"^(?:List|list)\[(.+)\]$")

@@ -116,6 +116,8 @@ def test_everything_namespaced_is_in_vfio_dp(rendered: dict[str, list[Obj]], tar
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for o in rendered[target]:
         if o["kind"] not in cluster_scoped:

@@ -10,6 +10,9 @@ Reads (under ``--root``, through the core): ``<root>/sys/bus/pci/devices/*``,
 ``Host.bind`` when a ``path: devicePlugin`` selector has ``bind: true``), one socket per
 resource in ``--kubelet-dir`` (a path as the daemon sees it, NOT under ``--root``):
 ``<kubelet-dir>/vfio_dp-<resource, / as _>.sock``; it dials ``<kubelet-dir>/kubelet.sock``.
+With ``--cdi-dir`` (also not under ``--root``): one CDI spec per advertised unit,
+``<cdi-dir>/deviceplugin.vfio-dp.io_pci-0000-65-00-0.json`` (:mod:`vfio_dp.daemon.cdi`), and
+Allocate answers ``cdi_devices`` besides the unchanged envs and device specs.
 
 Flow:
 
@@ -43,13 +46,16 @@ from typing import Any
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot, file_id
 from vfio_dp.core.state import AllocationStore
 from vfio_dp.daemon import servicer
+from vfio_dp.daemon.cdi import SpecDir
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
-from vfio_dp.model import naming
+from vfio_dp.model import cdi, naming
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.plugin.allocation import (
     ContainerAllocation,
     allocate,
+    cdi_device_name,
+    cdi_specs,
     preferred_allocation,
     verify_prestart,
 )
@@ -73,6 +79,7 @@ class Options:
     metrics_port: int = 9109  # 0 disables /metrics and /healthz
     metrics_host: str = ""  # all interfaces
     uevents: bool = True
+    cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
 
     def core(self) -> CoreOptions:
         return CoreOptions(
@@ -151,6 +158,7 @@ class Daemon:
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.root)
+        self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
         self._stop = asyncio.Event()
         self._persist = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -253,6 +261,8 @@ class Daemon:
         self.metrics.set("vfio_dp_group_conflicts", len(listing.conflicts))
         if self._stopping:
             return
+        if self.cdi is not None:
+            await self.core.run(self._sync_cdi, listing)
         wanted = set(self.endpoints) | set(listing.resources) | set(self.config.resource_names)
         for name in sorted(wanted):
             units = listing.units(name)
@@ -340,6 +350,35 @@ class Daemon:
         log.info("%s: no longer configured: empty list sent, socket %s removed", resource, ep.path)
         await self._close(ep)
 
+    # -- CDI -----------------------------------------------------------------------------
+    def _sync_cdi(self, listing: Listing) -> None:
+        """One spec per advertised unit; specs of units gone are removed (logged, not fatal:
+        Allocate writes the specs it hands out again and fails if it cannot)."""
+        assert self.cdi is not None
+        try:
+            self.cdi.sync(cdi_specs(listing, self.host.device_nodes, self.cdi.vendor))
+        except OSError as e:
+            log.error("cannot update the CDI specs in %s: %s", self.cdi.directory, e)
+
+    def _ensure_cdi(self, listing: Listing, resource: str, ids: Sequence[str]) -> None:
+        """Before Allocate answers ``cdi_devices``: the specs they name are on disk and
+        current, else :class:`PluginError` (the runtime would fail later and less clearly)."""
+        assert self.cdi is not None
+        wanted = {
+            cdi.spec_file_name(self.cdi.vendor, cdi_device_name(u))
+            for i in ids
+            if (u := listing.unit(resource, i)) is not None
+        }
+        specs = cdi_specs(listing, self.host.device_nodes, self.cdi.vendor)
+        try:
+            self.cdi.write({k: v for k, v in specs.items() if k in wanted})
+        except OSError as e:
+            raise PluginError(
+                f"{resource}: cannot write the CDI spec for {list(ids)} in "
+                f"{self.cdi.directory}: {e.strerror or e}; check --cdi-dir (the host's "
+                "/var/run/cdi mounted read-write)"
+            ) from e
+
     # -- loops -------------------------------------------------------------------------
     def _flush_record(self) -> None:
         try:
@@ -387,8 +426,17 @@ class Daemon:
         return self.listing
 
     async def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation:
+        listing = self._current()
         try:
-            alloc = allocate(self._current(), resource, ids, self.host.device_nodes)
+            alloc = allocate(
+                listing,
+                resource,
+                ids,
+                self.host.device_nodes,
+                cdi_vendor=self.cdi.vendor if self.cdi is not None else None,
+            )
+            if self.cdi is not None:
+                await self.core.run(self._ensure_cdi, listing, resource, ids)
         except PluginError as e:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
             log.warning("Allocate refused: %s", e)

@@ -125,6 +125,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
                         for d in alloc.devices
                     ],
                     annotations=alloc.annotations,
+                    cdi_devices=[api_pb2.CDIDevice(name=n) for n in alloc.cdi_devices],
                 )
             )
         return api_pb2.AllocateResponse(container_responses=responses)

@@ -4,6 +4,7 @@
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
     "address",
+    "cdi",
     "config",
     "device",
     "dra_metadata",

@@ -9,6 +9,17 @@ endpoints of the group (primary functions first across all units: ``0000:65:00.0
 from a callable (``Host.device_nodes`` in the daemon) so this module stays free of I/O; they
 are HOST paths as the kubelet and runtime see them, never prefixed with the daemon's root.
 
+**CDI** (optional, ``vfioctl plugin --cdi-dir``): every advertised unit also gets ONE CDI spec
+of kind ``deviceplugin.vfio-dp.io/vfio`` (:mod:`vfio_dp.model.cdi`) whose single device,
+``pci-0000-65-00-0`` (the unit ID as a DRA-style name), carries the same device nodes, and
+Allocate adds its ID ``deviceplugin.vfio-dp.io/vfio=pci-0000-65-00-0`` to ``cdi_devices``
+(kubelets >= 1.31 pass it to a CDI-enabled runtime, which resolves it when the container is
+created). The envs and device specs stay exactly as without CDI: a runtime that applies a
+CDI device node first removes any device of the same path (container-device-interface
+``ContainerEdits.Apply``), so naming the nodes in both places is harmless. :func:`cdi_specs` is the
+whole wanted directory content: the plugin API has no Deallocate, so a spec lives as long as
+its unit is advertised and is rewritten in place, never one per Allocate.
+
 **The allocation record** (why PreStartContainer can catch a renumbered group): the kubelet
 checkpoints every AllocateResponse and replays it after a kubelet restart or a node reboot
 without calling Allocate again, so a container can be started with a ``/dev/vfio/<N>`` from
@@ -36,7 +47,7 @@ from vfio_dp.errors import (
     UnhealthyDeviceError,
     UnknownDeviceError,
 )
-from vfio_dp.model import naming
+from vfio_dp.model import cdi, naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, primary_first
 from vfio_dp.plugin.listing import Listing, Unit
@@ -74,6 +85,8 @@ class ContainerAllocation:
     devices: tuple[DeviceNode, ...]
     grants: tuple[Grant, ...]
     annotations: dict[str, str] = field(default_factory=dict)
+    #: fully qualified CDI device IDs (``cdi_devices``); empty unless CDI is on
+    cdi_devices: tuple[str, ...] = ()
 
 
 #: No device ID this plugin hands out is longer (``0000:65:00.0``); longer ones are not parsed.
@@ -132,10 +145,15 @@ def _nodes_of(listing: Listing, unit: Unit, nodes_for: NodesFor) -> list[str]:
 
 
 def allocate(
-    listing: Listing, resource: str, device_ids: Sequence[str], nodes_for: NodesFor
+    listing: Listing,
+    resource: str,
+    device_ids: Sequence[str],
+    nodes_for: NodesFor,
+    cdi_vendor: str | None = None,
 ) -> ContainerAllocation:
     """Answer one ``ContainerAllocateRequest``; raise a :class:`PluginError` subclass naming the
-    device and the reason for an unknown or unhealthy ID."""
+    device and the reason for an unknown or unhealthy ID. With ``cdi_vendor`` the answer also
+    names each unit's CDI device (see :func:`cdi_specs`)."""
     units = [
         _checked_unit(listing, resource, i) for i in _checked_ids(resource, "Allocate", device_ids)
     ]
@@ -161,7 +179,38 @@ def allocate(
         envs=envs,
         devices=tuple(DeviceNode(p, p) for p in paths),
         grants=tuple(grants),
+        cdi_devices=(
+            tuple(cdi.device_id(cdi_vendor, cdi_device_name(u)) for u in units)
+            if cdi_vendor is not None
+            else ()
+        ),
     )
+
+
+# --- CDI specs -------------------------------------------------------------------------------
+
+
+def cdi_device_name(unit: Unit) -> str:
+    """``pci-0000-65-00-0``: the unit's CDI device name (unique on the node: a unit ID is an
+    address and belongs to one resource)."""
+    return naming.dra_device_name(unit.id)
+
+
+def cdi_specs(
+    listing: Listing, nodes_for: NodesFor, vendor: str = cdi.DEVICE_PLUGIN_VENDOR
+) -> dict[str, dict[str, object]]:
+    """Every spec file the CDI directory should hold now: file name
+    (``<vendor>_pci-0000-65-00-0.json``) → spec with the one device of that unit. Units without
+    an IOMMU group (unhealthy; Allocate refuses them) get none."""
+    out: dict[str, dict[str, object]] = {}
+    for units in listing.resources.values():
+        for u in units:
+            if u.group is None or u.group not in listing.inventory.groups:
+                continue
+            name = cdi_device_name(u)
+            device = cdi.CdiDevice(name, device_nodes=tuple(_nodes_of(listing, u, nodes_for)))
+            out[cdi.spec_file_name(vendor, name)] = cdi.build_spec(vendor, [device])
+    return out
 
 
 # --- the allocation record -------------------------------------------------------------------
