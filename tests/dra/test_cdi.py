@@ -11,7 +11,7 @@ import pytest
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra import cdi
 from vfio_dp.dra import metadata as mdfile
-from vfio_dp.errors import DraError, MetadataFormatError
+from vfio_dp.errors import CdiError, DraError, MetadataFormatError
 from vfio_dp.host import Host
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model.address import PciAddress
@@ -107,7 +107,7 @@ def test_hostile_uid_never_reaches_a_path(tmp_path: Path, uid: str) -> None:
 def test_bad_driver_and_empty_device_refused(tmp_path: Path) -> None:
     with pytest.raises(DraError, match="DNS subdomain"):
         cdi.spec_path(str(tmp_path), "../Evil", UID)
-    with pytest.raises(DraError, match="no edits"):
+    with pytest.raises(CdiError, match="no edits"):
         cdi.CdiDevice("x")
 
 

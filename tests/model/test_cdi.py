@@ -94,26 +94,15 @@ def test_names_cdi_accepts() -> None:
     )
 
 
-def test_the_dra_front_ends_format_is_this_one() -> None:
-    """``vfio_dp.dra.cdi`` (owned by the DRA branch) still builds its specs itself; until it
-    imports these names, both must produce the same objects, so the move changes nothing."""
-    nodes = ("/dev/vfio/vfio", "/dev/vfio/45", "/dev/vfio/devices/vfio3", "/dev/iommu")
-    mount = ("/var/lib/kubelet/plugins/d/m.json", "/var/run/kubernetes.io/x/m.json")
-    ours = cdi.build_spec(
-        DRIVER,
-        [
-            cdi.CdiDevice("uid-1-pci-0000-3b-00-0", device_nodes=nodes),
-            cdi.CdiDevice("uid-1-metadata-nic", mounts=(cdi.Mount(*mount),)),
-        ],
-    )
-    theirs = dra_cdi.build_spec(
-        DRIVER,
-        [
-            dra_cdi.CdiDevice("uid-1-pci-0000-3b-00-0", device_nodes=nodes),
-            dra_cdi.CdiDevice("uid-1-metadata-nic", mounts=(dra_cdi.Mount(*mount),)),
-        ],
-    )
-    assert ours == theirs
-    assert cdi.kind(DRIVER) == dra_cdi.kind(DRIVER)
-    assert cdi.device_id(DRIVER, "x-1") == dra_cdi.device_id(DRIVER, "x-1")
-    assert cdi.CDI_VERSION == dra_cdi.CDI_VERSION
+def test_the_dra_front_end_uses_this_format() -> None:
+    """One format for both front-ends: the DRA side adds only its names and file handling,
+    and refuses a driver name that is a DNS subdomain but no CDI vendor (starts with a digit)."""
+    from vfio_dp.errors import DraError
+
+    assert dra_cdi.CdiDevice is cdi.CdiDevice and dra_cdi.Mount is cdi.Mount
+    nodes = ("/dev/vfio/vfio", "/dev/vfio/45")
+    devices = [cdi.CdiDevice("uid-1-pci-0000-3b-00-0", device_nodes=nodes)]
+    assert dra_cdi.build_spec(DRIVER, devices) == cdi.build_spec(DRIVER, devices)
+    assert dra_cdi.device_id(DRIVER, "x-1") == cdi.device_id(DRIVER, "x-1")
+    with pytest.raises(DraError, match="cannot be a CDI vendor"):
+        dra_cdi.kind("9vfio.example.com")

@@ -27,14 +27,32 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from vfio_dp.errors import DraError
+from vfio_dp.errors import CdiError, DraError
 from vfio_dp.host.atomic import write_atomic
+from vfio_dp.model import cdi as cdi_format
 from vfio_dp.model import naming
+from vfio_dp.model.cdi import CDI_CLASS, CDI_VERSION, CdiDevice, Mount
 
-CDI_VERSION = "0.5.0"
-CDI_CLASS = "vfio"
+__all__ = [
+    "CDI_CLASS",
+    "CDI_VERSION",
+    "CdiDevice",
+    "Mount",
+    "build_spec",
+    "check_driver",
+    "check_uid",
+    "device_id",
+    "group_device_name",
+    "kind",
+    "metadata_device_name",
+    "read_spec",
+    "remove_durably",
+    "remove_spec",
+    "spec_path",
+    "write_spec",
+]
+
 _UID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -47,19 +65,25 @@ def check_uid(uid: str) -> str:
 
 
 def check_driver(driver: str) -> str:
+    """A driver name that is both a DNS subdomain (Kubernetes) and a CDI vendor (which must
+    start with a letter), else :class:`DraError`."""
     if not naming.is_dns_subdomain(driver):
         raise DraError(f"driver name {driver!r} is not a lowercase DNS subdomain")
+    try:
+        cdi_format.check_vendor(driver)
+    except CdiError as e:
+        raise DraError(f"driver name {driver!r} cannot be a CDI vendor: {e}") from None
     return driver
 
 
 def kind(driver: str) -> str:
-    """``<driver>/vfio``: the CDI ``<vendor>/<class>``."""
-    return f"{check_driver(driver)}/{CDI_CLASS}"
+    """``<driver>/vfio``: the CDI ``<vendor>/<class>`` (format: :mod:`vfio_dp.model.cdi`)."""
+    return cdi_format.kind(check_driver(driver))
 
 
 def device_id(driver: str, name: str) -> str:
     """``<driver>/vfio=<name>``: what NodePrepareResources returns in ``cdi_device_ids``."""
-    return f"{kind(driver)}={name}"
+    return cdi_format.device_id(check_driver(driver), name)
 
 
 def group_device_name(claim_uid: str, dra_device: str) -> str:
@@ -77,45 +101,9 @@ def spec_path(cdi_dir: str, driver: str, claim_uid: str) -> str:
     return os.path.join(cdi_dir, f"{check_driver(driver)}-{check_uid(claim_uid)}.json")
 
 
-@dataclass(frozen=True, slots=True)
-class Mount:
-    host_path: str
-    container_path: str
-    options: tuple[str, ...] = ("ro", "bind")
-
-
-@dataclass(frozen=True, slots=True)
-class CdiDevice:
-    """One CDI device: device nodes (host paths, also used in the container) and mounts."""
-
-    name: str
-    device_nodes: tuple[str, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.device_nodes and not self.mounts:
-            # CDI rejects a device with empty edits ("invalid device, empty device edits")
-            raise DraError(f"CDI device {self.name!r} would have no edits")
-
-
 def build_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, object]:
     """The spec object for one claim's devices (see module doc)."""
-    out_devices: list[dict[str, object]] = []
-    for dev in devices:
-        edits: dict[str, object] = {}
-        if dev.device_nodes:
-            edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
-        if dev.mounts:
-            edits["mounts"] = [
-                {
-                    "hostPath": m.host_path,
-                    "containerPath": m.container_path,
-                    "options": list(m.options),
-                }
-                for m in dev.mounts
-            ]
-        out_devices.append({"name": dev.name, "containerEdits": edits})
-    return {"cdiVersion": CDI_VERSION, "kind": kind(driver), "devices": out_devices}
+    return cdi_format.build_spec(check_driver(driver), devices)
 
 
 def write_spec(cdi_dir: str, driver: str, claim_uid: str, devices: Sequence[CdiDevice]) -> str:
