@@ -214,3 +214,26 @@ def test_openat2_is_used_where_the_kernel_has_it(tmp_path: Path, mode: str) -> N
     r = Root(tmp_path)
     os.close(r.open(f"{tmp_path}/.", os.O_RDONLY | os.O_DIRECTORY))
     assert root_mod.openat2_available() is (mode == "openat2")
+
+
+def test_the_daemons_allocation_record_stays_inside_the_root(tmp_path: Path, mode: str) -> None:
+    """``<root>/var/lib/vfio_dp`` linked outside: the core's allocation record is neither
+    written nor read there (the flush fails with the path named, nothing appears outside)."""
+    from vfio_dp.core.state import AllocationStore
+    from vfio_dp.plugin.allocation import Grant
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "var/lib").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "allocations.json").write_text('{"planted": true}')
+    (root / "var/lib/vfio_dp").symlink_to(outside)
+    store = AllocationStore(Root(root))
+    store.load()
+    assert store.record == {} and store.problem is not None  # the planted file was not read
+    store.add(
+        [Grant("g12", "devices.kubevirt.io/8086_10d3", 12, "/dev/vfio/12", ("0000:65:00.0",))]
+    )
+    with pytest.raises(OSError, match="var/lib/vfio_dp"):
+        store.flush()
+    assert sorted(p.name for p in outside.iterdir()) == ["allocations.json"]
+    assert (outside / "allocations.json").read_text() == '{"planted": true}'

@@ -15,11 +15,13 @@ device. ``flush()`` runs on stop.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.errors import VfioError
+from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.root import Root
 from vfio_dp.plugin.allocation import (
     AllocationRecord,
     Grant,
@@ -36,8 +38,11 @@ RECORD_PATH = ("var", "lib", "vfio_dp", "allocations.json")
 class AllocationStore:
     """Load once, keep in memory, rewrite atomically on every Allocate."""
 
-    def __init__(self, root: Path) -> None:
-        self.path = root.joinpath(*RECORD_PATH)
+    def __init__(self, root: Root) -> None:
+        # every open is resolved inside the root: a symlinked var/lib/vfio_dp cannot send
+        # the record (or its read) outside it (PathEscapeError, an OSError's sibling: logged)
+        self.fs = root
+        self.path = root.path(*RECORD_PATH)
         self.record: AllocationRecord = {}
         self.problem: str | None = None
         self.dirty = False
@@ -48,10 +53,12 @@ class AllocationStore:
     def load(self) -> None:
         """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record."""
         try:
-            self.record = record_from_json(self.path.read_text())
+            fd = self.fs.open(self.path, os.O_RDONLY)
+            with os.fdopen(fd, encoding="utf-8") as f:
+                self.record = record_from_json(f.read())
         except FileNotFoundError:
             self.record = {}
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, VfioError) as e:
             self.problem = f"{self.path} is unreadable ({e}); PreStartContainer cannot verify"
             log.error("%s: treating it as empty", self.problem)
             self.record = {}
@@ -71,5 +78,12 @@ class AllocationStore:
             return
         self.dirty = False
         record = self.record
-        write_atomic(str(self.path), record_to_json(record).encode())
+        try:
+            dfd = self.fs.open_dir(*RECORD_PATH[:-1], create=True)
+        except VfioError as e:  # the state dir leads out of the root: refuse, say where
+            raise OSError(f"cannot write {self.path}: {e}") from e
+        try:
+            replace_at(dfd, RECORD_PATH[-1], record_to_json(record).encode())
+        finally:
+            os.close(dfd)
         del record

@@ -157,7 +157,7 @@ class Daemon:
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
-        self.store = AllocationStore(self.host.root)
+        self.store = AllocationStore(self.host.fs)
         self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
         self._stop = asyncio.Event()
         self._persist = asyncio.Event()
