@@ -16,6 +16,19 @@ Walks the toolkit through its real job on real devices and prints each step:
    the XML names; the proof is the consumer holding the real VFIO group open.
 7. Everything is unbound and the original drivers are back.
 
+Then the same guest, the DRA path (``path: dra, bind: onPrepare`` for one lone e1000e):
+
+8. ``vfioctl dra-plugin`` registers with the kubelet DRA stand-in and publishes its
+   ResourceSlice to the API-server stand-in (over HTTPS on loopback, the real client).
+9. A ResourceClaim is created there and allocated that e1000e's device (``status.allocation``
+   written as the scheduler does); NodePrepareResources binds it to vfio-pci and writes the
+   CDI spec and the KEP-5304 metadata file.
+10. podman, a real CDI consumer, starts a container with the claim's CDI devices: it sees
+    ``/dev/vfio/<N>`` and reads the metadata file, mounted read-only.
+11. ``vfioctl hostdev --dra-metadata-dir`` resolves a VMI's claim-based ``hostDevices`` entry
+    from that file into ``<hostdev managed='no'>`` and libvirt starts a VM with the device.
+12. NodeUnprepareResources gives the NIC back to e1000e; the plugin stops cleanly.
+
 Writes ``$GUEST_RIG_OUT/demo.json`` (every step's facts) and ends with a one-line verdict;
 exit status 1 if any step failed.
 """
@@ -336,7 +349,10 @@ def step6(vmi: str, env_name: str, addr: str) -> None:
     p = run([VFIOCTL, "hostdev", vmi], env=env, show=False)
     for line in p.stdout.splitlines():
         say(f"  {line}")
-    m = re.search(r"bus=[\"']0x([0-9a-f]+)[\"'] slot=[\"']0x([0-9a-f]+)[\"'] function=[\"']0x([0-7])[\"']", p.stdout)
+    m = re.search(
+        r"bus=[\"']0x([0-9a-f]+)[\"'] slot=[\"']0x([0-9a-f]+)[\"'] function=[\"']0x([0-7])[\"']",
+        p.stdout,
+    )
     xml_addr = f"0000:{m.group(1)}:{m.group(2)}.{m.group(3)}" if m else None
     check(
         "6",
@@ -373,11 +389,56 @@ def vfio_fds(pid: int) -> list[str]:
         return []
 
 
-def start_with_libvirt(vmi: str, base: str, env: dict[str, str]) -> dict[str, Any] | None:
-    """Real libvirt's QEMU driver (the recipe in shared/reference/guest-rig.md)."""
+def start_with_libvirt(
+    vmi: str,
+    base: str,
+    env: dict[str, str],
+    *,
+    name: str = "demo",
+    hostdev_args: tuple[str, ...] = (),
+) -> dict[str, Any] | None:
+    """Real libvirt's QEMU driver (the recipe in shared/reference/guest-rig.md): the domain
+    ``name`` (as in ``base``) defined by ``vfioctl hostdev <vmi> <hostdev_args>``, started."""
     if not shutil.which("libvirtd") or not shutil.which("virsh"):
         say("  (libvirtd is not installed here; falling back to QEMU)")
         return None
+    uri = "qemu:///system"
+    if not libvirt_started:
+        start_libvirtd(uri)
+    # vfioctl defines the domain through libvirt-python (the libvirt adapter, for real)
+    p = run(
+        [VFIOCTL, "hostdev", vmi, *hostdev_args, "--domain-xml", base, "--connect", uri], env=env
+    )
+    if p.returncode != 0:
+        say("  (libvirt did not accept the definition here; falling back to QEMU)")
+        return None
+    p = run(["virsh", "-c", uri, "start", name])
+    if p.returncode != 0:
+        say("  (libvirt could not start the domain here; falling back to QEMU)")
+        return None
+    pid = 0
+    with contextlib.suppress(OSError, ValueError), open(f"/run/libvirt/qemu/{name}.pid") as f:
+        pid = int(f.read().strip())
+    fds: list[str] = []
+    for _ in range(60):
+        fds = vfio_fds(pid) if pid else []
+        if "anon_inode:[vfio-device]" in fds:
+            break
+        time.sleep(0.5)
+    run(["virsh", "-c", uri, "domstate", name])
+
+    def stop() -> None:
+        run(["virsh", "-c", uri, "destroy", name])
+
+    return {"how": "libvirt (virsh start, QEMU driver)", "pid": pid, "fds": fds, "stop": stop}
+
+
+#: libvirtd and virtlogd run (started once, by the first VM of the demo)
+libvirt_started: list[bool] = []
+
+
+def start_libvirtd(uri: str) -> None:
+    libvirt_started.append(True)
     for d in (
         "/var/lib/libvirt/qemu",
         "/var/log/libvirt/qemu",
@@ -389,35 +450,10 @@ def start_with_libvirt(vmi: str, base: str, env: dict[str, str]) -> dict[str, An
         f.write("\nnamespaces = []\n")
     subprocess.run(["virtlogd", "-d"], check=False)
     subprocess.run(["libvirtd", "-d"], check=False)
-    uri = "qemu:///system"
     for _ in range(60):
         if subprocess.run(["virsh", "-c", uri, "version"], capture_output=True).returncode == 0:
             break
         time.sleep(0.5)
-    # vfioctl defines the domain through libvirt-python (the libvirt adapter, for real)
-    p = run([VFIOCTL, "hostdev", vmi, "--domain-xml", base, "--connect", uri], env=env)
-    if p.returncode != 0:
-        say("  (libvirt did not accept the definition here; falling back to QEMU)")
-        return None
-    p = run(["virsh", "-c", uri, "start", "demo"])
-    if p.returncode != 0:
-        say("  (libvirt could not start the domain here; falling back to QEMU)")
-        return None
-    pid = 0
-    with contextlib.suppress(OSError, ValueError), open("/run/libvirt/qemu/demo.pid") as f:
-        pid = int(f.read().strip())
-    fds: list[str] = []
-    for _ in range(60):
-        fds = vfio_fds(pid) if pid else []
-        if "anon_inode:[vfio-device]" in fds:
-            break
-        time.sleep(0.5)
-    run(["virsh", "-c", uri, "domstate", "demo"])
-
-    def stop() -> None:
-        run(["virsh", "-c", uri, "destroy", "demo"])
-
-    return {"how": "libvirt (virsh start, QEMU driver)", "pid": pid, "fds": fds, "stop": stop}
 
 
 def start_with_qemu(addr: str) -> dict[str, Any]:
@@ -474,6 +510,336 @@ def step7() -> None:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# The DRA leg: the same lone e1000e, this time claimed through Dynamic Resource Allocation.
+DRA_DRIVER = "vfio.dra.vfio-dp.io"  # vfioctl dra-plugin's default driver name
+DRA_NODE = "guest"
+DRA_NS, DRA_CLAIM, DRA_REQUEST = "default", "demo-nic", "nic"
+DRA_WORK = "/var/lib/vfio-dp-demo"  # the API-server stand-in's kubeconfig and CA
+CDI_DIR = "/var/run/cdi"
+DRA_PLUGINS = "/var/lib/kubelet/plugins"
+DRA_REGISTRY = "/var/lib/kubelet/plugins_registry"
+
+
+def show_file(path: str) -> None:
+    with open(path) as f:
+        for line in f.read().splitlines():
+            say(f"  {line}")
+
+
+def reap(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def give_back_after_dra() -> None:
+    """The DRA leg stopped early with the NIC on vfio-pci: give it back, never leave it."""
+    if driver(LONE) != "e1000e":
+        run([VFIOCTL, "unbind", LONE])
+        check("12", f"{LONE} given back to e1000e after the DRA leg stopped early",
+              driver(LONE) == "e1000e", str(driver(LONE)))  # fmt: skip
+
+
+def dra_device_name(addr: str) -> str:
+    """``pci-0000-01-00-0``: the DRA device that stands for ``addr``'s IOMMU group."""
+    return "pci-" + addr.replace(":", "-").replace(".", "-")
+
+
+async def steps_8_to_12() -> None:
+    sys.path.insert(0, os.getcwd())
+    from kubernetes import client as k8s
+
+    from tests.dra.apiserver_standin import NODES, SLICES, ApiServerStandin
+    from tests.dra.kubelet_dra_standin import KubeletDraStandin
+    from tests.guest.cdi_consumer import podman_setup, run_with_cdi
+    from vfio_dp.model import dra_metadata as md
+
+    header(
+        "8",
+        "the DRA plugin registers with the kubelet (stand-in) and publishes ResourceSlices "
+        "to the API server (stand-in)",
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(give_back_after_dra)  # runs last, whatever happened
+        # the API-server stand-in listens on loopback; the rig's guest starts with lo down
+        run(["ip", "link", "set", "lo", "up"])
+        shutil.rmtree(DRA_WORK, ignore_errors=True)
+        os.makedirs(DRA_WORK)
+        api = ApiServerStandin(os.path.join(DRA_WORK, "api"), tls=True)
+        api.start()
+        stack.callback(api.stop)
+        api.seed(NODES, {"metadata": {"name": DRA_NODE}})
+        client = api.client()
+        stack.callback(client.close)
+        kubelet = KubeletDraStandin(DRA_REGISTRY, DRA_NODE, api_client=client)
+        await kubelet.start()
+        stack.push_async_callback(kubelet.stop)
+        cfg = os.path.join(DRA_WORK, "config.yaml")
+        write(
+            cfg,
+            "selectors:\n"
+            f'  - {{addresses: ["{LONE}"], vendor: "8086", device: "10d3", '
+            "path: dra, bind: onPrepare}\n",
+        )
+        say(f"$ cat {cfg}")
+        show_file(cfg)
+        log = stack.enter_context(open(os.path.join(OUT, "dra-plugin.log"), "w"))  # noqa: SIM115
+        argv = [VFIOCTL, "dra-plugin", "--kubeconfig", api.kubeconfig, "--config", cfg,
+                "--resync", "5", "--metrics-port", "0"]  # fmt: skip
+        say(f"$ NODE_NAME={DRA_NODE} " + " ".join(["vfioctl", *argv[1:]]) + " &")
+        plugin = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NODE_NAME": DRA_NODE}
+        )
+        stack.callback(reap, plugin)
+        dev = dra_device_name(LONE)
+        claim_uid = ""
+        t0 = time.monotonic()
+        await kubelet.wait_for("the DRA plugin's registration", lambda k: k.usable(DRA_DRIVER), 120)
+        view = kubelet.plugins[DRA_DRIVER]
+        say(f"  kubelet registered {DRA_DRIVER}: {view.version} at {view.endpoint}")
+
+        def ours() -> list[dict[str, Any]]:
+            return [
+                s for s in api.objects(SLICES)
+                if s["spec"]["nodeName"] == DRA_NODE and s["spec"]["driver"] == DRA_DRIVER
+            ]  # fmt: skip
+
+        await asyncio.to_thread(api.wait_for, "the slices", lambda _a: bool(ours()), 60)
+        secs = time.monotonic() - t0
+        slices = ours()
+        devices = [d for s in slices for d in s["spec"]["devices"]]
+        facts["dra_slices"] = slices
+        for d in devices:
+            attrs = {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
+            say(f"  ResourceSlice {slices[0]['metadata']['name']}: device {d['name']} {attrs}")
+        check(
+            "8",
+            f"registered over v1.DRAPlugin and published in {secs:.1f}s",
+            view.version == "v1.DRAPlugin" and view.endpoint.endswith(f"{DRA_DRIVER}/dra.sock"),
+            view.version,
+        )
+        pci = md.PCI_BUS_ID
+        check(
+            "8",
+            f"the slice holds exactly {dev} (pciBusID {LONE}); it stays on e1000e until "
+            "a claim is prepared (bind: onPrepare)",
+            [d["name"] for d in devices] == [dev]
+            and devices[0]["attributes"].get(pci) == {"string": LONE}
+            and driver(LONE) == "e1000e",
+            json.dumps(devices)[-400:],
+        )
+
+        header("9", "a ResourceClaim is allocated that e1000e; NodePrepareResources binds it")
+        rapi = k8s.ResourceV1Api(client)
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": DRA_CLAIM, "namespace": DRA_NS},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": DRA_REQUEST, "exactly": {"deviceClassName": DRA_DRIVER}}]
+                }
+            },
+        }
+
+        def create() -> dict[str, Any]:
+            r = rapi.create_namespaced_resource_claim(DRA_NS, body, _preload_content=False)
+            created: dict[str, Any] = json.loads(r.data)
+            return created
+
+        created = await asyncio.to_thread(create)
+        claim_uid = created["metadata"]["uid"]
+        say(f"  created ResourceClaim {DRA_NS}/{DRA_CLAIM} (uid {claim_uid})")
+        # what the scheduler writes: the allocation, through the /status subresource
+        allocated = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": created["metadata"]["resourceVersion"]},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": DRA_REQUEST, "driver": DRA_DRIVER, "pool": DRA_NODE,
+                             "device": dev}
+                        ]
+                    },
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                              "values": [DRA_NODE]}]}
+                        ]
+                    },
+                }
+            },
+        }  # fmt: skip
+
+        def allocate() -> None:
+            rapi.replace_namespaced_resource_claim_status(
+                DRA_CLAIM, DRA_NS, allocated, _preload_content=False
+            )
+
+        await asyncio.to_thread(allocate)
+        say(f"  status.allocation (as the scheduler writes it): {DRA_REQUEST} → "
+            f"{DRA_DRIVER}/{DRA_NODE}/{dev}")  # fmt: skip
+        ref = (DRA_NS, claim_uid, DRA_CLAIM)
+        answer = (await kubelet.prepare(DRA_DRIVER, [ref]))[claim_uid]
+        ids = [i for d in answer.devices for i in d.cdi_device_ids]
+        say(f"  NodePrepareResources({DRA_NS}/{DRA_CLAIM}) → error {answer.error!r}, "
+            f"devices {[d.device_name for d in answer.devices]}")  # fmt: skip
+        for i in ids:
+            say(f"    CDI device {i}")
+        node = f"/dev/vfio/{group(LONE)}"
+        check(
+            "9",
+            f"prepared: {LONE} on vfio-pci, {node} exists, CDI IDs for the group and the metadata",
+            answer.error == ""
+            and [d.device_name for d in answer.devices] == [dev]
+            and len(ids) == 2
+            and driver(LONE) == "vfio-pci"
+            and os.path.exists(node),
+            answer.error,
+        )
+        spec_file = os.path.join(CDI_DIR, f"{DRA_DRIVER}-{claim_uid}.json")
+        with open(spec_file) as f:
+            spec = json.load(f)
+        facts["dra_cdi_spec"] = spec
+        edits = [d["containerEdits"] for d in spec["devices"]]
+        nodes = [n["path"] for e in edits for n in e.get("deviceNodes", [])]
+        mounts = [m for e in edits for m in e.get("mounts", [])]
+        say(f"  {spec_file}: deviceNodes {nodes}")
+        for m in mounts:
+            say(f"    mount {m['hostPath']} → {m['containerPath']} {m['options']}")
+        want_meta = md.container_path(DRA_CLAIM, DRA_REQUEST, DRA_DRIVER)
+        check(
+            "9",
+            "the CDI spec hands over /dev/vfio/vfio and the group, and mounts the metadata "
+            "file read-only where KubeVirt reads it",
+            nodes == ["/dev/vfio/vfio", node]
+            and [m["containerPath"] for m in mounts] == [want_meta]
+            and "ro" in mounts[0]["options"],
+            json.dumps(spec)[-400:],
+        )
+
+        header("10", "a real CDI consumer: podman starts a container with the claim's devices")
+        setup = podman_setup()
+        if setup["rc"] != 0:
+            say(setup["stderr"])
+        say(f"$ podman run --rm --network none {' '.join('--device ' + i for i in ids)} bb "
+            f"sh -c 'ls /dev/vfio; cat {want_meta}; echo x >> ...'")  # fmt: skip
+        t1 = time.monotonic()
+        r = run_with_cdi(ids, want_meta)
+        facts["dra_podman"] = {"setup": setup, "run": r, "run_s": time.monotonic() - t1}
+        for line in (r["stdout"] + r["stderr"]).rstrip().splitlines():
+            say(f"  {line}")
+        say(f"  (exit {r['rc']}, {time.monotonic() - t1:.1f}s)")
+        parts = r["stdout"].split("---\n")
+        ls, meta, rw = [*parts, "", "", ""][:3]
+        check(
+            "10",
+            f"the container sees /dev/vfio/vfio and {node}",
+            r["rc"] == 0 and {"vfio", str(group(LONE))} <= set(ls.split()),
+            r["stderr"][-300:],
+        )
+        first: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, IndexError):
+            first = json.loads(meta.splitlines()[0])
+        got = [
+            d.get("attributes", {}).get(md.PCI_BUS_ID)
+            for q in first.get("requests", [])
+            for d in q.get("devices", [])
+        ]
+        check(
+            "10",
+            f"it reads the claim's device metadata (pciBusID {LONE}), mounted read-only",
+            first.get("kind") == "DeviceMetadata"
+            and got == [{"string": LONE}]
+            and rw.strip() == "READONLY",
+            meta[:300],
+        )
+
+        header("11", "vfioctl hostdev reads the metadata file → <hostdev> → libvirt starts a VM")
+        # the files as virt-launcher's pod sees them: each CDI mount at its container path
+        meta_dir = os.path.join(WORK, "dra-device-attributes")
+        shutil.rmtree(meta_dir, ignore_errors=True)
+        for m in mounts:
+            rel = os.path.relpath(m["containerPath"], md.CONTAINER_BASE)
+            os.makedirs(os.path.dirname(os.path.join(meta_dir, rel)), exist_ok=True)
+            shutil.copyfile(m["hostPath"], os.path.join(meta_dir, rel))
+            say(f"  (the pod's view: {m['hostPath']} at {meta_dir}/{rel})")
+        vmi = os.path.join(WORK, "vmi-dra.yaml")
+        write(
+            vmi,
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\n"
+            "metadata: {name: demo-dra, namespace: default}\nspec:\n  domain:\n"
+            "    devices:\n      hostDevices:\n"
+            f"      - {{name: nic1, claimName: nic, requestName: {DRA_REQUEST}}}\n"
+            f"  resourceClaims:\n  - {{name: nic, resourceClaimName: {DRA_CLAIM}}}\n",
+        )
+        say(f"$ cat {vmi}")
+        show_file(vmi)
+        p = run([VFIOCTL, "hostdev", vmi, "--dra-metadata-dir", meta_dir])
+        m2 = re.search(
+            r"bus=[\"']0x([0-9a-f]+)[\"'] slot=[\"']0x([0-9a-f]+)[\"'] function=[\"']0x([0-7])[\"']",
+            p.stdout,
+        )
+        xml_addr = f"0000:{m2.group(1)}:{m2.group(2)}.{m2.group(3)}" if m2 else None
+        check(
+            "11",
+            f"one <hostdev managed='no'> for {LONE}, alias ua-dra-hostdevice-nic1 (virt-launcher's)",
+            p.returncode == 0
+            and xml_addr == LONE
+            and 'managed="no"' in p.stdout.replace("'", '"')
+            and "ua-dra-hostdevice-nic1" in p.stdout,
+            p.stderr,
+        )
+        base = os.path.join(WORK, "domain-dra.xml")
+        write(
+            base,
+            "<domain type='qemu'>\n  <name>demo-dra</name>\n  <memory unit='MiB'>128</memory>\n"
+            "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
+            "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
+            "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
+            "  </devices>\n</domain>\n",
+        )
+        consumer = start_with_libvirt(
+            vmi, base, {}, name="demo-dra", hostdev_args=("--dra-metadata-dir", meta_dir)
+        ) or start_with_qemu(LONE)
+        facts["dra_consumer"] = consumer
+        check(
+            "11",
+            f"{consumer['how']} holds {node} and a vfio-device fd open — the VM has the device",
+            node in consumer["fds"] and "anon_inode:[vfio-device]" in consumer["fds"],
+            consumer.get("error", ""),
+        )
+        stop = consumer.pop("stop", None)
+        if callable(stop):
+            stop()
+
+        header("12", "NodeUnprepareResources gives the NIC back to e1000e; the plugin stops")
+        un = await kubelet.unprepare(DRA_DRIVER, [ref])
+        say(f"  NodeUnprepareResources({DRA_NS}/{DRA_CLAIM}) → {un}")
+        check(
+            "12",
+            f"unprepared: {LONE} back on e1000e, the CDI spec and the metadata file removed",
+            un == {claim_uid: ""}
+            and driver(LONE) == "e1000e"
+            and not os.path.exists(spec_file)
+            and not any(os.path.exists(m["hostPath"]) for m in mounts),
+            f"{un} driver={driver(LONE)}",
+        )
+        say("$ kill -TERM <vfioctl dra-plugin>")
+        plugin.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(plugin.wait, 60)
+        check(
+            "12",
+            "the DRA plugin exits 0 after SIGTERM and removes both of its sockets",
+            rc == 0
+            and not os.path.exists(f"{DRA_REGISTRY}/{DRA_DRIVER}-reg.sock")
+            and not os.path.exists(f"{DRA_PLUGINS}/{DRA_DRIVER}/dra.sock"),
+            f"exit {rc}",
+        )
+
+
 def main() -> int:
     t0 = time.monotonic()
     if not in_guest():
@@ -490,6 +856,7 @@ def main() -> int:
         ("2", step2),
         ("3", lambda: asyncio.run(steps_3_to_6())),
         ("7", step7),
+        ("8", lambda: asyncio.run(steps_8_to_12())),
     ]
     for _, step in steps:
         try:

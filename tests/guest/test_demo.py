@@ -3,6 +3,7 @@
 Also the real-kernel proof of the daemon (issue 3): on real sysfs it advertises the lone
 e1000e devices Healthy and the half-bound shared group Unhealthy (flipping within 1 s of a
 device leaving vfio-pci underneath it), and Allocate returns a /dev/vfio/<N> that exists.
+Then the DRA path in the same boot (steps 8-12): slices, Prepare, podman, a VM, Unprepare.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ def test_verdict_pass(demo: tuple[int, str, dict[str, Any]]) -> None:
 def test_every_step_ran(demo: tuple[int, str, dict[str, Any]]) -> None:
     _, transcript, facts = demo
     steps = facts.get("steps", {})
-    assert set(steps) == {"1", "2", "3", "4", "5", "6", "7"}, transcript[-6000:]
+    assert set(steps) == {str(n) for n in range(1, 13)}, transcript[-6000:]
     assert all(c["ok"] for s in steps.values() for c in s["checks"])
+    # 17 checks on the device-plugin path (steps 1-7), 10 on the DRA path (steps 8-12)
+    assert sum(len(s["checks"]) for s in steps.values()) == 27, steps
+    assert "all 27 checks held" in transcript
 
 
 def test_daemon_on_real_sysfs(demo: tuple[int, str, dict[str, Any]]) -> None:
@@ -49,6 +53,18 @@ def test_a_vm_held_the_device(demo: tuple[int, str, dict[str, Any]]) -> None:
     _, _, facts = demo
     consumer = facts["consumer"]
     assert "anon_inode:[vfio-device]" in consumer["fds"], consumer
+
+
+def test_dra_leg(demo: tuple[int, str, dict[str, Any]]) -> None:
+    """The DRA path on the real kernel: the slice holds the lone e1000e, podman (a real CDI
+    consumer) saw its group and read its metadata, a VM held it, and e1000e has it back."""
+    _, transcript, facts = demo
+    (device,) = [d for s in facts["dra_slices"] for d in s["spec"]["devices"]]
+    assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:01:00.0"}
+    run = facts["dra_podman"]["run"]
+    assert run["rc"] == 0 and run["stdout"].rstrip().endswith("READONLY"), run
+    assert "anon_inode:[vfio-device]" in facts["dra_consumer"]["fds"], facts["dra_consumer"]
+    assert "back on e1000e" in transcript
 
 
 def test_a_demo_that_dies_in_a_step_still_gets_a_verdict(guest: object) -> None:

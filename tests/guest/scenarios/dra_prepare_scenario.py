@@ -22,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, os.getcwd())
 
+from tests.guest.cdi_consumer import podman_setup, run_with_cdi
 from vfio_dp.dra.kubelet import ClaimRef
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.host import Host
@@ -135,31 +136,6 @@ def answer(res: Any) -> dict[str, Any]:
     }
 
 
-def podman(*args: str, timeout: float = 240) -> dict[str, Any]:
-    env = {**os.environ, "CONTAINERS_STORAGE_CONF": "/tmp/ctr/storage.conf"}
-    p = subprocess.run(
-        ["podman", "--cgroup-manager=cgroupfs", "--events-backend=none", *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
-    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-3000:]}
-
-
-def podman_setup() -> dict[str, Any]:
-    sh = """
-set -e
-mountpoint -q /dev/shm || mount -t tmpfs shm /dev/shm
-mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup
-mkdir -p /tmp/ctr/bb/bin
-printf '[storage]\\ndriver = "vfs"\\nrunroot = "/tmp/ctr/run"\\ngraphroot = "/tmp/ctr/graph"\\n' > /tmp/ctr/storage.conf
-cp "$(command -v busybox)" /tmp/ctr/bb/bin/busybox
-ln -sf busybox /tmp/ctr/bb/bin/sh
-tar -C /tmp/ctr/bb -cf /tmp/ctr/bb.tar .
-CONTAINERS_STORAGE_CONF=/tmp/ctr/storage.conf podman --cgroup-manager=cgroupfs --events-backend=none import -q /tmp/ctr/bb.tar bb
-"""
-    p = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, timeout=300)
-    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-3000:]}
-
-
 async def main() -> None:
     results["groups_of"] = {a: group_of(a) for a in (LONE, LONE2, SHARED_A, SHARED_B)}
     results["drivers_initial"] = drivers()
@@ -180,12 +156,7 @@ async def main() -> None:
     if results["podman_setup"]["rc"] == 0:
         ids = [x for d in results["prepare"]["uid-lone"]["devices"] for x in d["cdi"]]
         meta = results["spec_lone"]["devices"][-1]["containerEdits"]["mounts"][0]["containerPath"]
-        args = ["run", "--rm", "--network", "none"]
-        for i in ids:
-            args += ["--device", i]
-        args += ["bb", "sh", "-c", f"ls /dev/vfio; echo ---; cat {meta}; echo ---; "
-                 f"echo x >> {meta} && echo WRITABLE || echo READONLY"]  # fmt: skip
-        results["podman_run"] = podman(*args)
+        results["podman_run"] = run_with_cdi(ids, meta)
 
     un = await p.unprepare([a])
     results["unprepare_lone"] = un
