@@ -56,7 +56,7 @@ DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.plugin.DEFAULT_DRIVER (n
     default="/var/run/cdi",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="Where CDI specs go (used by Prepare, next release; never joined with --root).",
+    help="Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined with --root).",
 )
 @option(
     "--config",
@@ -107,8 +107,8 @@ def dra_plugin(
 
     Exits 0 on SIGTERM after removing both sockets (the slices stay; kubelet removes them
     30 s after the driver is gone); exits 2 on a bad config, driver name or missing node name.
-    This release answers NodePrepareResources with a per-claim error: it does not prepare
-    claims yet.
+    NodePrepareResources binds a `bind: onPrepare` group, writes one CDI spec and the KEP-5304
+    device metadata per claim; NodeUnprepareResources gives back what the claim bound.
     """
     import logging
 
