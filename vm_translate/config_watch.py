@@ -19,25 +19,14 @@ Reading and parsing is the injected ``load`` function (default
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 from vfio_dp.errors import ConfigError
+from vfio_dp.host.files import file_id
 from vfio_dp.model.config import Config
 from vm_translate.errors import TranslateError
 
 log = logging.getLogger(__name__)
-
-FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
-
-
-def file_id(path: str) -> FileId | None:
-    """The identity of what ``path`` resolves to now; None if it cannot be stat'ed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _default_load(path: str) -> Config:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,7 @@ from vfio_dp.core.policy import bind_plan, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
-from vfio_dp.host.files import load_config, read_config_bytes
+from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
@@ -52,17 +51,7 @@ DEBOUNCE = 0.05
 #: only what changes while a device is present (Host.refresh: ~2 syscalls per device).
 FULL_SCAN_INTERVAL = 60.0
 
-FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
 T = TypeVar("T")
-
-
-def file_id(path: str) -> FileId | None:
-    """Identity of the file at ``path`` now (None: absent): a socket or config replaced."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)

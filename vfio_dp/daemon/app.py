@@ -43,12 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot, file_id
+from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.core.state import AllocationStore
 from vfio_dp.daemon import servicer
 from vfio_dp.daemon.cdi import SpecDir
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
+from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.plugin.allocation import (
@@ -65,9 +66,6 @@ log = logging.getLogger("vfio_dp.daemon")
 
 KUBELET_SOCKET = "kubelet.sock"
 WATCH_INTERVAL = 0.25
-
-FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
-_file_id = file_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +211,7 @@ class Daemon:
         await ep.feed.publish((), closing=True)
         if ep.server is not None:
             await ep.server.stop(1.0)
-        if _file_id(ep.path) == ep.socket_id:
+        if file_id(ep.path) == ep.socket_id:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(ep.path)
 
@@ -293,7 +291,7 @@ class Daemon:
         clear_stale_socket(ep.path)
         ep.server = servicer.make_server(ep.resource, ep.feed, self, ep.path)
         await ep.server.start()
-        ep.socket_id = _file_id(ep.path)
+        ep.socket_id = file_id(ep.path)
         log.info("%s: serving on %s", ep.resource, ep.path)
         ep.registering = asyncio.create_task(self._register(ep), name=f"register {ep.name}")
 
@@ -302,7 +300,7 @@ class Daemon:
 
         delay, waiting_logged = 0.2, False
         while True:
-            kid = _file_id(self.kubelet_socket)
+            kid = file_id(self.kubelet_socket)
             if kid is None:
                 if not waiting_logged:
                     log.info("%s: waiting for %s", ep.resource, self.kubelet_socket)
@@ -338,7 +336,7 @@ class Daemon:
         try:
             await self._serve(ep)
         except SocketPathError as e:
-            ep.socket_id = _file_id(ep.path)  # retried when the path changes again
+            ep.socket_id = file_id(ep.path)  # retried when the path changes again
             log.error("%s: not served: %s", ep.resource, e)
             return
         await ep.feed.publish(ep.feed.units)
@@ -406,9 +404,9 @@ class Daemon:
                 log.exception("watch loop")
 
     async def _check_kubelet(self) -> None:
-        kid = _file_id(self.kubelet_socket)
+        kid = file_id(self.kubelet_socket)
         for ep in list(self.endpoints.values()):
-            own = _file_id(ep.path)
+            own = file_id(ep.path)
             if own != ep.socket_id:
                 await self._reserve(ep, f"socket {ep.path} was removed (kubelet restart?)")
             elif (

@@ -54,6 +54,7 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.errors import DriverNameError, SocketPathError
+from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import naming
 
 log = logging.getLogger("vfio_dp.dra")
@@ -71,8 +72,6 @@ MAX_UID = 128  # Kubernetes UIDs are 36-character UUIDs
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*")
-
-FileId = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +140,8 @@ def claim_problem(claim: ClaimRef) -> str | None:
 
 
 def _file_id(path: str) -> FileId | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+    """The socket file itself (never what a link there points at)."""
+    return file_id(path, follow=False)
 
 
 def _make_room(path: str, flag: str) -> None:

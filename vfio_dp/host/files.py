@@ -21,6 +21,20 @@ import stat
 from vfio_dp.errors import ConfigError
 from vfio_dp.model.config import DEFAULT_CONFIG, MAX_CONFIG_BYTES, Config, load_config_bytes
 
+#: What identifies a file at a path: a ConfigMap's ``..data`` swap or a re-created socket
+#: changes it even when size and content do not.
+FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
+
+
+def file_id(path: str, *, follow: bool = True) -> FileId | None:
+    """Identity of the file at ``path`` now (None: absent or not stat'able); ``follow=False``
+    identifies a symlink or socket itself (``lstat``) rather than what it points at."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
 
 class NotRegularFileError(OSError):
     """The path is a FIFO, socket, device or directory: nothing was read from it."""
