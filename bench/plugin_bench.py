@@ -3,7 +3,7 @@
 
 Builds a temp sysfs tree of 4,096 PCI functions on vfio-pci, each in its own IOMMU group,
 spread over 64 vendor:device IDs (so 64 resources, 64 sockets), starts the kubelet stand-in
-(tests/daemon/kubelet_standin.py) and the daemon, and prints:
+(tests/deviceplugin/kubelet_standin.py) and the daemon, and prints:
 
 - Allocate latency over the unix socket, p50/p99 (target p99 < 2 ms; each Allocate also
   rewrites the allocation record atomically with fsync);
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import vfioctl_command  # noqa: E402
-from tests.daemon.kubelet_standin import KubeletStandin  # noqa: E402
+from tests.deviceplugin.kubelet_standin import KubeletStandin  # noqa: E402
 from tests.sysfs_tree import Dev, SysfsTree  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 
 ``vfioctl plugin`` runs as a real subprocess over a temp sysfs tree of 4,096 PCI functions on
 vfio-pci (each in its own IOMMU group) spread over 64 vendor:device IDs, so 64 resources and
-64 sockets. The kubelet stand-in (tests/daemon/kubelet_standin.py: real gRPC on real unix
+64 sockets. The kubelet stand-in (tests/deviceplugin/kubelet_standin.py: real gRPC on real unix
 sockets, dials back inside Register, holds every ListAndWatch stream open) then
 
 1. waits for all 64 resources to be registered and listed Healthy;
@@ -53,7 +53,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import vfioctl_command  # noqa: E402
 from bench.plugin_bench import build_tree  # noqa: E402
-from tests.daemon.kubelet_standin import KubeletStandin  # noqa: E402
+from tests.deviceplugin.kubelet_standin import KubeletStandin  # noqa: E402
 
 AREA = "daemon"
 RESOURCES = 64

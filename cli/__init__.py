@@ -4,9 +4,9 @@
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
     "common",
+    "deviceplugin_cmd",
     "dra_cmd",
     "host_cmds",
     "main",
-    "plugin_cmd",
     "vm_cmds",
 ]

@@ -1,7 +1,7 @@
 """``vfioctl dra-plugin``: run the DRA kubelet plugin (what the DRA DaemonSet runs).
 
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; ``--node-name`` also from
-``NODE_NAME``), then hands over to :func:`vfio_dp.dra.plugin.run`. gRPC and the Kubernetes
+``NODE_NAME``), then hands over to :func:`vfio_dp.dra.driver.run`. gRPC and the Kubernetes
 client are imported only inside the command body: no other vfioctl command pays for them.
 """
 
@@ -11,7 +11,7 @@ import click
 
 from cli.common import envvar_for, option, root_option, run_guarded
 
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.plugin.DEFAULT_DRIVER (not imported: light)
+DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (not imported: light)
 
 
 @click.command("dra-plugin")
@@ -124,7 +124,7 @@ def dra_plugin(
             raise UsageError(
                 "--node-name is required (or NODE_NAME, e.g. from the pod's spec.nodeName)"
             )
-        from vfio_dp.dra.plugin import DraOptions, run
+        from vfio_dp.dra.driver import DraOptions, run
         from vfio_dp.dra.publisher import api_client
 
         options = DraOptions(

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
     from vfio_dp.model.device import Inventory, PciDevice
-    from vfio_dp.plugin.paths import DeviceServing
+    from vfio_dp.model.serving import DeviceServing
 
 
 def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
@@ -83,8 +83,8 @@ def device_json(
 
 def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules)."""
-    from vfio_dp.plugin.listing import compute_listing
-    from vfio_dp.plugin.paths import device_serving, dra_units
+    from vfio_dp.deviceplugin.listing import compute_listing
+    from vfio_dp.model.serving import device_serving, dra_units
 
     listing = compute_listing(inv, cfg)
     return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg))
@@ -181,7 +181,7 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
 
     def body() -> int:
         from vfio_dp.errors import NoIommuError
-        from vfio_dp.plugin.paths import group_paths, path_splits
+        from vfio_dp.model.serving import group_paths, path_splits
 
         cfg = _config(config)
         try:

@@ -201,7 +201,7 @@ def step2() -> None:
 # --------------------------------------------------------------------------------------------
 async def steps_3_to_6() -> None:
     sys.path.insert(0, os.getcwd())
-    from tests.daemon.kubelet_standin import KubeletStandin
+    from tests.deviceplugin.kubelet_standin import KubeletStandin
 
     header("3", "the device plugin daemon advertises the resources to the kubelet (stand-in)")
     shutil.rmtree(KUBELET_DIR, ignore_errors=True)

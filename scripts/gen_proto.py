@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate the committed kubelet API code (device plugin, plugin registration, DRA) from ``proto/``.
 
-    python3 scripts/gen_proto.py            # writes vfio_dp/daemon/_pb/... and vfio_dp/dra/_pb/...
-    python3 scripts/gen_proto.py --out DIR  # writes DIR/vfio_dp/daemon/_pb/... (drift test)
+    python3 scripts/gen_proto.py            # writes vfio_dp/deviceplugin/_pb/... and vfio_dp/dra/_pb/...
+    python3 scripts/gen_proto.py --out DIR  # writes DIR/vfio_dp/deviceplugin/_pb/... (drift test)
 
 The generator is pinned (``grpcio-tools==1.76.0`` in the ``test`` extra); the generated
 modules check the runtime ``grpcio``/``protobuf`` versions at import, so the floors in
@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "proto"
 PROTOS = [
-    "vfio_dp/daemon/_pb/deviceplugin/v1beta1/api.proto",
+    "vfio_dp/deviceplugin/_pb/deviceplugin/v1beta1/api.proto",
     # vendored verbatim from kubernetes/kubelet pkg/apis/... (see each file's header)
     "vfio_dp/dra/_pb/pluginregistration/v1/api.proto",
     "vfio_dp/dra/_pb/dra/v1/api.proto",

@@ -17,10 +17,9 @@ import pytest
 MODULE_PACKAGES = [
     "vfio_dp",
     "vfio_dp.core",
-    "vfio_dp.daemon",
+    "vfio_dp.deviceplugin",
     "vfio_dp.dra",
     "vfio_dp.model",
-    "vfio_dp.plugin",
     "vm_translate",
     "cli",
 ]

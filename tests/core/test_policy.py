@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.model.test_config import dev
 from tests.model.test_paths import cfg, inventory
-from vfio_dp.core.policy import bind_plan, newly_bound
+from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, DRA
 
@@ -32,11 +32,11 @@ selectors:
 """
     )
     everything = list(inv.devices)
-    assert bind_plan(inv, c, everything, DEVICE_PLUGIN) == [[gpu.address, audio.address]]
+    assert autobind_groups(inv, c, everything, DEVICE_PLUGIN) == [[gpu.address, audio.address]]
     # onPrepare devices stay on their host drivers; the bridge is never bound
-    assert bind_plan(inv, c, everything, DRA) == [[nic.address]]
-    assert bind_plan(inv, c, [audio.address], DEVICE_PLUGIN) == [[audio.address]]
-    assert bind_plan(inv, DEFAULT_CONFIG, everything, DEVICE_PLUGIN) == []
+    assert autobind_groups(inv, c, everything, DRA) == [[nic.address]]
+    assert autobind_groups(inv, c, [audio.address], DEVICE_PLUGIN) == [[audio.address]]
+    assert autobind_groups(inv, DEFAULT_CONFIG, everything, DEVICE_PLUGIN) == []
 
 
 def test_a_reload_binds_what_became_bind_true_for_this_path() -> None:

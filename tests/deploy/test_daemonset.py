@@ -30,7 +30,7 @@ ROOT_MOUNTS = (
 
 @pytest.fixture(scope="module")
 def plugin_cmd() -> object:
-    return command("cli.plugin_cmd", "plugin")
+    return command("cli.deviceplugin_cmd", "plugin")
 
 
 def _daemon(objs: list[Obj]) -> tuple[Obj, Obj, Obj]:

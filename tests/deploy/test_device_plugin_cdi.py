@@ -20,7 +20,7 @@ def _daemon(objs: list[Obj]) -> tuple[Obj, Obj, dict[str, object]]:
     spec = find(objs, "DaemonSet", "vfio-dp-daemon")["spec"]["template"]["spec"]
     ctr = container(spec, "daemon")
     assert ctr["args"][0] == "plugin"
-    return spec, ctr, parse_cli_args(command("cli.plugin_cmd", "plugin"), ctr["args"][1:])
+    return spec, ctr, parse_cli_args(command("cli.deviceplugin_cmd", "plugin"), ctr["args"][1:])
 
 
 def test_the_component_turns_cdi_on_with_the_hosts_cdi_dir(deploy_copy: Path) -> None:

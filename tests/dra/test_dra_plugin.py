@@ -24,7 +24,7 @@ from tests.dra.conftest import NODE
 from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import Dev, SysfsTree
-from vfio_dp.dra.plugin import DraOptions, DraPlugin
+from vfio_dp.dra.driver import DraOptions, DraPlugin
 from vfio_dp.host import Host
 
 DRIVER = "vfio.dra.vfio-dp.io"

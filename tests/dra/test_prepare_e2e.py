@@ -19,7 +19,7 @@ from tests.dra.kubelet_dra_standin import SERVICES, KubeletDraStandin
 from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra.plugin import DraOptions, DraPlugin
+from vfio_dp.dra.driver import DraOptions, DraPlugin
 from vfio_dp.host import Host
 from vfio_dp.model import dra_metadata as md
 

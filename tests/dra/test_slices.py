@@ -13,7 +13,7 @@ from vfio_dp.dra.slices import MAX_DEVICES_PER_SLICE, NodeRef, build_slices, pub
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_text
-from vfio_dp.plugin.paths import dra_units
+from vfio_dp.model.serving import dra_units
 
 DRIVER = "vfio.dra.vfio-dp.io"
 

@@ -219,8 +219,8 @@ def test_openat2_is_used_where_the_kernel_has_it(tmp_path: Path, mode: str) -> N
 def test_the_daemons_allocation_record_stays_inside_the_root(tmp_path: Path, mode: str) -> None:
     """``<root>/var/lib/vfio_dp`` linked outside: the core's allocation record is neither
     written nor read there (the flush fails with the path named, nothing appears outside)."""
-    from vfio_dp.core.state import AllocationStore
-    from vfio_dp.plugin.allocation import Grant
+    from vfio_dp.deviceplugin.allocation import Grant
+    from vfio_dp.deviceplugin.allocation_store import AllocationStore
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "var/lib").mkdir(parents=True)

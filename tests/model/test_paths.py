@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.model.test_config import dev
+from vfio_dp.deviceplugin.listing import compute_listing
 from vfio_dp.errors import ConfigError
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, DRA, load_config_text
 from vfio_dp.model.device import Inventory, PciDevice, analyse_group
-from vfio_dp.plugin.listing import compute_listing
-from vfio_dp.plugin.paths import device_serving, dra_device_name, dra_units, path_splits
+from vfio_dp.model.serving import device_serving, dra_device_name, dra_units, path_splits
 
 
 def cfg(text: str):  # type: ignore[no-untyped-def]

@@ -1,8 +1,8 @@
-"""The node core shared by the kubelet front-ends (:mod:`vfio_dp.daemon`, :mod:`vfio_dp.dra`).
+"""The node core shared by the kubelet front-ends (:mod:`vfio_dp.deviceplugin`, :mod:`vfio_dp.dra`).
 
 Modules: ``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
 health, the observer interface), ``policy`` (the bind policy, pure), ``uevents`` (kernel
-netlink), ``state`` (atomically written records), ``metrics`` (/metrics, /healthz).
+netlink), ``metrics`` (/metrics, /healthz).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
 
@@ -12,6 +12,5 @@ __all__ = [
     "metrics",
     "node",
     "policy",
-    "state",
     "uevents",
 ]

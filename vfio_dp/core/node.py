@@ -1,6 +1,6 @@
 """The node core: one process's view of the host's PCI devices, kept current.
 
-What every kubelet front-end (the device-plugin daemon in :mod:`vfio_dp.daemon`, the DRA
+What every kubelet front-end (the device-plugin daemon in :mod:`vfio_dp.deviceplugin`, the DRA
 plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 
 - the configuration (``--config``; every error listed, the process does not start on a bad
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.metrics import Metrics, serve_http
-from vfio_dp.core.policy import bind_plan, newly_bound
+from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
@@ -236,7 +236,7 @@ class NodeCore:
 
     async def _bind(self, inv: Inventory, candidates: set[PciAddress]) -> bool:
         """``bind: true``: move matched devices not on vfio-pci (with their group) to vfio-pci."""
-        plan = bind_plan(inv, self.config, candidates, self.options.path)
+        plan = autobind_groups(inv, self.config, candidates, self.options.path)
         for addrs in plan:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:

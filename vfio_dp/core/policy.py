@@ -19,7 +19,7 @@ from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
 
 
-def bind_plan(
+def autobind_groups(
     inventory: Inventory, config: Config, candidates: Iterable[PciAddress], path: str
 ) -> list[list[PciAddress]]:
     """The ``bind: true`` endpoints among ``candidates``, one list per IOMMU group (devices

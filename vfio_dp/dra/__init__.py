@@ -2,12 +2,12 @@
 
 Modules: ``slices`` (pure: the node core's inventory → ResourceSlice objects), ``publisher``
 (the Kubernetes client shell that keeps this node's slices published), ``kubelet`` (the gRPC
-shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``plugin`` (lifecycle:
+shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``driver`` (the DRA process's lifecycle:
 core + publisher + kubelet shell), and for claims: ``prepare`` (the kubelet's Handler:
 NodePrepare/NodeUnprepareResources and reconcile), ``cdi`` (one CDI spec per claim),
 ``metadata`` (KEP-5304 device-metadata files; the format is :mod:`vfio_dp.model.dra_metadata`),
 ``checkpoint`` (prepared claims, with the boot ID). Generated protobuf code lives in
-``_pb`` and is imported only by ``kubelet``. Never imports :mod:`vfio_dp.daemon` (import-linter contract), and this
+``_pb`` and is imported only by ``kubelet``. Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this
 ``__init__`` imports nothing: grpc and the generated code only in ``kubelet``, the
 Kubernetes client only in ``publisher``.
 """
@@ -17,9 +17,9 @@ Kubernetes client only in ``publisher``.
 __all__ = [
     "cdi",
     "checkpoint",
+    "driver",
     "kubelet",
     "metadata",
-    "plugin",
     "prepare",
     "publisher",
     "slices",

@@ -7,7 +7,7 @@ For each claim kubelet names (namespace, uid, name), :meth:`ClaimPreparer.prepar
 2. takes ``status.allocation.devices.results[]`` whose ``driver`` is ours and ``pool`` is this
    node; refuses opaque ``config`` for our driver (we define no parameters) naming the claim;
 3. maps each result's ``device`` (``pci-0000-3b-00-0``) to the IOMMU group it stands for
-   (:func:`vfio_dp.plugin.paths.dra_units`); for ``bind: onPrepare`` binds every group of
+   (:func:`vfio_dp.model.serving.dra_units`); for ``bind: onPrepare`` binds every group of
    the claim in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals --
    host-used devices, a bridge on a DMA driver --, the same rollback and the same durable
    record, ``bound_by = claim:<uid>``; never ``probe``: the plugin does not open group nodes);
@@ -68,7 +68,7 @@ from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
-from vfio_dp.plugin.paths import DraUnit, dra_units
+from vfio_dp.model.serving import DraUnit, dra_units
 
 log = logging.getLogger("vfio_dp.dra.prepare")
 

@@ -1,7 +1,7 @@
 """ResourceSlices for one node, built from the node core's inventory: pure, no I/O.
 
 One pool per node, named after the node; one DRA device per IOMMU group that can be handed
-over (:func:`vfio_dp.plugin.paths.dra_units`), named after the group's first endpoint
+over (:func:`vfio_dp.model.serving.dra_units`), named after the group's first endpoint
 (``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice, every slice
 carrying ``pool.resourceSliceCount``; every slice owned by the Node. Objects are plain dicts
 in the API's JSON form (``resource.k8s.io/v1``)::
@@ -36,7 +36,7 @@ from typing import Any
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
-from vfio_dp.plugin.paths import DraUnit, dra_units
+from vfio_dp.model.serving import DraUnit, dra_units
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128

@@ -10,4 +10,5 @@ __all__ = [
     "dra_metadata",
     "naming",
     "plan",
+    "serving",
 ]

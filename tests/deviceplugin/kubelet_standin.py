@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from vfio_dp.daemon._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 

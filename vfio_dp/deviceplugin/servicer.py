@@ -2,7 +2,7 @@
 
 One instance per resource, on the resource's own socket
 (``<kubelet dir>/vfio_dp-<resource with / as _>.sock``). Every decision is made by the
-daemon core (:class:`Core`) on typed values from :mod:`vfio_dp.plugin`; errors become gRPC
+daemon core (:class:`Core`) on typed values from :mod:`vfio_dp.deviceplugin.allocation`; errors become gRPC
 status codes whose message names the device and the reason.
 """
 
@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 import grpc
 
-from vfio_dp.daemon._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from vfio_dp.deviceplugin.allocation import ContainerAllocation
+from vfio_dp.deviceplugin.listing import Unit
 from vfio_dp.errors import PluginError, PluginRequestError, UnknownDeviceError
-from vfio_dp.plugin.allocation import ContainerAllocation
-from vfio_dp.plugin.listing import Unit
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.deviceplugin")
 
 OPTIONS = api_pb2.DevicePluginOptions(
     pre_start_required=True, get_preferred_allocation_available=True

@@ -11,7 +11,7 @@ Reads (under ``--root``, through the core): ``<root>/sys/bus/pci/devices/*``,
 resource in ``--kubelet-dir`` (a path as the daemon sees it, NOT under ``--root``):
 ``<kubelet-dir>/vfio_dp-<resource, / as _>.sock``; it dials ``<kubelet-dir>/kubelet.sock``.
 With ``--cdi-dir`` (also not under ``--root``): one CDI spec per advertised unit,
-``<cdi-dir>/deviceplugin.vfio-dp.io_pci-0000-65-00-0.json`` (:mod:`vfio_dp.daemon.cdi`), and
+``<cdi-dir>/deviceplugin.vfio-dp.io_pci-0000-65-00-0.json`` (:mod:`vfio_dp.deviceplugin.cdi`), and
 Allocate answers ``cdi_devices`` besides the unchanged envs and device specs.
 
 Flow:
@@ -44,15 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
-from vfio_dp.core.state import AllocationStore
-from vfio_dp.daemon import servicer
-from vfio_dp.daemon.cdi import SpecDir
-from vfio_dp.errors import PluginError, SocketPathError
-from vfio_dp.host import Host
-from vfio_dp.host.files import FileId, file_id
-from vfio_dp.model import cdi, naming
-from vfio_dp.model.config import DEVICE_PLUGIN, Config
-from vfio_dp.plugin.allocation import (
+from vfio_dp.deviceplugin import servicer
+from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
     allocate,
     cdi_device_name,
@@ -60,9 +53,16 @@ from vfio_dp.plugin.allocation import (
     preferred_allocation,
     verify_prestart,
 )
-from vfio_dp.plugin.listing import Listing, Unit, changes, compute_listing
+from vfio_dp.deviceplugin.allocation_store import AllocationStore
+from vfio_dp.deviceplugin.cdi import SpecDir
+from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
+from vfio_dp.errors import PluginError, SocketPathError
+from vfio_dp.host import Host
+from vfio_dp.host.files import FileId, file_id
+from vfio_dp.model import cdi, naming
+from vfio_dp.model.config import DEVICE_PLUGIN, Config
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.deviceplugin")
 
 KUBELET_SOCKET = "kubelet.sock"
 WATCH_INTERVAL = 0.25
@@ -386,7 +386,7 @@ class Daemon:
             log.error("cannot write the allocation record %s: %s", self.store.path, e)
 
     async def _persist_loop(self) -> None:
-        """Write the allocation record behind Allocate (see :mod:`vfio_dp.core.state`)."""
+        """Write the allocation record behind Allocate (see :mod:`vfio_dp.deviceplugin.allocation_store`)."""
         while True:
             await self._persist.wait()
             self._persist.clear()

@@ -3,7 +3,7 @@
 Holds exactly one spec per advertised unit,
 ``<cdi-dir>/deviceplugin.vfio-dp.io_pci-0000-65-00-0.json`` (``cdi-dir`` as the daemon sees
 it, never joined with ``--root``; on a node ``/var/run/cdi``), content from
-:func:`vfio_dp.plugin.allocation.cdi_specs`. :meth:`SpecDir.sync` rewrites a changed spec in
+:func:`vfio_dp.deviceplugin.allocation.cdi_specs`. :meth:`SpecDir.sync` rewrites a changed spec in
 place through the one atomic writer and removes the specs of units no longer advertised, so
 nothing piles up (the plugin API has no Deallocate). Only files named
 ``<vendor>_*.json`` are ever touched: the DRA plugin's and other vendors' specs in the same
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from vfio_dp.host.atomic import write_atomic
 from vfio_dp.model import cdi
 
-log = logging.getLogger("vfio_dp.daemon")
+log = logging.getLogger("vfio_dp.deviceplugin")
 
 
 def encode(spec: Mapping[str, object]) -> bytes:

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.daemon.conftest import NIC, NIC_ID, StartDaemon
-from tests.daemon.kubelet_standin import KubeletStandin
+from tests.deviceplugin.conftest import NIC, NIC_ID, StartDaemon
+from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.errors import ConfigError
@@ -322,7 +322,7 @@ async def test_a_uevent_triggers_a_rescan_well_within_1s(
 ) -> None:
     """The kernel's unbind message, received the way the core receives it (its reader on the
     event loop, the monitor's poll), rescans within a second; other subsystems do not count."""
-    from tests.daemon.uevent_standin import KernelUeventStandin
+    from tests.deviceplugin.uevent_standin import KernelUeventStandin
 
     daemon = await start_daemon(resync=60)  # no resync help: only the event can do it
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))

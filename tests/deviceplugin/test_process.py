@@ -13,13 +13,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.daemon.conftest import NIC, NIC_ID
-from tests.daemon.kubelet_standin import KubeletStandin
+from tests.deviceplugin.conftest import NIC, NIC_ID
+from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.model import naming
 
 REPO = Path(__file__).resolve().parents[2]
-PROTO = REPO / "proto/vfio_dp/daemon/_pb/deviceplugin/v1beta1/api.proto"
+PROTO = REPO / "proto/vfio_dp/deviceplugin/_pb/deviceplugin/v1beta1/api.proto"
 
 
 def free_port() -> int:
@@ -225,7 +225,7 @@ async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering
     """The issue's live attack: a ConfigMap swapped to a "billion laughs" file (then to one
     nested 2,000 deep, then not UTF-8). Each is logged as rejected, the old config stays,
     and ``/healthz`` answers 200 all along (every probe below has a 2 s timeout)."""
-    from tests.daemon.test_daemon import write_configmap
+    from tests.deviceplugin.test_daemon import write_configmap
     from tests.model.test_config import BILLION_LAUGHS
 
     cm = tmp_path / "cm"

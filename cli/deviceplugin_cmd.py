@@ -1,7 +1,7 @@
 """``vfioctl plugin``: run the device-plugin daemon (what the DaemonSet runs).
 
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``), then hands over to
-:func:`vfio_dp.daemon.app.run`. gRPC is imported only inside the command body.
+:func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the command body.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def plugin(
     )
 
     def body() -> int:
-        from vfio_dp.daemon.app import Options, run
+        from vfio_dp.deviceplugin.app import Options, run
 
         return run(
             Options(

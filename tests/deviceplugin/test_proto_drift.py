@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-GENERATED = "vfio_dp/daemon/_pb/deviceplugin/v1beta1"
+GENERATED = "vfio_dp/deviceplugin/_pb/deviceplugin/v1beta1"
 # kubelet plugin registration and DRA, vendored verbatim from kubernetes/kubelet pkg/apis/...
 GENERATED_DRA = [
     "vfio_dp/dra/_pb/pluginregistration/v1",
@@ -40,7 +40,7 @@ def test_proto_dir_is_not_a_package() -> None:
 
 
 def test_wire_names_and_fields_match_the_kubelet() -> None:
-    from vfio_dp.daemon._pb.deviceplugin.v1beta1 import api_pb2
+    from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2
 
     fd = api_pb2.DESCRIPTOR
     assert fd.package == "v1beta1"

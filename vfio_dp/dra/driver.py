@@ -46,7 +46,7 @@ from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
-from vfio_dp.plugin.paths import dra_units
+from vfio_dp.model.serving import dra_units
 
 log = logging.getLogger("vfio_dp.dra")
 

@@ -6,11 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from vfio_dp.errors import StaleAllocationError, UnhealthyDeviceError, UnknownDeviceError
-from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, load_config_text
-from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, analyse_group
-from vfio_dp.plugin.allocation import (
+from vfio_dp.deviceplugin.allocation import (
     allocate,
     preferred_allocation,
     record_from_json,
@@ -18,7 +14,11 @@ from vfio_dp.plugin.allocation import (
     record_to_json,
     verify_prestart,
 )
-from vfio_dp.plugin.listing import changes, compute_listing
+from vfio_dp.deviceplugin.listing import changes, compute_listing
+from vfio_dp.errors import StaleAllocationError, UnhealthyDeviceError, UnknownDeviceError
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import DEFAULT_CONFIG, load_config_text
+from vfio_dp.model.device import Inventory, IommuGroup, PciDevice, analyse_group
 
 A = PciAddress.parse
 NIC = "devices.kubevirt.io/8086_10d3"

@@ -20,7 +20,7 @@ Invariants (tested):
   restart forgets devices that were already off vfio-pci.
 - Only devices whose selector has ``path: devicePlugin`` are listed (every selected device
   without a config). A group whose endpoints fall to different paths
-  (:mod:`vfio_dp.plugin.paths`) is served by neither: its units are listed Unhealthy with
+  (:mod:`vfio_dp.model.serving`) is served by neither: its units are listed Unhealthy with
   the reason.
 - Bridges are never listed; companions of a group that no selector takes (a GPU's audio
   function) are not listed but must be vfio/DMA-safe for the group to be viable.
@@ -37,7 +37,7 @@ from vfio_dp.errors import no_iommu_group
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
-from vfio_dp.plugin.paths import path_splits
+from vfio_dp.model.serving import path_splits
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

@@ -2,7 +2,7 @@
 
 Written atomically (temp file in the same directory, fsync, rename, fsync of the directory)
 on the host's disk (the DaemonSet mounts the host root), so it survives node reboots like the
-kubelet's checkpoint. The format and its meaning are in :mod:`vfio_dp.plugin.allocation`.
+kubelet's checkpoint. The format and its meaning are in :mod:`vfio_dp.deviceplugin.allocation`.
 
 Write-behind, on purpose: Allocate updates the in-memory record (what PreStartContainer in
 this boot checks) and a writer persists it right after, off the request path — an fsync costs
@@ -19,16 +19,16 @@ import os
 import threading
 from collections.abc import Sequence
 
-from vfio_dp.errors import VfioError
-from vfio_dp.host.atomic import replace_at
-from vfio_dp.host.root import Root
-from vfio_dp.plugin.allocation import (
+from vfio_dp.deviceplugin.allocation import (
     AllocationRecord,
     Grant,
     record_from_json,
     record_grants,
     record_to_json,
 )
+from vfio_dp.errors import VfioError
+from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.root import Root
 
 log = logging.getLogger("vfio_dp.core")
 

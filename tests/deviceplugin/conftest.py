@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.kubelet_standin import KubeletStandin
+from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.daemon.app import Daemon, Options
+from vfio_dp.deviceplugin.app import Daemon, Options
 from vfio_dp.host import Host
 
 NIC = "devices.kubevirt.io/8086_10d3"

@@ -1,14 +1,17 @@
 """The device-plugin front-end: the kubelet device-plugin API (v1beta1) over the node core.
 
+Pure logic (no I/O, no gRPC): ``listing`` (per-resource device lists, the IOMMU group as the
+unit, health, NUMA, conflicts) and ``allocation`` (Allocate, GetPreferredAllocation,
+PreStartContainer against the record); ``allocation_store`` keeps that record on disk
+(``var/lib/vfio_dp/allocations.json``, written atomically through the root).
 Modules: ``app`` (lifecycle: sockets per resource, registration, kubelet-restart detection,
 the core's observer), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
 (protobuf ↔ typed values, nothing else). Scanning, config
-reload, uevents, ``bind: true``, metrics and the allocation record live in
-:mod:`vfio_dp.core`. Generated protobuf code lives in ``_pb`` and is imported only here
+reload, uevents, ``bind: true`` and metrics live in :mod:`vfio_dp.core`. Generated protobuf code lives in ``_pb`` and is imported only here
 (import-linter contract); never imports :mod:`vfio_dp.dra`.
 Import-light: nothing heavy is imported by this ``__init__``.
 """
 
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
-__all__ = ["app", "cdi", "servicer"]
+__all__ = ["allocation", "allocation_store", "app", "cdi", "listing", "servicer"]

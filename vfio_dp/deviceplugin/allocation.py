@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vfio_dp.deviceplugin.listing import Listing, Unit
 from vfio_dp.errors import (
     PluginRequestError,
     StaleAllocationError,
@@ -50,7 +51,6 @@ from vfio_dp.errors import (
 from vfio_dp.model import cdi, naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import IommuGroup, PciDevice, primary_first
-from vfio_dp.plugin.listing import Listing, Unit
 
 #: ``Host.device_nodes``: (group, its devices) → host device node paths
 NodesFor = Callable[[IommuGroup, list[PciDevice]], list[str]]

@@ -20,10 +20,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.daemon.conftest import NIC, NIC_ID, StartDaemon
-from tests.daemon.kubelet_standin import KubeletStandin
-from tests.daemon.test_daemon import listed, renumber_group
-from tests.daemon.test_process import GRPCURL, PROTO, spawn
+from tests.deviceplugin.conftest import NIC, NIC_ID, StartDaemon
+from tests.deviceplugin.kubelet_standin import KubeletStandin
+from tests.deviceplugin.test_daemon import listed, renumber_group
+from tests.deviceplugin.test_process import GRPCURL, PROTO, spawn
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.model import naming
 

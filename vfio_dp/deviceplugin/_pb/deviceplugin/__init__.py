@@ -1,0 +1,1 @@
+"""Generated kubelet device-plugin API code (see scripts/gen_proto.py); used only by vfio_dp.deviceplugin."""
