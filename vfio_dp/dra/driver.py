@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
-from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.claims import ClaimRef, ClaimResult
+from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, devices_for
@@ -181,11 +182,11 @@ class DraPlugin:
             await asyncio.sleep(self.options.resync)
             await self._reconcile_once()
 
-    def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
+    def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
         written = self.publisher.written_devices
-        return {d["name"]: d for d in (written if written is not None else self.devices)}
+        return {d.name: d for d in (written if written is not None else self.devices)}
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -198,8 +199,8 @@ class DraPlugin:
         for gone in set(self._roots) - set(inv.devices):
             del self._roots[gone]
         devices = devices_for(units, inv, self._roots)
-        before = {d["name"] for d in self.devices}
-        after = {d["name"] for d in devices}
+        before = {d.name for d in self.devices}
+        after = {d.name for d in devices}
         for name in sorted(after - before):
             log.info("DRA device %s published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):

@@ -42,6 +42,7 @@ _SYS_OPENAT2 = 437
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 #: None: not tried yet; False: this kernel (or a seccomp filter) refuses it -- walk instead.
+_EAGAIN_RETRIES = 64
 _openat2_ok: bool | None = None
 _openat2_fn: Any = None
 _openat2_lock = threading.Lock()
@@ -85,7 +86,12 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
                 _openat2_fn = call
     fd: int
     err: int
-    fd, err = _openat2_fn(dirfd, rel, flags, mode)
+    for _ in range(_EAGAIN_RETRIES):
+        fd, err = _openat2_fn(dirfd, rel, flags, mode)
+        # EAGAIN: a ".." was resolved while something, anywhere on the system, renamed or
+        # mounted; the kernel cannot prove it stayed beneath and asks for a retry
+        if fd >= 0 or err != errno.EAGAIN:
+            break
     if fd >= 0:
         _openat2_ok = True
         return fd
