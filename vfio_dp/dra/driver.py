@@ -44,6 +44,7 @@ from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
@@ -80,6 +81,7 @@ class DraOptions:
             uevents=self.uevents,
             path=DRA,
             usage=True,
+            owner=BOUND_BY_DRA_PLUGIN,
         )
 
 
