@@ -54,6 +54,7 @@ _SELECTOR_KEYS = {
     "resourceName",
     "bind",
     "path",
+    "taintEffect",
 }
 _TOP_KEYS = {"resourceDomain", "selectors"}
 
@@ -62,6 +63,10 @@ DEVICE_PLUGIN = "devicePlugin"
 DRA = "dra"
 PATHS = (DEVICE_PLUGIN, DRA)
 ON_PREPARE = "onPrepare"
+#: the effect of the taint the DRA plugin puts on a prepared device that goes bad
+NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a selector asks
+TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,7 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
 
     @property
     def binds(self) -> bool:
@@ -370,6 +376,20 @@ def _parse_selector(
         bind = raw_bind
     else:
         problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
+    taint_effect = raw.get("taintEffect", NO_SCHEDULE)
+    if taint_effect not in TAINT_EFFECTS:
+        problems.append(
+            (f"{where}.taintEffect", taint_effect, f"must be {' or '.join(TAINT_EFFECTS)}")
+        )
+        taint_effect = NO_SCHEDULE
+    elif "taintEffect" in raw and path != DRA:
+        problems.append(
+            (
+                f"{where}.taintEffect",
+                taint_effect,
+                f"only the DRA plugin taints devices: add path: {DRA} or remove it",
+            )
+        )
     sel = Selector(
         vendors=_hex_list(raw, "vendor", where, problems, width=4),
         devices=_hex_list(raw, "device", where, problems, width=4),
@@ -382,8 +402,15 @@ def _parse_selector(
         bind=bind,
         path=path,
         bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
     )
-    bare = Selector(bind=bind, resource_name=resource_name, path=path, bind_on_prepare=on_prepare)
+    bare = Selector(
+        bind=bind,
+        resource_name=resource_name,
+        path=path,
+        bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
+    )
     if sel == bare and len(problems) == before:
         problems.append((where, dict(raw), "selects nothing: give at least one match field"))
     return sel if len(problems) == before else None
