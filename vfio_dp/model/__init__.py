@@ -10,5 +10,6 @@ __all__ = [
     "dra_metadata",
     "naming",
     "plan",
+    "routes",
     "serving",
 ]
