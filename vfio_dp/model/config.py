@@ -193,19 +193,15 @@ class Config:
         candidates, in order; one constrained by nothing but IDs shadows everything after it
         (first match wins). Only when no ID-naming selector admits the pair do selectors
         without IDs (``class``, ``drivers``, the default) count — so address selectors
-        should name the IDs of the devices they split. Only ``path: devicePlugin`` selectors
-        give names (DRA devices are not requested through resource names), but a ``path: dra``
-        selector constrained by nothing but IDs still shadows the ones after it.
+        should name the IDs of the devices they split. Selectors of both paths give names:
+        a ``path: dra`` resource is requested by the same name through its DeviceClass's
+        ``extendedResourceName`` (KEP-5004; ``vfioctl deviceclasses``).
         """
         vendor, device = vendor.lower(), device.lower()
         found: dict[str, None] = {}
         fallback: dict[str, None] = {}
         for sel in self.selectors:
             if not sel.admits_ids(vendor, device):
-                continue
-            if not self.selector_serves(sel, DEVICE_PLUGIN):
-                if sel.ids_only and (sel.vendors or sel.devices):
-                    break
                 continue
             name = sel.resource_name or naming.default_resource_name(
                 vendor, device, self.resource_domain
