@@ -102,6 +102,10 @@ class SocketPathError(VfioError):
         )
 
 
+class InstanceRunningError(VfioError):
+    """Another process of ours runs on this node (it holds its lock under run/vfio_dp)."""
+
+
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
