@@ -262,7 +262,9 @@ def _report(result: BindResult, output: str, verb: str) -> None:
         return
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
-    if result.dry_run:
+    if result.dry_run:  # a script a person can paste: comments say where each device goes
+        for a, d in result.restored:
+            click.echo(f"# {a}: back to {d or 'no driver'}")
         for s in result.steps:
             click.echo(str(s))
         return

@@ -76,5 +76,5 @@ mkdir -p "$(dirname "$out")"
 rm -f "$out"
 buildah push --quiet "$tag" "oci-archive:$out:$tag" >&2
 [ "$keep" = 1 ] || buildah rmi "$tag" >/dev/null
-size=$(du -m "$out" | cut -f1)
-echo "$out $tag ${size} MiB"
+bytes=$(stat -c %s "$out")
+echo "$out $tag $(( (bytes + 524288) / 1048576 )) MiB"
