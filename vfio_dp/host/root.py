@@ -42,10 +42,11 @@ _SYS_OPENAT2 = 437
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 #: None: not tried yet; False: this kernel (or a seccomp filter) refuses it -- walk instead.
-_EAGAIN_RETRIES = 64
 _openat2_ok: bool | None = None
 _openat2_fn: Any = None
 _openat2_lock = threading.Lock()
+#: tries of one openat2 that keeps answering EAGAIN (a racing rename) before walking instead
+_EAGAIN_RETRIES = 8
 
 
 def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
@@ -88,10 +89,13 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
     err: int
     for _ in range(_EAGAIN_RETRIES):
         fd, err = _openat2_fn(dirfd, rel, flags, mode)
-        # EAGAIN: a ".." was resolved while something, anywhere on the system, renamed or
-        # mounted; the kernel cannot prove it stayed beneath and asks for a retry
-        if fd >= 0 or err != errno.EAGAIN:
+        if err != errno.EAGAIN or fd >= 0:
             break
+    else:
+        # RESOLVE_BENEATH answers EAGAIN when a rename or mount elsewhere on the system raced
+        # a ".." in the path (sysfs device links are "../../../devices/..."); the kernel asks
+        # the caller to retry. Still racing: the walk below has the same rules.
+        return None
     if fd >= 0:
         _openat2_ok = True
         return fd
