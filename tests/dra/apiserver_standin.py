@@ -6,6 +6,9 @@ talks to through a generated kubeconfig (bearer token required; a wrong one gets
 serves, with the real paths and verbs:
 
 - ``/api/v1/nodes[/<name>]``: get, list, create (Nodes are seeded by tests);
+- ``/api/v1/namespaces/<ns>/secrets[/<name>]`` and
+  ``/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations[/<name>]`` (what the
+  self-signed overlay's certificate Job reads and writes), with the same verbs as below;
 - ``/apis/resource.k8s.io/v1/resourceslices[/<name>]``: get, list, watch, create, update,
   patch, delete, deletecollection; field selectors ``metadata.name``, ``spec.nodeName``,
   ``spec.driver`` (any other field label is a 400, as upstream), label selectors
@@ -145,7 +148,21 @@ CLAIMS = Kind(
     ("metadata.name", "metadata.namespace"),
     True,
 )
-KINDS = (NODES, SLICES, CLAIMS)
+# What the self-signed overlay's certificate Job touches (vfioctl webhook-certs).
+SECRETS = Kind(
+    "secrets", "Secret", "", "v1", "V1Secret", True, ("metadata.name", "metadata.namespace", "type"), False
+)
+WEBHOOK_CONFIGS = Kind(
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    "admissionregistration.k8s.io",
+    "v1",
+    "V1MutatingWebhookConfiguration",
+    False,
+    ("metadata.name",),
+    False,
+)
+KINDS = (NODES, SLICES, CLAIMS, SECRETS, WEBHOOK_CONFIGS)
 
 
 class ApiError(Exception):
@@ -520,10 +537,66 @@ def validate_node(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple
     return _meta_problems(NODES, obj.get("metadata") or {})
 
 
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+def validate_secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """As upstream ``ValidateSecret``: key names, base64 values, a TLS Secret's two keys, an
+    immutable type."""
+    causes = _meta_problems(SECRETS, obj.get("metadata") or {})
+    data = obj.get("data") or {}
+    for key, value in data.items():
+        if not _SECRET_KEY.fullmatch(key) or len(key) > 253:
+            causes.append((f"data[{key[:60]}]", "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"))
+        try:
+            base64.b64decode(value, validate=True)
+        except ValueError:
+            causes.append((f"data[{key[:60]}]", "Invalid value: illegal base64 data"))
+    if obj.get("type") == "kubernetes.io/tls":
+        for key in ("tls.crt", "tls.key"):
+            if key not in data:
+                causes.append((f"data[{key}]", "Required value"))
+    if old is not None and (obj.get("type") or "Opaque") != (old.get("type") or "Opaque"):
+        causes.append(("type", "Invalid value: field is immutable"))
+    return causes
+
+
+def validate_webhook_config(
+    obj: dict[str, Any], old: dict[str, Any] | None
+) -> list[tuple[str, str]]:
+    """As upstream ``ValidateMutatingWebhookConfiguration`` (the parts a client can get wrong):
+    unique qualified names, exactly one of url/service, a base64 caBundle, the required enums."""
+    causes = _meta_problems(WEBHOOK_CONFIGS, obj.get("metadata") or {})
+    seen: set[str] = set()
+    for i, hook in enumerate(obj.get("webhooks") or []):
+        where = f"webhooks[{i}]"
+        name = hook.get("name") or ""
+        if name in seen:
+            causes.append((f"{where}.name", f"Duplicate value: {name[:80]!r}"))
+        seen.add(name)
+        if name.count(".") < 2 or _dns_subdomain(name):
+            causes.append((f"{where}.name", "Invalid value: should be a domain with at least three segments"))
+        cc = hook.get("clientConfig") or {}
+        if bool(cc.get("url")) == bool(cc.get("service")):
+            causes.append((f"{where}.clientConfig", "Required value: exactly one of url or service is required"))
+        if "caBundle" in cc:
+            try:
+                base64.b64decode(cc["caBundle"], validate=True)
+            except ValueError:
+                causes.append((f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data"))
+        if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            causes.append((f"{where}.sideEffects", "Unsupported value"))
+        if not hook.get("admissionReviewVersions"):
+            causes.append((f"{where}.admissionReviewVersions", "Required value"))
+    return causes
+
+
 VALIDATORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], list[tuple[str, str]]]] = {
     "nodes": validate_node,
     "resourceslices": validate_slice,
     "resourceclaims": validate_claim,
+    "secrets": validate_secret,
+    "mutatingwebhookconfigurations": validate_webhook_config,
 }
 
 

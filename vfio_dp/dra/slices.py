@@ -13,6 +13,7 @@ in the API's JSON form (``resource.k8s.io/v1``)::
               "devices": [{"name": "pci-0000-3b-00-0", "attributes": {
                   "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
                   "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+                  "resource.kubernetes.io/numaNode": {"int": 0},
                   "vendorID": {"string": "10de"}, "deviceID": {"string": "1eb8"},
                   "classID": {"string": "030200"}, "subsystemVendorID": {"string": "10de"},
                   "subsystemDeviceID": {"string": "12a2"}, "iommuGroup": {"int": 45},
@@ -80,6 +81,9 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         attrs[f"{STANDARD}/pcieRoot"] = value
     if dev.numa_node is not None and dev.numa_node >= 0:
         attrs["numaNode"] = {"int": dev.numa_node}
+        # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
+        # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
+        attrs[f"{STANDARD}/numaNode"] = {"int": dev.numa_node}
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)

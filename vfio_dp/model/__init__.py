@@ -11,4 +11,5 @@ __all__ = [
     "naming",
     "plan",
     "serving",
+    "sriov",
 ]
