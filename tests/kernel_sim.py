@@ -13,7 +13,9 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
   driver or ``<d>`` is neither the native driver nor the override; else attaches.
 - ``modprobe vfio-pci`` creates ``drivers/vfio-pci``.
 
-Hooks let a test make a write fail or hang, to exercise rollback and timeouts.
+Hooks let a test make a write fail or hang, to exercise rollback and timeouts: ``fail``
+(an error for a write), ``block_seconds`` (a slow device: the write takes that long) and
+``gates`` (the write hangs until the test opens the gate: the test decides when it ends).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SimulatedKernel:
         self.modprobed: list[str] = []
         self.fail: Callable[[str, str], OSError | None] | None = None
         self.block_seconds: dict[str, float] = {}  # path suffix -> seconds a write hangs
+        self.gates: dict[str, threading.Event] = {}  # path suffix -> a write waits until set
         self.refuse_attach: set[tuple[str, str]] = set()  # (address, driver) probe won't attach
         # one write's reaction at a time, as the kernel's device lock makes each one atomic
         self._lock = threading.Lock()
@@ -60,7 +63,10 @@ class SimulatedKernel:
         self.writes.append((path, data))
         for suffix, secs in self.block_seconds.items():
             if path.endswith(suffix):
-                time.sleep(secs)
+                time.sleep(secs)  # the scenario: a device that takes this long to let go
+        for suffix, gate in self.gates.items():
+            if path.endswith(suffix) and not gate.wait(timeout=60):
+                raise TimeoutError(f"simulated kernel: the gate for {suffix} was never opened")
         if self.fail is not None:
             err = self.fail(path, data)
             if err is not None:

@@ -196,7 +196,8 @@ def test_webhook_command_self_signed_over_tls(tmp_path: Path) -> None:
             assert json.loads(r.read())["response"]["patchType"] == "JSONPatch"
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
 
 
 def test_webhook_needs_certificates() -> None:
