@@ -200,15 +200,21 @@ async def test_republished_within_one_resync_after_kubelet_wipes_the_slices(
 async def test_config_reload_moves_devices_between_paths(
     config: Path, apiserver: ApiServerStandin, start_plugin: StartPlugin
 ) -> None:
-    await start_plugin()
+    plugin = await start_plugin()
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    gen = pool(apiserver)[0]
     new = config.with_suffix(".new")
-    new.write_text(DRA_CONFIG.replace('class: "0108"\n    path: dra', 'class: "0108"'))
+    text = DRA_CONFIG.replace('class: "0108"\n    path: dra', 'class: "0108"')
+    assert text != DRA_CONFIG  # the NVMe selector really loses its `path: dra`
+    new.write_text(text)
     os.replace(new, config)  # as a ConfigMap update swaps the file
     await until(
         "the NVMe group handed to the device plugin",
         lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-07-00-0"},
     )
+    assert plugin.metrics.get("vfio_dp_config_reloads_total", result="applied") == 1
+    assert pool(apiserver)[0] == gen + 1  # one write for the change
+    assert {d["name"] for d in plugin.devices} == set(PUBLISHED) - {"pci-0000-07-00-0"}
 
 
 # -- the real command --------------------------------------------------------------------

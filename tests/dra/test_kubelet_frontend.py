@@ -305,9 +305,10 @@ def test_the_driver_name_must_be_a_dns_subdomain(name: str, handler: RecordingHa
 
 
 def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> None:
-    name = "d" * 54 + ".example"
-    assert len(name) == 62
-    KubeletFrontEnd(name + "s", "/tmp/r", "/tmp/p", handler)
+    name = "d" * 55 + ".example"  # 63 characters; one more is refused (the test above)
+    f = KubeletFrontEnd(name, "/tmp/r", "/tmp/p", handler)
+    assert f.registration_socket == f"/tmp/r/{name}-reg.sock"
+    assert f.service_socket == f"/tmp/p/{name}/dra.sock"
 
 
 async def test_stop_waits_for_a_running_call(
