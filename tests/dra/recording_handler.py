@@ -34,7 +34,7 @@ class RecordingHandler:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         self.calls.append(("prepare", [c.uid for c in claims]))
-        if self.delay:
+        if self.delay:  # the scenario: a slow handler (a bind that takes this long)
             await asyncio.sleep(self.delay)
         if self.fail_with is not None:
             raise self.fail_with

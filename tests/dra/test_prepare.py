@@ -340,14 +340,25 @@ def test_a_repeat_while_the_bind_runs_waits_and_answers_from_the_device_state(
 ) -> None:
     """kubelet's deadline expired during a slow unbind and it re-sent the claim: the second
     call waits for the first, binds nothing again, and gets the same answer."""
-    kernel.block_seconds["nvidia/unbind"] = 0.6
+    import threading
+
+    from tests.waiting import wait_until_async
+
+    gate = kernel.gates["nvidia/unbind"] = threading.Event()  # the unbind ends when we say
     ref = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
 
     async def both() -> list[Any]:
         first = asyncio.create_task(preparer.prepare([ref]))
-        await asyncio.sleep(0.2)
-        assert preparer._locks["uid-gpu"].locked()  # the first is inside its bind now
-        second = asyncio.create_task(preparer.prepare([ref]))
+        try:
+            await wait_until_async(
+                lambda: any(p.endswith("nvidia/unbind") for p, _ in kernel.writes),
+                what="the first call inside its unbind",
+            )
+            second = asyncio.create_task(preparer.prepare([ref]))
+            done, _ = await asyncio.wait({second}, timeout=0.2)  # a bounded look, not a sync
+            assert not done, "the repeat answered while the first call was still binding"
+        finally:
+            gate.set()
         return list(await asyncio.gather(first, second))
 
     first, second = run(both())
