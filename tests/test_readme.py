@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shlex
 from typing import Any
 
 import click
@@ -403,3 +404,27 @@ def test_image_step_names_the_base_images_entry() -> None:
     for name in names:
         assert name in [i["name"] for i in base["images"]]
         assert name in (REPO / "deploy/base/daemonset.yaml").read_text()
+
+
+def _shell_invocations() -> list[tuple[str, str]]:
+    """(page, line) for every ``vfioctl ...`` run in a shell block (``sudo`` allowed)."""
+    return [
+        (doc.name, line)
+        for doc in PAGES
+        for block in doc.blocks("sh")
+        for raw in block.splitlines()
+        if re.match(r"(?:sudo )?vfioctl ", line := raw.split(" # ")[0].strip())
+    ]
+
+
+@pytest.mark.parametrize("page_name,line", _shell_invocations())
+def test_every_vfioctl_command_line_shown_is_accepted(page_name: str, line: str) -> None:
+    """Parsed by the real command (options, types, arguments), not run."""
+    words = shlex.split(re.split(r"\s[|&;]", line)[0])
+    words = words[words.index("vfioctl") + 1 :]
+    cmd = _command(words[0])
+    assert cmd is not None, f"{page_name}: no command in `{line}`"
+    try:
+        cmd.make_context(f"vfioctl {words[0]}", words[1:])
+    except click.ClickException as e:
+        pytest.fail(f"{page_name}: `{line}` is refused: {e.format_message()}")
