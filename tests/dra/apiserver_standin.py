@@ -30,7 +30,8 @@ Strict where the real server is strict:
   subdomain, no namespace on a cluster-scoped object, driver a DNS subdomain <= 63, pool name
   ``/``-separated DNS subdomains <= 253, generation >= 0, resourceSliceCount > 0, exactly one of
   nodeName/nodeSelector/allNodes/perDeviceNodeSelection, <= 128 devices (64 with taints or
-  counters), device names DNS labels and unique, <= 32 attributes + capacities per device,
+  counters), device names DNS labels and unique, <= 16 taints per device (key a qualified
+  label name, value a label value, effect None/NoSchedule/NoExecute, timeAdded RFC 3339), <= 32 attributes + capacities per device,
   attribute/capacity names a C identifier <= 32 or ``<DNS subdomain <= 63>/<C identifier <= 32>``,
   exactly one value per attribute, strings <= 64, versions semver <= 64, capacity values
   quantities; on update pool.name, driver and nodeName are immutable.
@@ -88,6 +89,7 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's SimpleNameGene
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_TAINTS_PER_DEVICE = 16
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ID = 32
 MAX_DRIVER_NAME = 63
@@ -503,9 +505,62 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
             causes.append(
                 (f"{key_path}.value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
             )
-    for j, taint in enumerate(device.get("taints") or []):
-        if taint.get("effect") not in ("NoSchedule", "NoExecute", "None"):
-            causes.append((f"{path}.taints[{j}].effect", "Unsupported value"))
+    causes.extend(_taint_problems(device.get("taints") or [], f"{path}.taints"))
+    return causes
+
+
+def _label_name_problems(key: str) -> list[str]:
+    """A qualified label name (``[prefix/]name``), as upstream's IsQualifiedName."""
+    prefix, _, name = key.rpartition("/")
+    out: list[str] = []
+    if "/" in key and (why := _dns_subdomain(prefix)):
+        out.append(f"prefix part {why}")
+    if not name or len(name) > 63 or not _LABEL_VALUE.fullmatch(name):
+        out.append(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+            "start and end with an alphanumeric character, at most 63 characters"
+        )
+    return out
+
+
+def _taint_problems(taints: list[Any], path: str) -> list[tuple[str, str]]:
+    """``devices[].taints`` as upstream's validateDeviceTaint (KEP-5055)."""
+    causes: list[tuple[str, str]] = []
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        causes.append(
+            (path, f"Too many: {len(taints)}: must have at most {MAX_TAINTS_PER_DEVICE} items")
+        )
+    for j, taint in enumerate(taints):
+        p = f"{path}[{j}]"
+        key = taint.get("key") or ""
+        if not key:
+            causes.append((f"{p}.key", "Required value"))
+        else:
+            causes.extend(
+                (f"{p}.key", f"Invalid value: {key[:80]!r}: {w}") for w in _label_name_problems(key)
+            )
+        value = taint.get("value") or ""
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            causes.append(
+                (
+                    f"{p}.value",
+                    f"Invalid value: {value[:80]!r}: a valid label must be an empty string or "
+                    "consist of alphanumeric characters, '-', '_' or '.', at most 63 characters",
+                )
+            )
+        effect = taint.get("effect")
+        if not effect:
+            causes.append((f"{p}.effect", "Required value"))
+        elif effect not in ("NoSchedule", "NoExecute", "None"):
+            causes.append((f"{p}.effect", f"Unsupported value: {str(effect)[:40]!r}"))
+        added = taint.get("timeAdded")
+        if added is not None:
+            try:
+                datetime.datetime.strptime(added, "%Y-%m-%dT%H:%M:%SZ")
+            except (TypeError, ValueError):
+                causes.append(
+                    (f"{p}.timeAdded", f"Invalid value: {str(added)[:40]!r}: not RFC 3339")
+                )
     return causes
 
 
