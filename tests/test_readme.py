@@ -25,8 +25,13 @@ Every check runs over every page (``README.md`` and ``docs/*.md``, see :mod:`tes
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -46,6 +51,7 @@ from tests.docs_pages import (
     links,
     page,
 )
+from tests.sysfs_tree import gpu_host
 from vfio_dp.model.config import Config, load_config_text
 from vm_translate.spec import resolve_device_name
 from vm_translate.translate import translate
@@ -428,3 +434,41 @@ def test_every_vfioctl_command_line_shown_is_accepted(page_name: str, line: str)
         cmd.make_context(f"vfioctl {words[0]}", words[1:])
     except click.ClickException as e:
         pytest.fail(f"{page_name}: `{line}` is refused: {e.format_message()}")
+
+
+# ------------------------------------------------------------------------ JSON fields
+
+
+def _documented_fields(command: str) -> set[str]:
+    """The field names the CLI reference lists for ``vfioctl <command> -o json`` (names in
+    parentheses are values or sub-fields, not fields)."""
+    text = page(REPO / "docs/cli.md").prose()
+    m = re.search(rf"JSON fields of `{command}`:(.*?)(?:\n\n|$)", text, re.S)
+    assert m, f"docs/cli.md lists the JSON fields of `{command}`"
+    para = m.group(1)
+    while (cut := re.sub(r"\([^()]*\)", "", para)) != para:
+        para = cut
+    return set(re.findall(r"`([a-z][a-z_]*)`", para))
+
+
+@pytest.mark.parametrize("command", ["list", "groups"])
+def test_the_json_fields_listed_are_the_json_fields(command: str, tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    args = [command, "-o", "json", "--root", str(tree.root)]
+    p = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows, f"vfioctl {command} printed no rows on the test host"
+    actual = set(rows[0])
+    documented = _documented_fields(command)
+    assert documented == actual, (
+        f"docs/cli.md lists for `{command}`: missing {sorted(actual - documented)}, "
+        f"not printed {sorted(documented - actual)}"
+    )
