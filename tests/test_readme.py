@@ -15,7 +15,9 @@ Every check runs over every page (``README.md`` and ``docs/*.md``, see :mod:`tes
   object shown with its kind is structurally valid against the client's models; every
   abridged copy of a shipped file (a block opening with ``# <path>, abridged``) is that file's
   content.
-- Every ``vfioctl <command> --option`` shown exists in the real CLI.
+- Every ``vfioctl <command> --option`` shown exists in the real CLI; every ``vfioctl`` command
+  line of a shell block is accepted by the real command's parser; the JSON fields the CLI
+  reference lists for ``list`` and ``groups`` are exactly the ones they print.
 - Every path named exists; every dotted name of our packages (``vfio_dp.host.host.Host.bind``)
   imports; every ``kubectl ... -k DIR`` names a kustomization; every ``logs ds/NAME`` names a
   shipped workload; the shell blocks never leave the reader in another directory (a bare
