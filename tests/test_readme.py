@@ -474,3 +474,29 @@ def test_the_json_fields_listed_are_the_json_fields(command: str, tmp_path: Path
         f"docs/cli.md lists for `{command}`: missing {sorted(actual - documented)}, "
         f"not printed {sorted(documented - actual)}"
     )
+
+
+def test_sections_the_code_points_to_exist() -> None:
+    """A comment elsewhere that sends the reader to ``README.md ("Heading")`` or
+    ``docs/page.md ("Heading")`` finds that heading there (headings may be longer)."""
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.split()
+    pointers = []
+    for name in files:
+        path = REPO / name
+        if path.suffix == ".md" or path == Path(__file__) or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for target, heading in re.findall(r"((?:docs/)?[\w-]+\.md) \(\"([^\"]+)\"\)", text):
+            pointers.append((name, target, heading))
+    assert pointers, "the Vagrantfile points to the README's Vagrant section"
+    for name, target, heading in pointers:
+        doc = page(REPO / target)
+        headings = re.findall(r"(?m)^#{1,6} (.+)$", doc.prose())
+        assert any(h.startswith(heading) for h in headings), (
+            f"{name} sends the reader to {target} ({heading!r}), which has no such heading"
+        )
