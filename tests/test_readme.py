@@ -500,3 +500,16 @@ def test_sections_the_code_points_to_exist() -> None:
         assert any(h.startswith(heading) for h in headings), (
             f"{name} sends the reader to {target} ({heading!r}), which has no such heading"
         )
+
+
+def test_the_install_shows_the_shipped_command_lines() -> None:
+    """ "What gets installed" quotes each base workload's command line exactly as shipped."""
+    shown = {
+        " ".join(span.split())
+        for span in re.findall(r"`(vfioctl\s[^`]+)`", page(REPO / "docs/install.md").prose())
+    }
+    for f in ("daemonset.yaml", "webhook-deployment.yaml"):
+        obj = yaml.safe_load((REPO / "deploy/base" / f).read_text())
+        (ctr,) = [c for c in obj["spec"]["template"]["spec"]["containers"] if c.get("args")]
+        line = " ".join([*ctr["command"], *map(str, ctr["args"])])
+        assert line in shown, f"docs/install.md does not show {f}'s command line: {line}"
