@@ -513,3 +513,15 @@ def test_the_install_shows_the_shipped_command_lines() -> None:
         (ctr,) = [c for c in obj["spec"]["template"]["spec"]["containers"] if c.get("args")]
         line = " ".join([*ctr["command"], *map(str, ctr["args"])])
         assert line in shown, f"docs/install.md does not show {f}'s command line: {line}"
+
+
+def test_the_architecture_page_states_every_import_contract() -> None:
+    """Its table of contracts names each ``[tool.importlinter]`` contract by its name."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    text = page(REPO / "docs/architecture.md").text.replace("\\|", "|")
+    missing = [c["name"] for c in contracts if c["name"] not in text]
+    assert contracts and not missing, f"docs/architecture.md does not state the contracts {missing}"
