@@ -4,6 +4,7 @@
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
     "common",
+    "deviceclass_cmd",
     "deviceplugin_cmd",
     "dra_cmd",
     "host_cmds",

@@ -17,6 +17,7 @@ Kubernetes client only in ``publisher``.
 __all__ = [
     "cdi",
     "checkpoint",
+    "deviceclasses",
     "driver",
     "kubelet",
     "metadata",
