@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from cli.common import option, root_option, run_guarded
+from cli.common import envvar_for, option, root_option, run_guarded
 
 
 @click.command("plugin")
@@ -58,6 +58,13 @@ from cli.common import option, root_option, run_guarded
     help="Address for the metrics port (default: all interfaces).",
 )
 @option(
+    "--node-name",
+    envvar=[envvar_for("--node-name"), "NODE_NAME"],
+    default=None,
+    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+    "from spec.nodeName. Without it such selectors are skipped.",
+)
+@option(
     "--log-level",
     default="info",
     show_default=True,
@@ -71,6 +78,7 @@ def plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    node_name: str | None,
     log_level: str,
 ) -> None:
     """Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.
@@ -97,6 +105,7 @@ def plugin(
                 resync=resync,
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
+                node_name=node_name,
             )
         )
 

@@ -79,6 +79,7 @@ class DraOptions:
             uevents=self.uevents,
             path=DRA,
             usage=True,
+            node_name=self.node_name,
         )
 
 
