@@ -43,10 +43,12 @@ from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
-from vfio_dp.model.serving import dra_units
+from vfio_dp.model.device import Inventory
+from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
 
@@ -133,6 +135,7 @@ class DraPlugin:
             self.options.plugins_dir,
         )
         self.publisher.start()
+        await self.claims.load()  # our prepared groups, before the first publish
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
@@ -191,7 +194,7 @@ class DraPlugin:
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         inv, config = snapshot.inventory, snapshot.config
-        units = dra_units(inv, config)
+        units = await self._withdraw_held(inv, dra_units(inv, config))
         # a device's PCIe root does not change while it is present: read new ones only
         new = [u.primary for u in units if u.published and u.primary not in self._roots]
         if new:
@@ -211,6 +214,23 @@ class DraPlugin:
         self.devices = devices
         self.metrics.set("vfio_dp_dra_devices", len(devices))
         self.publisher.want(devices)
+
+    async def _withdraw_held(self, inv: Inventory, units: list[DraUnit]) -> list[DraUnit]:
+        """Withdraw published groups whose ``/dev/vfio/<N>`` a process holds open while no
+        claim of ours is prepared on them (:func:`vfio_dp.model.serving.withdraw_held`)."""
+        ours = {d.iommu_group for r in self.claims.checkpoint.all().values() for d in r.devices}
+        nodes = {
+            u.group: f"/dev/vfio/{inv.groups[u.group].node}"
+            for u in units
+            if u.published and u.group not in ours and u.group in inv.groups
+        }
+        if not nodes:
+            return units
+        scan = await self.core.run(scan_holders, self.core.host.fs, nodes.values())
+        held = {g: scan.describe(n) for g, n in nodes.items() if scan.held(n)}
+        if scan.unreadable:
+            log.warning("%s", scan.describe(next(iter(nodes.values()))))
+        return withdraw_held(units, held)
 
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")

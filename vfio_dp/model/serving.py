@@ -24,7 +24,7 @@ daemon, the DRA plugin, the webhook (through :meth:`Config.resources_for_ids`) a
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, DRA, Config
@@ -192,6 +192,25 @@ class DeviceServing:
         if self.dra_device is not None:
             return DRA
         return None
+
+
+def withdraw_held(units: list[DraUnit], held: dict[int, str]) -> list[DraUnit]:
+    """``units`` with every published group in ``held`` (group → who holds its
+    ``/dev/vfio/<N>`` open, e.g. a VM the device plugin started before the node moved to
+    DRA) withdrawn, the holder as the reason: a VFIO group is opened by one process only, so
+    a claim for it could never be prepared. Callers leave out the groups their own prepared
+    claims hold."""
+    out: list[DraUnit] = []
+    for u in units:
+        why = held.get(u.group)
+        if u.published and why is not None:
+            reason = (
+                f"{why}, outside any claim of ours (a VFIO group is opened by one process "
+                "only: a VM started through the device plugin keeps it until it stops)"
+            )
+            u = replace(u, reasons=(reason,))
+        out.append(u)
+    return out
 
 
 def device_serving(
