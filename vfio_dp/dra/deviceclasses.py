@@ -50,6 +50,7 @@ MANAGED_BY = ("app.kubernetes.io/managed-by", "vfio-dp")
 MAX_ATTRIBUTE_STRING = 64
 MAX_NAME = 253
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
+_DRIVER_IN = re.compile(r'device\.driver == "([^"]+)" && ')
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,25 @@ def selector_expression(driver: str, resource: str) -> str:
         f'device.driver == "{driver}" && "resourceName" in {attr} && '
         f'{attr}.resourceName == "{resource}"'
     )
+
+
+def ours(device_class: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(driver, resource) when ``device_class`` selects exactly what :func:`device_class`
+    makes it select (its one CEL selector is :func:`selector_expression` of them), else None:
+    a class we can count devices for without evaluating CEL (the webhook's node check)."""
+    spec = device_class.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    selectors = spec.get("selectors")
+    resource = spec.get("extendedResourceName")
+    if not (isinstance(selectors, list) and len(selectors) == 1 and isinstance(resource, str)):
+        return None
+    cel = selectors[0].get("cel") if isinstance(selectors[0], Mapping) else None
+    expression = cel.get("expression") if isinstance(cel, Mapping) else None
+    m = _DRIVER_IN.match(expression) if isinstance(expression, str) else None
+    if m is None or expression != selector_expression(m.group(1), resource):
+        return None
+    return m.group(1), resource
 
 
 def device_class(resource: DraResource, driver: str) -> dict[str, Any]:
