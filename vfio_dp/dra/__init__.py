@@ -19,6 +19,7 @@ __all__ = [
     "checkpoint",
     "deviceclasses",
     "driver",
+    "extended",
     "kubelet",
     "metadata",
     "prepare",
