@@ -23,6 +23,7 @@ LAZY_COMMANDS = {
     "dra-plugin": "cli.dra_cmd:dra_plugin",
     "deviceclasses": "cli.deviceclass_cmd:deviceclasses",
     "webhook": "cli.vm_cmds:webhook",
+    "webhook-certs": "cli.certs_cmd:webhook_certs",
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",
 }

@@ -29,7 +29,7 @@ from vfio_dp.errors import ConfigError
 from vfio_dp.model import naming
 from vfio_dp.model.config import load_config_text
 
-SHIPPED = DEPLOY / "overlays/dra/deviceclasses.yaml"
+SHIPPED = DEPLOY / "components/dra/deviceclasses.yaml"
 DRIVER = naming.DEFAULT_DRA_DRIVER
 
 
@@ -58,15 +58,16 @@ def test_the_shipped_classes_are_what_the_command_prints(monkeypatch: pytest.Mon
     ]
 
 
-def test_the_dra_overlay_ships_them_beside_the_driver_class(
+def test_the_dra_overlays_ship_them_beside_the_driver_class(
     rendered: dict[str, list[Obj]],
 ) -> None:
-    classes = list(all_of(rendered["overlays/dra"], "DeviceClass"))
-    names = {c["metadata"]["name"] for c in classes}
-    assert {"10de-1eb8.devices.kubevirt.io", "144d-a808.devices.kubevirt.io", DRIVER} == names
-    assert all("namespace" not in c["metadata"] for c in classes)  # cluster-scoped
+    for target in ("overlays/dra", "overlays/cert-manager-dra"):
+        classes = list(all_of(rendered[target], "DeviceClass"))
+        names = {c["metadata"]["name"] for c in classes}
+        assert {"10de-1eb8.devices.kubevirt.io", "144d-a808.devices.kubevirt.io", DRIVER} == names
+        assert all("namespace" not in c["metadata"] for c in classes)  # cluster-scoped
     # the other overlays send nothing to DRA: no class with an extended resource name
-    for target in ("base", "overlays/self-signed", "overlays/vagrant"):
+    for target in ("base", "overlays/self-signed", "overlays/vagrant", "overlays/cert-manager"):
         assert not list(all_of(rendered[target], "DeviceClass")), target
 
 
@@ -80,7 +81,7 @@ def _by_resource(
 
 
 def test_shipped_classes_select_exactly_their_published_devices(tmp_path: Path) -> None:
-    config = load_config_text((DEPLOY / "overlays/dra/config.yaml").read_text(), "dra")
+    config = load_config_text((DEPLOY / "components/dra/config.yaml").read_text(), "dra")
     devices = published_view(dra_host(tmp_path).root, config, DRIVER)
     shipped = [d for d in yaml.safe_load_all(SHIPPED.read_text()) if d]
     assert _by_resource(shipped, devices) == {

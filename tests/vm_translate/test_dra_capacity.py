@@ -22,7 +22,7 @@ NVME = "devices.kubevirt.io/144d_a808"
 
 
 def _slices(tmp_path: Path, node: str, generation: int) -> list[dict[str, Any]]:
-    config = load_config_text((REPO / "deploy/overlays/dra/config.yaml").read_text(), "dra")
+    config = load_config_text((REPO / "deploy/components/dra/config.yaml").read_text(), "dra")
     host = Host(dra_host(tmp_path / node).root)
     inv = host.scan()
     devices = published_devices(inv, config, pcie_roots(host.fs, inv.devices))
@@ -30,7 +30,7 @@ def _slices(tmp_path: Path, node: str, generation: int) -> list[dict[str, Any]]:
 
 
 def test_dra_devices_count_for_the_names_our_classes_serve(tmp_path: Path) -> None:
-    config = load_config_text((REPO / "deploy/overlays/dra/config.yaml").read_text(), "dra")
+    config = load_config_text((REPO / "deploy/components/dra/config.yaml").read_text(), "dra")
     classes = device_classes(config, DRIVER, [("10de", "1eb8"), ("144d", "a808")])
     assert [ours(c) for c in classes] == [(DRIVER, GPU), (DRIVER, NVME)]
     stale = _slices(tmp_path, "node-a", 1)

@@ -52,6 +52,19 @@ class Metrics:
             "counter",
             "DRA claims Unprepare could not finish (a group still held open, a failed restore).",
         ),
+        "vfio_dp_dra_device_health": (
+            "gauge",
+            "1 per DRA device of the pool, labelled with its health (HEALTHY/UNHEALTHY/UNKNOWN).",
+        ),
+        "vfio_dp_dra_device_tainted": (
+            "gauge",
+            "Per DRA device: 1 while it is published with our taint (prepared, gone bad).",
+        ),
+        "vfio_dp_dra_health_changes_total": (
+            "counter",
+            "Health changes of prepared DRA devices, by the new health.",
+        ),
+        "vfio_dp_dra_health_streams": ("gauge", "Open DRAResourceHealth streams (kubelet)."),
         "vfio_dp_dra_held_groups": (
             "gauge",
             "IOMMU groups a released claim bound that stay on vfio-pci: a process holds them open.",

@@ -205,11 +205,6 @@ class ClaimPreparer:
             lock = self._locks[uid] = asyncio.Lock()
         return lock
 
-    async def load(self) -> None:
-        """Read the checkpoint now (once): the driver needs our prepared groups before its
-        first publish."""
-        await self._ensure_loaded()
-
     async def _ensure_loaded(self) -> None:
         if not self._loaded:
             await asyncio.to_thread(self.checkpoint.load)

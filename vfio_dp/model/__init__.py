@@ -12,4 +12,5 @@ __all__ = [
     "plan",
     "routes",
     "serving",
+    "sriov",
 ]
