@@ -59,6 +59,7 @@ from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model import cdi, naming
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 
@@ -90,6 +91,7 @@ class Options:
             uevents=self.uevents,
             path=DEVICE_PLUGIN,
             node_name=self.node_name,
+            owner=BOUND_BY_DEVICE_PLUGIN,
         )
 
 
