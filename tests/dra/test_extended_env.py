@@ -17,6 +17,7 @@ from vfio_dp.dra.deviceclasses import IMPLICIT_PREFIX
 from vfio_dp.dra.extended import (
     EXTENDED_RESOURCE_CLAIM,
     is_extended,
+    request_classes,
     request_env,
     request_resources,
     resource_endpoints,
@@ -86,8 +87,9 @@ async def test_resources_come_through_the_classes_never_the_request_names() -> N
             return IMPLICIT_PREFIX + name
         return NIC
 
+    classes = request_classes(claim())
     got = await request_resources(
-        claim(), ["container-0-request-0", "container-1-request-0"], read, "c"
+        classes, ["container-0-request-0", "container-1-request-0"], read, "c"
     )
     assert got == {"container-0-request-0": NIC, "container-1-request-0": IMPLICIT_PREFIX + "plain"}
     assert asked == ["nic", "plain"]
@@ -96,9 +98,9 @@ async def test_resources_come_through_the_classes_never_the_request_names() -> N
         raise LookupError(f"DeviceClass {name} does not exist")
 
     with pytest.raises(ClaimError, match="DeviceClass nic of request container-0-request-0"):
-        await request_resources(claim(), ["container-0-request-0"], missing, "c")
+        await request_resources(classes, ["container-0-request-0"], missing, "c")
     with pytest.raises(ClaimError, match="names no deviceClassName"):
-        await request_resources(claim(), ["other"], read, "c")
+        await request_resources(classes, ["other"], read, "c")
 
 
 async def test_class_reader_reads_classes_made_after_start(apiserver: ApiServerStandin) -> None:

@@ -45,7 +45,7 @@ from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader
+from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
@@ -142,6 +142,7 @@ class DraPlugin:
             cdi_dir=options.cdi_dir,
             plugins_dir=options.plugins_dir,
             read_claim=claim_reader(client),
+            read_class=class_reader(client),
             config=lambda: self.core.config,
             published=self._published_devices,
             metrics=self.metrics,
@@ -257,9 +258,7 @@ class DraPlugin:
         for d in devices:
             h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
-            self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device
-            )
+            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device)
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
         self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))

@@ -64,11 +64,11 @@ def request_classes(claim: Mapping[str, Any]) -> dict[str, str]:
 
 
 async def request_resources(
-    claim: Mapping[str, Any], requests: Sequence[str], read_class: ClassResource, who: str
+    classes: Mapping[str, str], requests: Sequence[str], read_class: ClassResource, who: str
 ) -> dict[str, str]:
-    """request → the extended resource it stands for, through its class; a request without
-    a class, or a class that does not exist, is a :class:`ClaimError` naming both."""
-    classes = request_classes(claim)
+    """request → the extended resource it stands for, through its class (``classes``:
+    :func:`request_classes`); a request without a class, or a class that cannot be read, is
+    a :class:`ClaimError` naming both."""
     out: dict[str, str] = {}
     for request in requests:
         cls = classes.get(request)
