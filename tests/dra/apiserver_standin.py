@@ -1566,8 +1566,10 @@ def schedule_extended_resources(
         j = 0
         for resource, count in ((ctr.get("resources") or {}).get("limits") or {}).items():
             cls = _class_for(api, resource)
-            if cls is None or int(str(allocatable.get(resource, "0")) or 0) > 0:
-                continue  # not DRA-backed, or a device plugin advertises it on this node
+            if cls is None or resource in allocatable:
+                # not DRA-backed, or a device plugin advertises it on this node (listed, even
+                # at 0: the kubelet keeps a stopped plugin's name for its grace period)
+                continue
             name = f"container-{i}-request-{j}"
             j += 1
             classes[name] = cls

@@ -152,3 +152,9 @@ def test_a_name_a_device_plugin_advertises_on_the_node_makes_no_claim(
     assert apiserver.objects(CLAIMS, "vms") == []
     assert apiserver.objects(PODS, "vms")[0]["spec"]["nodeName"] == "node-b"
     assert len(apiserver.objects(DEVICE_CLASSES)) == 4
+    # a stopped plugin's name, still listed at 0 during the kubelet's grace period: no claim
+    apiserver.seed(NODES, {"metadata": {"name": "node-c"}, "status": {"allocatable": {VF: "0"}}})
+    k8s.CoreV1Api(apiserver.client()).create_namespaced_pod(
+        "vms", launcher({VF: 1}, "virt-launcher-vm3")
+    )
+    assert schedule_extended_resources(apiserver, "vms", "virt-launcher-vm3", "node-c") is None
