@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import click
 
-from cli.common import existing_dir, option, root_option, run_guarded, single_instance
+from cli.common import (
+    envvar_for,
+    existing_dir,
+    option,
+    root_option,
+    run_guarded,
+    single_instance,
+)
 
 
 @click.command("plugin")
@@ -58,6 +65,13 @@ from cli.common import existing_dir, option, root_option, run_guarded, single_in
     help="Address for the metrics port (default: all interfaces).",
 )
 @option(
+    "--node-name",
+    envvar=[envvar_for("--node-name"), "NODE_NAME"],
+    default=None,
+    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+    "from spec.nodeName. Without it such selectors are skipped.",
+)
+@option(
     "--create-dirs",
     is_flag=True,
     help="Create missing kubelet directories instead of refusing them (a typo is otherwise "
@@ -84,6 +98,7 @@ def plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    node_name: str | None,
     create_dirs: bool,
     wait_for_other: float,
     log_level: str,
@@ -120,6 +135,7 @@ def plugin(
                     resync=resync,
                     metrics_port=metrics_port,
                     metrics_host=metrics_host,
+                    node_name=node_name,
                 )
             )
         finally:

@@ -86,7 +86,7 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     p = run("list", "--root", str(tree.root), "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     head, *lines = p.stdout.splitlines()
-    assert head.split()[-5:] == ["RESOURCE", "DRA", "DEVICE", "NOT", "SERVED"]
+    assert head.split()[-7:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "NOT", "SERVED"]
     line = {ln.split()[0]: ln for ln in lines}
     assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
     assert "pci-0000-65-00-0" in line["0000:65:00.0"]

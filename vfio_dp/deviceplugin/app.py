@@ -79,6 +79,7 @@ class Options:
     metrics_host: str = ""  # all interfaces
     uevents: bool = True
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
+    node_name: str | None = None  # for selectors limited to nodes (``nodes:``)
 
     def core(self) -> CoreOptions:
         return CoreOptions(
@@ -89,6 +90,7 @@ class Options:
             metrics_host=self.metrics_host,
             uevents=self.uevents,
             path=DEVICE_PLUGIN,
+            node_name=self.node_name,
             owner=BOUND_BY_DEVICE_PLUGIN,
         )
 
