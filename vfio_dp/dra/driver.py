@@ -38,9 +38,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vfio_dp.core.health import HealthModel, assess
+from vfio_dp.core.health import HEALTHY, HealthModel, assess
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra import health
+from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
+from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
@@ -141,6 +143,8 @@ class DraPlugin:
             published=self._published_devices,
             metrics=self.metrics,
         )
+        self.status_writer = ClaimStatusWriter(client, options.driver_name)
+        self._status_tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
         self._reconcile: asyncio.Task[None] | None = None
@@ -258,6 +262,9 @@ class DraPlugin:
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
         self.health_stream.publish(health.reports(self.health.states, [d["name"] for d in devices]))
+        for h in update.changed:
+            if h.held:
+                self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
 
@@ -309,12 +316,72 @@ class DraPlugin:
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
 
+    # -- the claims' device status (KEP-4817) --------------------------------------------
+    def _statuses(self, rec: ClaimRecord) -> list[DeviceStatus]:
+        """Our entries for one prepared claim, from the health model. Blocking (reads the
+        bind records: who bound the group)."""
+        out: list[DeviceStatus] = []
+        for d in rec.devices:
+            if d.admin_access or d.iommu_group is None or not d.addresses:
+                continue
+            h = self.health.states.get(d.device)
+            bound = self.core.host.state.get(PciAddress.parse(d.addresses[0]))
+            out.append(
+                DeviceStatus(
+                    pool=d.pool,
+                    device=d.device,
+                    health=h.health if h else HEALTHY,
+                    message=h.message if h else "prepared: viable and on vfio-pci",
+                    since=health.rfc3339(h.since if h else time.time()),
+                    addresses=d.addresses,
+                    iommu_group=d.iommu_group,
+                    devnodes=("/dev/vfio/vfio", f"/dev/vfio/{d.iommu_group}"),
+                    bound_by=bound.bound_by if bound else "none (it was on vfio-pci already)",
+                )
+            )
+        return out
+
+    async def _write_status(
+        self, namespace: str, name: str, uid: str, rec: ClaimRecord | None
+    ) -> None:
+        """Write (``rec``) or remove (None) our entries of a claim's status; never raises."""
+
+        def job() -> None:
+            ours = self._statuses(rec) if rec is not None else []
+            self.status_writer.write(namespace, name, uid, ours)
+
+        try:
+            await asyncio.to_thread(job)
+        except (StatusError, OSError, ValueError) as e:
+            self.metrics.inc("vfio_dp_dra_claim_status_errors_total")
+            log.error("claim %s/%s: device status not written: %s", namespace, name, e)
+
+    def _status_changed(self, device: str) -> None:
+        """A held device changed health: rewrite the status of every claim holding it."""
+        for rec in self.claims.checkpoint.all().values():
+            if rec.state == PREPARED and any(d.device == device for d in rec.devices):
+                task = asyncio.create_task(
+                    self._write_status(rec.namespace, rec.name, rec.uid, rec)
+                )
+                self._status_tasks.add(task)
+                task.add_done_callback(self._status_tasks.discard)
+
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        return await self.claims.prepare(claims)
+        results = await self.claims.prepare(claims)
+        for c in claims:
+            r = results.get(c.uid)
+            rec = self.claims.checkpoint.get(c.uid)
+            if r is not None and not r.error and rec is not None and rec.state == PREPARED:
+                await self._write_status(c.namespace, c.name, c.uid, rec)
+        return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return await self.claims.unprepare(claims)
+        errors = await self.claims.unprepare(claims)
+        for c in claims:
+            if errors.get(c.uid) == "":
+                await self._write_status(c.namespace, c.name, c.uid, None)
+        return errors
 
 
 async def serve(options: DraOptions, client: Any) -> int:
