@@ -275,11 +275,8 @@ class DraPlugin:
     def _missing_nodes(
         self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
     ) -> set[int]:
-        """Groups that should have ``/dev/vfio/<N>`` (held, or published on vfio-pci) but
-        have none. Blocking (one directory listing)."""
-        wanted = {h.group for h in holds.held.values() if h.group is not None}
-        wanted |= {u.group for u in units if u.published and not u.on_prepare}
-        groups = [inv.groups[g] for g in wanted if g in inv.groups]
+        """Groups that should have ``/dev/vfio/<N>`` but have none. Blocking (one listing)."""
+        groups = health.nodes_to_check(inv, units, holds)
         present = group_nodes_present(self.core.host.fs, groups)
         return {g for g, ok in present.items() if not ok}
 
