@@ -168,9 +168,9 @@ class Sriov:
             if sysfs.read_device(self.host.fs, address) is None:
                 raise RefusedError([f"no PCI device {address} under {self.host.display}"])
             raise RefusedError([f"{address} is not an SR-IOV PF (it has no sriov_totalvfs)"])
-        return plan_count(
-            pf, count, record=self.store.get(address), held=self.held(pf, extra), force=force
-        )
+        changes = pf.numvfs > 0 and count != pf.numvfs  # only then can a held VF matter
+        held = self.held(pf, extra) if changes else {}
+        return plan_count(pf, count, record=self.store.get(address), held=held, force=force)
 
     def set(
         self,
@@ -325,14 +325,48 @@ class Sriov:
         """Undo every interrupted count change (its process died; its PF's lock is free)."""
         out: list[str] = []
         for pf in self.store.journaled():
-            try:
-                with self.host.state.locked([pf], timeout=0):
-                    out += self._recover_locked(pf)
-            except LockTimeoutError:
-                continue  # in progress
-            except HostError as e:
-                out.append(f"{pf}: {e}")
+            out += self.recover_one(pf)
         return out
+
+    def reconcile(
+        self, wanted: Mapping[PciAddress, int], extra: Held | None = None
+    ) -> tuple[list[str], list[PciAddress]]:
+        """The daemon's pass (``by`` ``daemon``): undo its interrupted changes, give each PF
+        ``wanted`` names its count, and give back every PF it changed that is no longer
+        wanted. Never raises for one PF: returns a message per change made or refused (the
+        refused are retried on the next pass), and the VFs made. Made VFs are NOT bound
+        here: the core's ``bind: true`` pass binds them like any new device."""
+        out: list[str] = []
+        made: list[PciAddress] = []
+        for pf in self.store.journaled():
+            op = self.store.op(pf)
+            if op is not None and op.owner == self.host.owner:
+                out += self.recover_one(pf)
+        todo = dict(wanted)
+        for pf in self.store.recorded():
+            rec = self.store.get(pf)
+            if rec is not None and rec.by == self.by and pf not in todo:
+                todo[pf] = rec.before
+        for pf, count in sorted(todo.items()):
+            try:
+                res = self.set(pf, count, bind=False, extra=extra)
+            except HostError as e:
+                out.append(f"SR-IOV {pf}: not set to {count} VFs: {e}")
+                continue
+            if not res.already:
+                out.append(f"SR-IOV {pf}: now {count} VFs ({'; '.join(res.steps)})")
+            out += [f"SR-IOV {pf}: {w}" for w in res.warnings]
+            made += res.made
+        return out, made
+
+    def recover_one(self, pf: PciAddress) -> list[str]:
+        try:
+            with self.host.state.locked([pf], timeout=0):
+                return self._recover_locked(pf)
+        except LockTimeoutError:
+            return []  # in progress
+        except HostError as e:
+            return [f"{pf}: {e}"]
 
     def restore_all(
         self, *, extra: Held | None = None, dry_run: bool = False

@@ -163,9 +163,7 @@ def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
             continue
         primary = endpoints[0].address
         first_selected = min(selected)
-        reasons = _dra_reasons(
-            group, inventory, endpoints, selected, selectors, on_prepare, config
-        )
+        reasons = _dra_reasons(group, inventory, endpoints, selected, selectors, on_prepare, config)
         units.append(
             DraUnit(
                 name=dra_device_name(primary),
