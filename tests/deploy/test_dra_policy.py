@@ -433,6 +433,20 @@ def test_example_vmi_on_dra_is_accepted_and_resolves_to_the_example_template(
     find(examples, "DeviceClass", requests["t4"]["exactly"]["deviceClassName"])
 
 
+def test_example_maintenance_rule_is_a_valid_device_taint_rule(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """deploy/examples/dra/maintenance.yaml (documented for admins): a valid DeviceTaintRule
+    selecting one device of our driver, NoSchedule (never NoExecute by default)."""
+    _, _, driver = _dra(rendered[TARGET])
+    rule = yaml.safe_load((DEPLOY / "examples/dra/maintenance.yaml").read_text())
+    assert check_object(rule) == [] and deserialize_errors(rule) == []
+    selector = rule["spec"]["deviceSelector"]
+    assert selector["driver"] == driver and selector["device"].startswith("pci-")
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    assert not rule["spec"]["taint"]["key"].startswith(driver)  # the admin's key, not ours
+
+
 @pytest.fixture(scope="module")
 def examples() -> list[Obj]:
     proc = subprocess.run(

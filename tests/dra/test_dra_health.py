@@ -92,22 +92,24 @@ async def rig(
         registry, NODE, api_client=apiserver.client(), health_versions=(request.param,)
     )
     await kubelet.start()
-    plugin = DraPlugin(
-        DraOptions(
-            node_name=NODE, driver_name=DRIVER, registry_dir=registry, plugins_dir=plugins,
-            cdi_dir=str(tmp_path / "cdi"), config_path=str(config), root=str(tree.root),
-            resync=0.2, metrics_port=0, uevents=False,
-        ),
-        apiserver.client(),
-        host=Host(tree.root, kernel=SimulatedKernel(tree)),
+    options = DraOptions(
+        node_name=NODE, driver_name=DRIVER, registry_dir=registry, plugins_dir=plugins,
+        cdi_dir=str(tmp_path / "cdi"), config_path=str(config), root=str(tree.root),
+        resync=0.2, metrics_port=0, uevents=False,
     )  # fmt: skip
+    kernel = SimulatedKernel(tree)
+    plugin = DraPlugin(options, apiserver.client(), host=Host(tree.root, kernel=kernel))
     await plugin.start()
     await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
     assert kubelet.plugins[DRIVER].health_version == request.param
+    rig = Rig(apiserver, kubelet, plugin, tree)
+    rig.restart_plugin = lambda: DraPlugin(  # type: ignore[attr-defined]
+        options, apiserver.client(), host=Host(tree.root, kernel=kernel)
+    )
     try:
-        yield Rig(apiserver, kubelet, plugin, tree)
+        yield rig
     finally:
-        await plugin.stop()
+        await rig.plugin.stop()
         await kubelet.stop()
 
 
@@ -208,3 +210,19 @@ async def test_an_unprepared_group_that_goes_bad_is_withdrawn(rig: Rig) -> None:
 def _latest_devices(rig: Rig) -> set[tuple[str, str]]:
     latest = rig.plugin.health_stream.latest or ()
     return {(NODE, r.device) for r in latest}
+
+
+async def test_a_restart_publishes_the_same_taint(rig: Rig) -> None:
+    """Prepared claims come from the checkpoint: a restarted plugin publishes the held, broken
+    group with the same taint (same timeAdded), adopting the slices without a write."""
+    await rig.run_gpu_pod()
+    rig.tree.set_driver(AUDIO, None)
+    await rig.wait("the taint", lambda: rig.devices().get(GPU_DEVICE, {}).get("taints"))
+    before = rig.devices()[GPU_DEVICE]["taints"]
+    await rig.plugin.stop()
+    rig.plugin = rig.restart_plugin()  # type: ignore[attr-defined]
+    await rig.plugin.start()
+    await rig.wait("a reconcile", lambda: rig.plugin.publisher.written_devices is not None)
+    assert rig.plugin.publisher.writes == 0  # adopted: exactly what is on the server
+    assert rig.devices()[GPU_DEVICE]["taints"] == before
+    assert rig.plugin.health.states[GPU_DEVICE].held

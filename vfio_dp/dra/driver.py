@@ -46,7 +46,7 @@ from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusErro
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader
+from vfio_dp.dra.publisher import PublishError, SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
@@ -132,6 +132,7 @@ class DraPlugin:
         self._last: dict[str, Device] = {}  # every device as last built (held, gone ones)
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
+        self._on_server: list[Device] = []  # this node's devices on the server at start
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -161,7 +162,10 @@ class DraPlugin:
         )
         self.publisher.start()
         # the first scan must know the prepared claims: a held group is never withdrawn
+        # (blocking reads on the core's executor, which core.start makes the default anyway)
+        asyncio.get_running_loop().set_default_executor(self.core.executor)
         await self.claims._ensure_loaded()
+        self._on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
@@ -186,7 +190,10 @@ class DraPlugin:
             self._watch.cancel()
         if self._reconcile is not None:
             self._reconcile.cancel()
+        self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
+        if self._status_tasks:  # status writes under way finish (each has its own timeouts)
+            await asyncio.wait(set(self._status_tasks), timeout=15)
         await self.publisher.stop()
         await self.core.close()
         log.info("stopped")
@@ -246,8 +253,14 @@ class DraPlugin:
             **{u.name: u.taint_effect for u in units},
         }
         devices = health.pool_devices(
-            self.health.states, built, self._last, self._effects, self.options.driver_name
+            self.health.states,
+            built,
+            self._last,
+            self._effects,
+            self.options.driver_name,
+            previous={d["name"]: d for d in self.devices or self._on_server},
         )
+        self._on_server = []
         self._log_changes(snapshot, units, devices, update.changed)
         self.devices = devices
         self.metrics.set("vfio_dp_dra_devices", len(devices))
@@ -267,6 +280,16 @@ class DraPlugin:
                 self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
+
+    async def _published_on_server(self) -> list[Device]:
+        """What this node's pool holds on the server now (a restart keeps its taints'
+        ``timeAdded``, so the slices are adopted unchanged); [] when it cannot be read."""
+        try:
+            current = await asyncio.to_thread(self.publisher.list_current)
+        except PublishError as e:
+            log.info("could not read the published slices at start (%s); publishing anew", e)
+            return []
+        return [d for s in current.values() for d in s.get("spec", {}).get("devices") or []]
 
     def _confirm_scan(self) -> None:
         self._confirm = None

@@ -100,10 +100,12 @@ def pool_devices(
     last: Mapping[str, Device],
     effects: Mapping[str, str],
     driver: str,
+    previous: Mapping[str, Device] | None = None,
 ) -> list[Device]:
     """The devices of the pool, by name: ``built`` are this scan's devices of every unit
-    whose functions are present; ``last`` what was published before (for held devices the
-    scan cannot describe); ``effects`` each device's taint effect."""
+    whose functions are present; ``last`` what was built before (for held devices the scan
+    cannot describe); ``effects`` each device's taint effect; ``previous`` what is published
+    (after a restart: what the server holds), whose same taint keeps its ``timeAdded``."""
     out: list[Device] = []
     for name in sorted(states):
         h = states[name]
@@ -116,7 +118,12 @@ def pool_devices(
             continue  # never described (cannot happen after a publish); nothing to show
         dev = {k: v for k, v in base.items() if k != "taints"}
         if h.health == UNHEALTHY:
-            dev["taints"] = [taint(h, driver, effects.get(name, NO_SCHEDULE))]
+            t = taint(h, driver, effects.get(name, NO_SCHEDULE))
+            for old in ((previous or {}).get(name) or {}).get("taints") or []:
+                same = all(old.get(k) == t[k] for k in ("key", "value", "effect"))
+                if same and old.get("timeAdded"):
+                    t["timeAdded"] = old["timeAdded"]
+            dev["taints"] = [t]
         out.append(dev)
     return out
 
