@@ -1,6 +1,6 @@
 """``translate --dra`` converts exactly the entries whose devices the config sends to DRA.
 
-Checked against the shipped DRA config (``deploy/overlays/dra/config.yaml``) and mixed and
+Checked against the shipped DRA config (``deploy/components/dra/config.yaml``) and mixed and
 all-DRA configs; each generated template is strictly valid ``resource.k8s.io/v1``, admits as a
 DRA VMI, and its CEL (evaluated with cel-python) selects exactly the devices the DRA plugin
 publishes for that resource on a real temp sysfs tree, while the entries left as
@@ -29,7 +29,7 @@ from vm_translate.to_dra import to_dra
 from vm_translate.translate import translate
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED_DRA = REPO / "deploy/overlays/dra/config.yaml"
+SHIPPED_DRA = REPO / "deploy/components/dra/config.yaml"
 DRIVER = "vfio.example.com"
 #: the classes of dra_host's devices, as a user would pass them with --pci-class
 CLASSES = {("8086", "10d3"): "020000", ("144d", "a808"): "010802", ("15b3", "101c"): "020000"}

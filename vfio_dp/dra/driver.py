@@ -43,13 +43,15 @@ from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra import health
 from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
 from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
+from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
-from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import PublishError, SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
@@ -96,6 +98,7 @@ class DraOptions:
             uevents=self.uevents,
             path=DRA,
             usage=True,
+            owner=BOUND_BY_DRA_PLUGIN,
         )
 
 
@@ -132,7 +135,8 @@ class DraPlugin:
         self._last: dict[str, Device] = {}  # every device as last built (held, gone ones)
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
-        self._on_server: list[Device] = []  # this node's devices on the server at start
+        #: this node's device taints on the server at start, by device name
+        self._on_server: dict[str, list[dict[str, str]]] = {}
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -220,11 +224,11 @@ class DraPlugin:
             await asyncio.sleep(self.options.resync)
             await self._reconcile_once()
 
-    def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
+    def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
         written = self.publisher.written_devices
-        return {d["name"]: d for d in (written if written is not None else self.devices)}
+        return {d.name: d for d in (written if written is not None else self.devices)}
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -258,38 +262,41 @@ class DraPlugin:
             self._last,
             self._effects,
             self.options.driver_name,
-            previous={d["name"]: d for d in self.devices or self._on_server},
+            previous={d.name: d.taints for d in self.devices} or self._on_server,
         )
-        self._on_server = []
+        self._on_server = {}
         self._log_changes(snapshot, units, devices, update.changed)
         self.devices = devices
         self.metrics.set("vfio_dp_dra_devices", len(devices))
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in devices:
-            h = self.health.states[d["name"]]
+            h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
-            self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.get("taints"))), device=h.device
-            )
+            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device)
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
-        self.health_stream.publish(health.reports(self.health.states, [d["name"] for d in devices]))
+        self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
         for h in update.changed:
             if h.held:
                 self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
 
-    async def _published_on_server(self) -> list[Device]:
-        """What this node's pool holds on the server now (a restart keeps its taints'
-        ``timeAdded``, so the slices are adopted unchanged); [] when it cannot be read."""
+    async def _published_on_server(self) -> dict[str, list[dict[str, str]]]:
+        """The taints of this node's devices on the server now, by name (a restart keeps
+        their ``timeAdded``, so the slices are adopted unchanged); {} when unreadable."""
         try:
             current = await asyncio.to_thread(self.publisher.list_current)
         except PublishError as e:
             log.info("could not read the published slices at start (%s); publishing anew", e)
-            return []
-        return [d for s in current.values() for d in s.get("spec", {}).get("devices") or []]
+            return {}
+        return {
+            d["name"]: list(d.get("taints") or [])
+            for s in current.values()
+            for d in s.get("spec", {}).get("devices") or []
+            if isinstance(d, dict) and "name" in d
+        }
 
     def _confirm_scan(self) -> None:
         self._confirm = None
@@ -318,8 +325,8 @@ class DraPlugin:
     def _log_changes(
         self, snapshot: Snapshot, units: list[DraUnit], devices: list[Device], changed: Any
     ) -> None:
-        before = {d["name"] for d in self.devices}
-        after = {d["name"] for d in devices}
+        before = {d.name for d in self.devices}
+        after = {d.name for d in devices}
         for name in sorted(after - before):
             log.info("DRA device %s published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):
@@ -341,11 +348,12 @@ class DraPlugin:
         """Our entries for one prepared claim, from the health model. Blocking (reads the
         bind records: who bound the group)."""
         out: list[DeviceStatus] = []
+        owners = self.core.host.owners()
         for d in rec.devices:
             if d.admin_access or d.iommu_group is None or not d.addresses:
                 continue
             h = self.health.states.get(d.device)
-            bound = self.core.host.state.get(PciAddress.parse(d.addresses[0]))
+            bound = owners.get(PciAddress.parse(d.addresses[0]))
             out.append(
                 DeviceStatus(
                     pool=d.pool,
@@ -356,7 +364,7 @@ class DraPlugin:
                     addresses=d.addresses,
                     iommu_group=d.iommu_group,
                     devnodes=("/dev/vfio/vfio", f"/dev/vfio/{d.iommu_group}"),
-                    bound_by=bound.bound_by if bound else "none (it was on vfio-pci already)",
+                    bound_by=bound or "none (it was on vfio-pci already)",
                 )
             )
         return out

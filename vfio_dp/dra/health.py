@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
@@ -100,31 +100,32 @@ def pool_devices(
     last: Mapping[str, Device],
     effects: Mapping[str, str],
     driver: str,
-    previous: Mapping[str, Device] | None = None,
+    previous: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> list[Device]:
     """The devices of the pool, by name: ``built`` are this scan's devices of every unit
     whose functions are present; ``last`` what was built before (for held devices the scan
-    cannot describe); ``effects`` each device's taint effect; ``previous`` what is published
-    (after a restart: what the server holds), whose same taint keeps its ``timeAdded``."""
+    cannot describe); ``effects`` each device's taint effect; ``previous`` the taints published
+    by device name (after a restart: what the server holds): the same taint keeps its
+    ``timeAdded``."""
     out: list[Device] = []
     for name in sorted(states):
         h = states[name]
         if not h.held:
             if h.health == HEALTHY and name in built:
-                out.append(dict(built[name]))
+                out.append(built[name])
             continue
         base = built.get(name) or last.get(name)
         if base is None:
             continue  # never described (cannot happen after a publish); nothing to show
-        dev = {k: v for k, v in base.items() if k != "taints"}
+        taints: tuple[Mapping[str, str], ...] = ()
         if h.health == UNHEALTHY:
             t = taint(h, driver, effects.get(name, NO_SCHEDULE))
-            for old in ((previous or {}).get(name) or {}).get("taints") or []:
+            for old in (previous or {}).get(name) or ():
                 same = all(old.get(k) == t[k] for k in ("key", "value", "effect"))
                 if same and old.get("timeAdded"):
                     t["timeAdded"] = old["timeAdded"]
-            dev["taints"] = [t]
-        out.append(dev)
+            taints = (t,)
+        out.append(replace(base, taints=taints))
     return out
 
 
