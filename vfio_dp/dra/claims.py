@@ -17,6 +17,10 @@ re-created under the same name; :func:`ours` picks the results of our driver and
 what we cannot prepare (another node's pool, a request name that is not a DNS label -- it
 reaches file paths --, opaque configuration for our driver: we define no parameters);
 :func:`stale_reason` says why a checkpointed claim is no longer ours (reconcile).
+A field of the wrong type or size (``results: 5``, more than :data:`MAX_RESULTS` results, a
+pod-claim-name annotation that is not a string) is :class:`Malformed`, naming the field: an
+error for that claim only. :func:`check_identity` refuses a UID already held under another
+namespace/name.
 """
 
 from __future__ import annotations
@@ -113,33 +117,96 @@ def _get(obj: Any, *path: str) -> Any:
     return obj
 
 
+#: upstream's ``AllocationResultsMaxSize`` (resource.k8s.io/v1): no valid claim holds more results
+MAX_RESULTS = 32
+#: upstream's limit on ``status.allocation.devices.config`` entries (``+k8s:maxItems=64``)
+MAX_CONFIG = 64
+_DEVICES = "status.allocation.devices"
+
+
+class Malformed(ValueError):
+    """A field of a ResourceClaim has a type or size no valid claim has: ``field`` names it."""
+
+    def __init__(self, field: str, why: str) -> None:
+        self.field = field
+        super().__init__(f"field {field} {why}: not a valid ResourceClaim, nothing was touched")
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _list(obj: Any, field: str, *path: str, limit: int | None = None) -> list[Any]:
+    value = _get(obj, *path)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Malformed(field, f"must be a list, got {_kind(value)} {str(value)[:40]!r}")
+    if limit is not None and len(value) > limit:
+        raise Malformed(field, f"has {len(value)} entries; a claim holds at most {limit}")
+    return value
+
+
+def _str(entry: Mapping[str, Any], key: str, field: str) -> str:
+    value = entry.get(key, "")
+    if not isinstance(value, str):
+        raise Malformed(f"{field}.{key}", f"must be a string, got {_kind(value)}")
+    return value
+
+
 def view_claim(obj: Mapping[str, Any]) -> ClaimView:
-    """The parts of a ResourceClaim (API JSON, ``resource.k8s.io/v1``) that Prepare reads."""
+    """The parts of a ResourceClaim (API JSON, ``resource.k8s.io/v1``) that Prepare reads;
+    :class:`Malformed` (naming the field) when one has a type or size no valid claim has --
+    checked before anything is built (at most :data:`MAX_RESULTS` results)."""
     results: list[AllocationResult] = []
-    for r in _get(obj, "status", "allocation", "devices", "results") or []:
+    raw = _list(obj, f"{_DEVICES}.results", "status", "allocation", "devices", "results",
+                limit=MAX_RESULTS)  # fmt: skip
+    for i, r in enumerate(raw):
+        field = f"{_DEVICES}.results[{i}]"
         if not isinstance(r, dict):
-            continue
+            raise Malformed(field, f"must be an object, got {_kind(r)}")
         results.append(
             AllocationResult(
-                request=str(r.get("request", "")),
-                driver=str(r.get("driver", "")),
-                pool=str(r.get("pool", "")),
-                device=str(r.get("device", "")),
+                request=_str(r, "request", field),
+                driver=_str(r, "driver", field),
+                pool=_str(r, "pool", field),
+                device=_str(r, "device", field),
                 admin_access=r.get("adminAccess") is True,
             )
         )
     configs: list[tuple[str, tuple[str, ...]]] = []
-    for c in _get(obj, "status", "allocation", "devices", "config") or []:
-        opaque = _get(c, "opaque")
+    raw = _list(obj, f"{_DEVICES}.config", "status", "allocation", "devices", "config",
+                limit=MAX_CONFIG)  # fmt: skip
+    for i, c in enumerate(raw):
+        field = f"{_DEVICES}.config[{i}]"
+        if not isinstance(c, dict):
+            raise Malformed(field, f"must be an object, got {_kind(c)}")
+        opaque = c.get("opaque")
         if isinstance(opaque, dict):
-            reqs = _get(c, "requests") or []
-            configs.append((str(opaque.get("driver", "")), tuple(str(x) for x in reqs)))
+            reqs = _list(c, f"{field}.requests", "requests")
+            if not all(isinstance(x, str) for x in reqs):
+                raise Malformed(f"{field}.requests", "must be a list of strings")
+            configs.append((_str(opaque, "driver", f"{field}.opaque"), tuple(reqs)))
     annotations = _get(obj, "metadata", "annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        raise Malformed("metadata.annotations", f"must be an object, got {_kind(annotations)}")
+    pcn = (annotations or {}).get(md.POD_CLAIM_NAME_ANNOTATION)
+    if pcn is not None and not isinstance(pcn, str):
+        raise Malformed(
+            f"metadata.annotations[{md.POD_CLAIM_NAME_ANNOTATION}]",
+            f"must be a string, got {_kind(pcn)}",
+        )
+    meta: dict[str, str] = {}
+    for key in ("uid", "name", "namespace"):
+        value = _get(obj, "metadata", key)
+        if value is not None and not isinstance(value, str):
+            raise Malformed(f"metadata.{key}", f"must be a string, got {_kind(value)}")
+        meta[key] = value or ""
     return ClaimView(
-        uid=str(_get(obj, "metadata", "uid") or ""),
-        name=str(_get(obj, "metadata", "name") or ""),
-        namespace=str(_get(obj, "metadata", "namespace") or ""),
-        pod_claim_name=md.pod_claim_name(annotations if isinstance(annotations, dict) else None),
+        uid=meta["uid"],
+        name=meta["name"],
+        namespace=meta["namespace"],
+        pod_claim_name=md.pod_claim_name(annotations),
         allocated=isinstance(_get(obj, "status", "allocation"), dict),
         results=tuple(results),
         opaque_config=tuple(configs),
@@ -159,7 +226,10 @@ def check_current(claim: ClaimRef, obj: Mapping[str, Any] | None) -> ClaimView:
             f"the ResourceClaim {claim.namespace}/{claim.name} does not exist in the API "
             "server (deleted?); nothing was bound",
         )
-    view = view_claim(obj)
+    try:
+        view = view_claim(obj)
+    except Malformed as e:
+        raise ClaimError(who, str(e)) from e
     if view.uid != claim.uid:
         raise ClaimError(
             who,
@@ -167,6 +237,19 @@ def check_current(claim: ClaimRef, obj: Mapping[str, Any] | None) -> ClaimView:
             "was deleted and re-created; this request is for the old one",
         )
     return view
+
+
+def check_identity(claim: ClaimRef, namespace: str, name: str) -> None:
+    """A UID names one claim forever: :class:`ClaimError` when ``claim`` comes with the UID
+    of one this plugin already holds as ``namespace/name`` (a UID is never reused, so one of
+    the two is not what it says; the first claim's files and devices are left alone)."""
+    if (claim.namespace, claim.name) != (namespace, name):
+        raise ClaimError(
+            describe(claim.namespace, claim.name, claim.uid),
+            f"uid {claim.uid} is already prepared here as the ResourceClaim "
+            f"{namespace}/{name}; a uid names one claim only, refusing "
+            f"{claim.namespace}/{claim.name} (unprepare {namespace}/{name} first if it is gone)",
+        )
 
 
 def ours(view: ClaimView, driver: str, node: str, who: str) -> tuple[AllocationResult, ...]:
@@ -190,6 +273,13 @@ def ours(view: ClaimView, driver: str, node: str, who: str) -> tuple[AllocationR
             raise ClaimError(
                 who, f"request name {r.request[:80]!r} is not a DNS label", r.device[:80]
             )
+    seen: set[tuple[str, str]] = set()
+    for r in mine:  # one device is one IOMMU group: it cannot be handed over twice
+        if (r.pool, r.device) in seen:
+            raise ClaimError(
+                who, "allocated twice in this claim: not a valid allocation", r.device[:80]
+            )
+        seen.add((r.pool, r.device))
     requests = {md.request_base(r.request) for r in mine} | {r.request for r in mine}
     for cfg_driver, reqs in view.opaque_config:
         if cfg_driver != driver:
@@ -210,7 +300,9 @@ def stale_reason(uid: str, obj: Mapping[str, Any] | None, driver: str, node: str
     namespace/name (None: gone); None while it is still allocated on this node."""
     if obj is None:
         return "its ResourceClaim is gone"
-    view = view_claim(obj)
+    if _get(obj, "metadata", "uid") != uid:
+        return f"its ResourceClaim was re-created (uid {str(_get(obj, 'metadata', 'uid'))[:80]})"
+    view = view_claim(obj)  # Malformed: the caller keeps the claim and reports it
     if view.uid != uid:
         return f"its ResourceClaim was re-created (uid {view.uid})"
     if not any(r.driver == driver and r.pool == node for r in view.results):

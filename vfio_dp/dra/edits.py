@@ -13,11 +13,15 @@ The metadata mount goes with the request's first device only; ``adminAccess`` de
 the mount and never the group. An extended-resource claim's group devices also carry their
 request's ``PCI_RESOURCE_<NAME>`` / ``PCIDEVICE_<NAME>`` (:mod:`vfio_dp.dra.extended`);
 ordinary claims get no variables. :class:`ClaimDirs` writes and removes them (the one atomic
-writer; metadata first, then the CDI spec that points at it).
+writer; metadata first, then the CDI spec that points at it); an :class:`OSError` there
+(ENOSPC, EROFS, a directory where the spec goes) becomes a :class:`DraError` naming the path
+and the fix (:func:`io_error`): an error of that claim only.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +30,28 @@ from vfio_dp.dra import metadata as mdfile
 from vfio_dp.dra.claims import ClaimRef, PreparedDevice
 from vfio_dp.dra.resolve import Chosen
 from vfio_dp.dra.slices import Device
+from vfio_dp.errors import DraError
 from vfio_dp.model import dra_metadata as md
+
+_FIXES = {
+    errno.ENOSPC: "free space on the filesystem that holds it",
+    errno.EDQUOT: "raise the quota or free space on the filesystem that holds it",
+    errno.EROFS: "it is on a read-only filesystem: mount it read-write",
+    errno.EACCES: "the plugin needs write access to it (run as root, check its mode)",
+    errno.EPERM: "the plugin needs write access to it (run as root, check its mode)",
+    errno.EISDIR: "something not made by this plugin is in the way: move it aside",
+    errno.ENOTDIR: "something not made by this plugin is in the way: move it aside",
+    errno.ENOTEMPTY: "something not made by this plugin is in the way: move it aside",
+    errno.EEXIST: "something not made by this plugin is in the way: move it aside",
+    errno.ELOOP: "a symlink is in the way: remove it",
+}
+
+
+def io_error(action: str, path: str, e: OSError) -> DraError:
+    """A :class:`DraError` for an :class:`OSError` while ``action`` (``writing``) ``path``:
+    names the path, the reason and the fix (``[Errno 28]`` alone names neither)."""
+    fix = _FIXES.get(e.errno or 0, "check the path and the filesystem that holds it")
+    return DraError(f"{action} {path} failed: {e.strerror or e}; {fix}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +144,26 @@ class ClaimDirs:
     def write(self, uid: str, files: ClaimFiles) -> None:
         """Write the metadata files, then the CDI spec (atomically, each)."""
         for path, meta in files.metadata:
-            mdfile.write_file(path, meta)
-        cdi.write_spec(self.cdi_dir, self.driver, uid, files.cdi_devices)
+            try:
+                mdfile.write_file(path, meta)
+            except OSError as e:
+                raise io_error("writing the device-metadata file", path, e) from e
+        path = cdi.spec_path(self.cdi_dir, self.driver, uid)
+        try:
+            cdi.write_spec(self.cdi_dir, self.driver, uid, files.cdi_devices)
+        except OSError as e:
+            raise io_error("writing the CDI spec", path, e) from e
 
     def remove(self, uid: str) -> None:
-        """Remove the claim's CDI spec and metadata files (absent ones are fine)."""
-        cdi.remove_spec(self.cdi_dir, self.driver, uid)
-        mdfile.remove_claim(self.plugins_dir, self.driver, uid)
+        """Remove the claim's CDI spec and metadata files (absent ones are fine);
+        :class:`DraError` naming the path when one cannot be removed."""
+        path = cdi.spec_path(self.cdi_dir, self.driver, uid)
+        try:
+            cdi.remove_spec(self.cdi_dir, self.driver, uid)
+        except OSError as e:
+            raise io_error("removing the CDI spec", path, e) from e
+        path = os.path.join(mdfile.claims_dir(self.plugins_dir, self.driver), uid)
+        try:
+            mdfile.remove_claim(self.plugins_dir, self.driver, uid)
+        except OSError as e:
+            raise io_error("removing the device-metadata files under", path, e) from e

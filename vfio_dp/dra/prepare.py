@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -54,10 +55,11 @@ from vfio_dp.dra.claims import (
     ClaimView,
     PreparedDevice,
     check_current,
+    check_identity,
     describe,
     ours,
 )
-from vfio_dp.dra.edits import ClaimDirs, ClaimFiles, build
+from vfio_dp.dra.edits import ClaimDirs, ClaimFiles, build, io_error
 from vfio_dp.dra.reconcile import ClaimReader, Held, Reconciler, ReconcileReport
 from vfio_dp.dra.resolve import Chosen
 from vfio_dp.dra.slices import Device, device_for
@@ -81,6 +83,20 @@ class Metrics(Protocol):
 
 def _describe(ref: ClaimRef) -> str:
     return describe(ref.namespace, ref.name, ref.uid)
+
+
+def _io(e: OSError, fallback: str) -> VfioError:
+    """An OSError that escaped the writers that name their paths: its own (absolute) file
+    name, else ``fallback`` (the checkpoint: the one other file of the claim path)."""
+    name = e.filename if isinstance(e.filename, str) and os.path.isabs(e.filename) else None
+    return io_error("writing", name or fallback, e)
+
+
+def _internal(e: Exception) -> str:
+    return (
+        f"internal error ({type(e).__name__}: {str(e)[:200]}); the other claims of the "
+        "request are not affected -- please report it with the plugin's log"
+    )
 
 
 class ClaimPreparer:
@@ -167,12 +183,24 @@ class ClaimPreparer:
                 log.warning("NodePrepareResources: %s", msg)
                 self._metric("vfio_dp_dra_prepare_errors_total")
                 return ClaimResult(error=msg)
+            except OSError as e:  # a state file of the host layer; the CDI/metadata are named
+                msg = str(ClaimError(_describe(claim), str(_io(e, self.checkpoint.path))))
+                log.warning("NodePrepareResources: %s", msg)
+                self._metric("vfio_dp_dra_prepare_errors_total")
+                return ClaimResult(error=msg)
+            except Exception as e:  # one claim's surprise must not fail the others
+                log.exception("NodePrepareResources: claim %s", _describe(claim))
+                self._metric("vfio_dp_dra_prepare_errors_total")
+                return ClaimResult(error=str(ClaimError(_describe(claim), _internal(e))))
             self._metric("vfio_dp_dra_prepared_total")
             return ClaimResult(devices=devices)
 
     async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         """The recipe (module docstring): read → resolve → take ownership → write → record."""
         who = _describe(claim)
+        held = self.checkpoint.get(claim.uid)
+        if held is not None:  # before the read: nothing of the first claim's is touched
+            check_identity(claim, held.namespace, held.name)
         view = await self._read(claim)
         wanted = ours(view, self.driver, self.node, who)
         resources = await self._resources(view, wanted, who)
@@ -248,12 +276,16 @@ class ClaimPreparer:
                     who, f"binding the IOMMU group to vfio-pci failed: {e}", names
                 ) from e
             inv = await asyncio.to_thread(self.host.refresh, inv)  # drivers, overrides, groups
-        await asyncio.to_thread(
-            self.host.adopt,
-            resolve.handed_over(chosen),
-            owner,
-            replacing=lambda o: claim_of(o) is not None,
-        )
+        try:
+            await asyncio.to_thread(
+                self.host.adopt,
+                resolve.handed_over(chosen),
+                owner,
+                replacing=lambda o: claim_of(o) is not None,
+            )
+        except OSError as e:
+            path = self.host.state_file("original")
+            raise io_error("writing the bind records in", path, e) from e
         return inv
 
     def _write(
@@ -298,7 +330,10 @@ class ClaimPreparer:
         record = ClaimRecord(
             claim.namespace, claim.name, claim.uid, state, "", view.pod_claim_name, devices
         )
-        await asyncio.to_thread(self.checkpoint.put, record)
+        try:
+            await asyncio.to_thread(self.checkpoint.put, record)
+        except OSError as e:
+            raise io_error("writing the DRA checkpoint", self.checkpoint.path, e) from e
 
     # -- NodeUnprepareResources ----------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -309,6 +344,9 @@ class ClaimPreparer:
     async def _unprepare_serialized(self, claim: ClaimRef) -> str:
         async with self._lock(claim.uid):
             try:
+                held = self.checkpoint.get(claim.uid)
+                if held is not None:  # never release another claim's devices by its uid
+                    check_identity(claim, held.namespace, held.name)
                 restored = await asyncio.to_thread(
                     self.reconciler.release, claim.uid, _describe(claim)
                 )
@@ -316,11 +354,20 @@ class ClaimPreparer:
                 self._metric("vfio_dp_dra_unprepare_errors_total")
                 log.warning("NodeUnprepareResources: %s", e)
                 return str(e)
-            except VfioError as e:
+            except ClaimError as e:
                 self._metric("vfio_dp_dra_unprepare_errors_total")
-                msg = f"claim {_describe(claim)}: {e}"
+                log.warning("NodeUnprepareResources: %s", e)
+                return str(e)
+            except (VfioError, OSError) as e:
+                self._metric("vfio_dp_dra_unprepare_errors_total")
+                err = _io(e, self.checkpoint.path) if isinstance(e, OSError) else e
+                msg = f"claim {_describe(claim)}: {err}"
                 log.warning("NodeUnprepareResources: %s", msg)
                 return msg
+            except Exception as e:  # one claim's surprise must not fail the others
+                log.exception("NodeUnprepareResources: claim %s", _describe(claim))
+                self._metric("vfio_dp_dra_unprepare_errors_total")
+                return str(ClaimError(_describe(claim), _internal(e)))
             log.info(
                 "unprepared claim %s%s",
                 _describe(claim),

@@ -106,14 +106,14 @@ class Reconciler:
             try:
                 if rec.state != RELEASING:
                     obj = await self.read_claim(rec.namespace, rec.name)
+                why = (
+                    "kubelet unprepared it while its group was held open"
+                    if rec.state == RELEASING
+                    else stale_reason(rec.uid, obj, self.driver, self.node)
+                )
             except Exception as e:
                 report.errors.append(f"claim {rec.ref}: cannot read it, kept: {e}")
                 continue
-            why = (
-                "kubelet unprepared it while its group was held open"
-                if rec.state == RELEASING
-                else stale_reason(rec.uid, obj, self.driver, self.node)
-            )
             if why is not None:
                 await self._release(uid, rec.ref, why, report)
         # devices a claim bound that no checkpoint entry names (crash before the checkpoint
