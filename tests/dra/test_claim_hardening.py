@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.dra.test_prepare import Claims, _preparer, _spec, result, run
+from tests.dra.test_prepare import CONFIG as PREPARE_CONFIG
+from tests.dra.test_prepare import Claims, CountingHost, _preparer, _spec, result, run
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra import cdi
@@ -238,3 +239,32 @@ def test_a_read_only_state_dir_names_the_checkpoint(
     assert err.startswith("claim default/vm-a (uid uid-a): writing the DRA checkpoint "), err
     assert preparer.checkpoint.path in err and "read-only" in err, err
     assert tree.driver_of("0000:03:01.0") == "e1000"  # refused before the bind
+
+
+# -- item 3: a batch is not quadratic ------------------------------------------------------------
+def test_the_claims_of_one_call_share_one_sysfs_scan(
+    tree: SysfsTree, kernel: SimulatedKernel, claims: Claims, dirs: tuple[str, str]
+) -> None:
+    host = CountingHost(tree.root, kernel=kernel)
+    config = load_config_text(PREPARE_CONFIG, "test")
+    p = ClaimPreparer(
+        host=host, driver=DRIVER, node="node-a", cdi_dir=dirs[0], plugins_dir=dirs[1],
+        read_claim=claims.read, config=lambda: config,
+    )  # fmt: skip
+    lone = claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")])
+    nic = claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")])
+    puts = 0
+    real_put = p.checkpoint.put
+
+    def counting_put(record: Any) -> Any:
+        nonlocal puts
+        puts += 1
+        return real_put(record)
+
+    p.checkpoint.put = counting_put  # type: ignore[method-assign]
+    out = run(p.prepare([lone, nic]))
+    assert all(r.error == "" for r in out.values()), out
+    # one scan for the call, the bind's own (it plans from what it reads), one refresh
+    assert (host.scans, host.refreshes) == (2, 1)
+    # the claim with nothing to bind is recorded once; the binding one before and after
+    assert puts == 3

@@ -7,8 +7,9 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    (:mod:`.claims`: opaque config for our driver, a foreign pool, a request name that is not
    a DNS label are refused before anything is touched);
 2. **resolve** each result's ``device`` (``pci-0000-3b-00-0``) to its IOMMU group from ONE
-   scan of sysfs (:mod:`.resolve`), and checkpoint the claim as ``preparing`` (before the
-   first bind; the checkpoint format: :mod:`.checkpoint`);
+   scan of sysfs shared by the claims of the call (:mod:`.resolve`), and checkpoint the claim
+   as ``preparing`` when it has a group to bind (before the bind; a claim with nothing to
+   bind is recorded once, ``prepared``; the checkpoint format: :mod:`.checkpoint`);
 3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
    same rollback and the same durable record, owner ``claim:<uid>``; never ``probe``: the
@@ -42,8 +43,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 from vfio_dp.dra import cdi, extended, resolve
@@ -167,13 +169,32 @@ class ClaimPreparer:
     # -- NodePrepareResources ------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         await self._ensure_loaded()
-        results = await asyncio.gather(*(self._prepare_serialized(c) for c in claims))
+        scan = self._batch_scan()
+        results = await asyncio.gather(*(self._prepare_serialized(c, scan) for c in claims))
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
-    async def _prepare_serialized(self, claim: ClaimRef) -> ClaimResult:
-        async with self._lock(claim.uid):
+    def _batch_scan(self) -> Callable[[], Awaitable[Inventory]]:
+        """ONE sysfs scan for the claims of one call, taken when the first claim needs it
+        (a scan per claim made a batch of 1,000 claims quadratic)."""
+        task: asyncio.Future[Inventory] | None = None
+
+        async def get() -> Inventory:
+            nonlocal task
+            if task is None:
+                task = asyncio.ensure_future(asyncio.to_thread(self.host.scan))
+            return await task
+
+        return get
+
+    async def _prepare_serialized(
+        self, claim: ClaimRef, batch_scan: Callable[[], Awaitable[Inventory]]
+    ) -> ClaimResult:
+        lock = self._lock(claim.uid)
+        if lock.locked():  # a retry while its Prepare runs: scan after that one's binds
+            batch_scan = partial(asyncio.to_thread, self.host.scan)
+        async with lock:
             try:
-                devices = await self._prepare(claim)
+                devices = await self._prepare(claim, batch_scan)
             except ClaimError as e:
                 log.warning("NodePrepareResources: %s", e)
                 self._metric("vfio_dp_dra_prepare_errors_total")
@@ -195,7 +216,9 @@ class ClaimPreparer:
             self._metric("vfio_dp_dra_prepared_total")
             return ClaimResult(devices=devices)
 
-    async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+    async def _prepare(
+        self, claim: ClaimRef, scan: Callable[[], Awaitable[Inventory]]
+    ) -> tuple[PreparedDevice, ...]:
         """The recipe (module docstring): read → resolve → take ownership → write → record."""
         who = _describe(claim)
         held = self.checkpoint.get(claim.uid)
@@ -204,11 +227,12 @@ class ClaimPreparer:
         view = await self._read(claim)
         wanted = ours(view, self.driver, self.node, who)
         resources = await self._resources(view, wanted, who)
-        inv = await asyncio.to_thread(self.host.scan)
+        inv = await scan()
         chosen = await asyncio.to_thread(self._resolve, who, claim.uid, wanted, inv)
         records = resolve.device_records(chosen, inv)
         previous = self.checkpoint.get(claim.uid)
-        if previous is None or previous.state != PREPARED:  # before the first bind
+        binds = bool(resolve.to_bind(chosen, inv))
+        if binds and (previous is None or previous.state != PREPARED):  # before the bind
             await self._record(claim, view, PREPARING, records)
         inv = await self._take(who, claim.uid, chosen, inv)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
