@@ -47,7 +47,13 @@ from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import PublishError, SlicePublisher, claim_reader, class_reader
+from vfio_dp.dra.publisher import (
+    PublishError,
+    SlicePublisher,
+    api_executor,
+    claim_reader,
+    class_reader,
+)
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
@@ -139,14 +145,15 @@ class DraPlugin:
         self._confirm: asyncio.TimerHandle | None = None
         #: this node's device taints on the server at start, by device name
         self._on_server: dict[str, list[dict[str, str]]] = {}
+        self.api_pool = api_executor()  # the claim path's API calls (never the host threads)
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
             node=options.node_name,
             cdi_dir=options.cdi_dir,
             plugins_dir=options.plugins_dir,
-            read_claim=claim_reader(client),
-            read_class=class_reader(client),
+            read_claim=claim_reader(client, self.api_pool),
+            read_class=class_reader(client, self.api_pool),
             config=lambda: self.core.config,
             published=self._published_devices,
             metrics=self.metrics,
@@ -201,6 +208,7 @@ class DraPlugin:
         await self.kubelet.stop()
         if self._status_tasks:  # status writes under way finish (each has its own timeouts)
             await asyncio.wait(set(self._status_tasks), timeout=15)
+        self.api_pool.shutdown(wait=False, cancel_futures=True)
         await self.publisher.stop()
         await self.core.close()
         log.info("stopped")
@@ -398,8 +406,8 @@ class DraPlugin:
             ours = self._statuses(rec) if rec is not None else []
             self.status_writer.write(namespace, name, uid, ours)
 
-        try:
-            await asyncio.to_thread(job)
+        try:  # on the API threads: a hanging API server never takes the host-I/O threads
+            await asyncio.get_running_loop().run_in_executor(self.api_pool, job)
         except (StatusError, OSError, ValueError) as e:
             self.metrics.inc("vfio_dp_dra_claim_status_errors_total")
             log.error("claim %s/%s: device status not written: %s", namespace, name, e)

@@ -28,6 +28,10 @@ Invariants:
 - calls block, so they run on one thread of their own, never on the event loop and never on
   the core's host-I/O threads; each has a 10 s timeout; a failure is logged and retried with
   backoff, the last good slices stay.
+
+The claim path's readers (:func:`claim_reader`, :func:`class_reader`) run on a pool of their
+own (:func:`api_executor`), each call with a deadline (10 s): a GET that never answers is an
+error of that claim, and never holds the host-I/O threads Unprepare needs.
 """
 
 from __future__ import annotations
@@ -347,15 +351,49 @@ class _suppress_cancel:
         return et is asyncio.CancelledError
 
 
-def claim_reader(client: Any) -> Any:
+#: threads for the claim path's API calls (ResourceClaim and DeviceClass GETs, claim status
+#: writes): their own pool, so that hanging calls never take the host-I/O threads that
+#: Unprepare, scans and binds run on
+API_WORKERS = 8
+
+
+def api_executor() -> ThreadPoolExecutor:
+    """The claim path's own pool of API threads (see :data:`API_WORKERS`)."""
+    return ThreadPoolExecutor(max_workers=API_WORKERS, thread_name_prefix="vfio_dp-claims")
+
+
+async def _deadline(
+    executor: ThreadPoolExecutor, timeout: float, what: str, fn: Any, *args: Any
+) -> Any:
+    """Run ``fn(*args)`` on ``executor``, at most ``timeout`` seconds from now (queueing
+    included): :class:`PublishError` naming the call when it passes (the thread's own
+    socket timeout ends it soon after)."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(loop.run_in_executor(executor, fn, *args), timeout)
+    except TimeoutError:
+        raise PublishError(
+            f"{what}: the API server did not answer within {timeout:g} s (check the "
+            "API server and the network; kubelet retries)"
+        ) from None
+
+
+def claim_reader(
+    client: Any, executor: ThreadPoolExecutor | None = None, timeout: float = TIMEOUT
+) -> Any:
     """``await read(namespace, name)`` → the ResourceClaim in its API JSON form
     (``resource.k8s.io/v1``, camelCase as the server sends it), None when it does not exist
-    (404); any other API failure raises. The Prepare handler's only door to the API server."""
+    (404); any other API failure raises, and so does a GET not answered within ``timeout``
+    seconds. The Prepare handler's only door to the API server; runs on ``executor`` (default:
+    its own :func:`api_executor`), never on the host-I/O threads."""
     api = k8s.ResourceV1Api(client)
+    pool = executor or api_executor()
 
     def get(namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            resp = api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            resp = api.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=timeout
+            )
         except k8s.exceptions.ApiException as e:
             if e.status == 404:
                 return None
@@ -365,23 +403,29 @@ def claim_reader(client: Any) -> Any:
         return data if isinstance(data, dict) else None
 
     async def read(namespace: str, name: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(get, namespace, name)
+        what = f"reading ResourceClaim {namespace}/{name}"
+        result: dict[str, Any] | None = await _deadline(pool, timeout, what, get, namespace, name)
+        return result
 
     return read
 
 
-def class_reader(client: Any) -> Any:
+def class_reader(
+    client: Any, executor: ThreadPoolExecutor | None = None, timeout: float = TIMEOUT
+) -> Any:
     """``await read(name)`` → the extended resource the DeviceClass ``name`` serves
     (``spec.extendedResourceName``, else ``deviceclass.resource.kubernetes.io/<name>``), read
     when asked — a class created after the plugin started is used at once. A missing class
-    raises :class:`LookupError`; any other API failure raises :class:`PublishError`."""
+    raises :class:`LookupError`; any other API failure (a deadline of ``timeout`` s passed
+    included) raises :class:`PublishError`. Runs on ``executor`` like :func:`claim_reader`."""
     from vfio_dp.dra.deviceclasses import extended_resource_name
 
     api = k8s.ResourceV1Api(client)
+    pool = executor or api_executor()
 
     def get(name: str) -> str:
         try:
-            resp = api.read_device_class(name, _preload_content=False)
+            resp = api.read_device_class(name, _preload_content=False, _request_timeout=timeout)
         except k8s.exceptions.ApiException as e:
             if e.status == 404:
                 raise LookupError(f"DeviceClass {name} does not exist") from None
@@ -393,6 +437,7 @@ def class_reader(client: Any) -> Any:
         return extended_resource_name(data)
 
     async def read(name: str) -> str:
-        return await asyncio.to_thread(get, name)
+        result: str = await _deadline(pool, timeout, f"reading DeviceClass {name}", get, name)
+        return result
 
     return read
