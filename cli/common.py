@@ -70,21 +70,44 @@ def root_option(f: F) -> F:
     )(f)
 
 
+#: ``-o`` values: a table for people (fitted to the terminal), ``wide`` (never cut), ``json``
+#: and ``yaml`` for machines, ``name`` (one identifier a line, for scripts), as kubectl does.
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+MACHINE = ("json", "yaml")
+
+
+def _no_headers(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    ctx.meta["vfioctl.no_headers"] = value
+
+
 def output_option(f: F) -> F:
+    f = option(
+        "--no-headers",
+        is_flag=True,
+        expose_value=False,
+        callback=_no_headers,
+        help="Tables without their header line (for scripts).",
+    )(f)
     return option(
         "-o",
         "--output",
-        type=click.Choice(["table", "json"]),
+        type=click.Choice(OUTPUTS),
         default="table",
         show_default=True,
-        help="table for people, json for machines.",
+        help="table (fits the terminal) or wide for people; json or yaml for machines; name "
+        "prints one identifier a line.",
     )(f)
 
 
-def print_json(value: object) -> None:
+def print_json(value: object, output: str = "json") -> None:
     """Indented for a terminal; compact (and C-encoded: 4,000 devices in milliseconds, not a
     tenth of a second) when piped to a program. ``json`` is imported here: text output
-    never pays for it."""
+    never pays for it. ``output="yaml"`` prints the same value as YAML."""
+    if output == "yaml":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(value, sort_keys=False, default_flow_style=False))
+        return
     import json
 
     if sys.stdout.isatty():
@@ -93,18 +116,53 @@ def print_json(value: object) -> None:
         sys.stdout.write(json.dumps(value) + "\n")
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Left-aligned columns; None prints as ``-``."""
+def print_names(names: Sequence[object]) -> None:
+    sys.stdout.write("".join(f"{n}\n" for n in names))
+
+
+def _fit(widths: list[int], total: int) -> list[int]:
+    """Shrink the widest columns until a row fits ``total`` characters (never below 12)."""
+    widths = list(widths)
+    while sum(widths) + 2 * (len(widths) - 1) > total:
+        i = max(range(len(widths)), key=lambda k: widths[k])
+        if widths[i] <= 12:
+            break
+        widths[i] -= 1
+    return widths
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, wide: bool = False
+) -> None:
+    """Left-aligned columns; None prints as ``-``. On a terminal, unless ``wide`` (``-o
+    wide``), the widest cells are cut with ``…`` so a line fits the terminal;
+    ``--no-headers`` leaves the header line out."""
+    import shutil
+
     cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    line = "  ".join(h.upper().ljust(widths[i]) for i, h in enumerate(headers))
-    out = [line.rstrip()]
+    if not wide and sys.stdout.isatty():
+        widths = _fit(widths, shutil.get_terminal_size((200, 24)).columns)
+
+    def cut(text: str, w: int) -> str:
+        return text if len(text) <= w else text[: w - 1] + "…"
+
+    out = []
+    ctx = click.get_current_context(silent=True)
+    if not (ctx is not None and ctx.meta.get("vfioctl.no_headers")):
+        out.append(
+            "  ".join(
+                cut(h.upper(), widths[i]).ljust(widths[i]) for i, h in enumerate(headers)
+            ).rstrip()
+        )
     for row in cells:
-        out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
-    sys.stdout.write("\n".join(out) + "\n")
+        out.append(
+            "  ".join(cut(c, widths[i]).ljust(widths[i]) for i, c in enumerate(row)).rstrip()
+        )
+    sys.stdout.write("\n".join(out) + ("\n" if out else ""))
 
 
 def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:
