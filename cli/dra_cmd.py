@@ -10,14 +10,13 @@ from __future__ import annotations
 import click
 
 from cli.common import envvar_for, option, root_option, run_guarded
-
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (not imported: light)
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 
 @click.command("dra-plugin")
 @option(
     "--driver-name",
-    default=DEFAULT_DRIVER,
+    default=DEFAULT_DRA_DRIVER,
     show_default=True,
     help="The DRA driver name: a lowercase DNS subdomain you own. It names the sockets, "
     "the ResourceSlices' spec.driver, the attributes' domain and the DeviceClass "

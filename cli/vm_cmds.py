@@ -11,6 +11,7 @@ import sys
 import click
 
 from cli.common import option, run_guarded
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 _CONFIG_HELP = (
     "The daemon's YAML config (the same ConfigMap file), used to turn vendor:device into "
@@ -242,7 +243,7 @@ def webhook(
 @option(
     "--driver-name",
     default=None,
-    help="With --dra: the DRA driver (and DeviceClass) name. [default: vfio.dra.vfio-dp.io]",
+    help=f"With --dra: the DRA driver (and DeviceClass) name. [default: {DEFAULT_DRA_DRIVER}]",
 )
 def translate(
     file: str, config_path: str | None, patch: bool, dra: bool, driver_name: str | None
@@ -260,7 +261,6 @@ def translate(
 
         import yaml
 
-        from vfio_dp.model import naming
         from vm_translate.errors import SpecError, TranslateUsageError
         from vm_translate.inputs import load_config, load_objects, read_text
         from vm_translate.to_dra import to_dra
@@ -277,7 +277,7 @@ def translate(
         for obj in objects:
             try:
                 if dra:
-                    moved = to_dra(obj, config, driver_name or naming.DEFAULT_DRA_DRIVER)
+                    moved = to_dra(obj, config, driver_name or DEFAULT_DRA_DRIVER)
                     out.extend(yaml.safe_dump(dict(o), sort_keys=False) for o in moved.objects)
                     continue
                 t = translate_object(obj, config)

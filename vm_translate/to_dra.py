@@ -91,7 +91,7 @@ def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslatio
                 )
             ],
         )
-    why = naming.dns_subdomain_problem(driver)
+    why = naming.dra_driver_name_problem(driver)
     if why:
         raise SpecError(subject, [Problem("--driver-name", driver, why)])
     prefix = ".".join(path)

@@ -331,6 +331,32 @@ def test_to_dra_refuses_what_cel_cannot_say(config: Config, device_name: str, ex
         to_dra(obj, config, DRIVER)
 
 
+@pytest.mark.parametrize(
+    "driver",
+    ["d" * 55 + ".example", "d" * 56 + ".example", "x" * 200 + ".com", "9vfio.example.com", "Not_DNS"],
+)
+def test_to_dra_refuses_exactly_the_driver_names_the_plugin_refuses(
+    config: Config, driver: str
+) -> None:
+    """One rule (vfio_dp.model.naming): a name the DRA plugin cannot run under (64+ characters
+    for ResourceSlice spec.driver, no CDI vendor) is no --driver-name for translate either."""
+    from vfio_dp.errors import DriverNameError
+    from vfio_dp.model import naming
+
+    try:
+        naming.check_dra_driver_name(driver)
+        plugin_refuses = False
+    except DriverNameError:
+        plugin_refuses = True
+    obj = vmi([{"name": "gpu", "deviceName": "10de:1eb8"}])
+    if plugin_refuses:
+        with pytest.raises(SpecError, match="--driver-name"):
+            to_dra(obj, config, driver)
+    else:
+        assert to_dra(obj, config, driver).template is not None
+    assert plugin_refuses == (len(driver) > 63 or not driver[0].islower() or "_" in driver)
+
+
 def test_translate_dra_command_prints_applyable_objects(tmp_path: Path) -> None:
     (tmp_path / "vmi.yaml").write_text(
         yaml.safe_dump(vmi([{"name": "g", "deviceName": "10de:1eb8"}]))

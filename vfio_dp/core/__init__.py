@@ -2,7 +2,8 @@
 
 Modules: ``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
 health, the observer interface), ``policy`` (the bind policy, pure), ``uevents`` (kernel
-netlink), ``metrics`` (/metrics, /healthz).
+netlink), ``metrics`` (/metrics, /healthz), ``sockets`` (serving gRPC on a unix socket: what
+may stand at the path, the hidden-name rename, the message limits; gRPC itself is handed in).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
 
@@ -12,5 +13,6 @@ __all__ = [
     "metrics",
     "node",
     "policy",
+    "sockets",
     "uevents",
 ]

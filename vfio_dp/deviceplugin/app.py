@@ -34,16 +34,14 @@ Flow:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.sockets import make_socket_dir
 from vfio_dp.deviceplugin import servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
@@ -96,47 +94,15 @@ def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ..
     return tuple((str(u.id), u.health, u.numa_nodes) for u in units)
 
 
-def ensure_socket_dir(directory: str) -> None:
-    """Make ``directory`` (where our sockets go); :class:`SocketPathError` if impossible."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        raise SocketPathError(
-            directory, "is not a directory", "give a directory (--kubelet-dir)"
-        ) from e
-    except OSError as e:
-        raise SocketPathError(
-            directory, f"cannot be created ({e.strerror})", "check --kubelet-dir"
-        ) from e
-
-
-def clear_stale_socket(path: str) -> None:
-    """Remove an earlier run's socket at ``path``; refuse (:class:`SocketPathError`, naming
-    the path and the fix) when something else is there — a directory left where the socket
-    goes, a regular file: never deletes what is not a socket."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "is not a socket"
-    fix = f"remove it (rm -r {path})" if stat.S_ISDIR(st.st_mode) else f"remove it (rm {path})"
-    raise SocketPathError(path, kind, fix)
-
-
 class Endpoint:
     """One resource: its socket, its gRPC server, its device feed, its registration."""
 
-    def __init__(self, resource: str, kubelet_dir: str) -> None:
+    def __init__(self, resource: str, kubelet_dir: str, core: servicer.Core) -> None:
         self.resource = resource
         self.name = naming.socket_name(resource)
         self.path = os.path.join(kubelet_dir, self.name)
         self.feed = servicer.Feed()
-        self.server: Any = None
-        self.socket_id: FileId | None = None
+        self.socket = servicer.socket_server(resource, self.feed, core, self.path)
         self.kubelet_id: FileId | None = None  # kubelet.sock we registered with
         self.registering: asyncio.Task[None] | None = None
 
@@ -172,7 +138,7 @@ class Daemon:
 
         Raises :class:`SocketPathError` when ``--kubelet-dir`` or a socket path in it is
         unusable (checked before anything is bound)."""
-        ensure_socket_dir(self.options.kubelet_dir)
+        make_socket_dir(self.options.kubelet_dir, "--kubelet-dir")
         self.store.load()
         log.info("device-plugin front-end: kubelet dir %s", self.options.kubelet_dir)
         await self.core.start()
@@ -209,11 +175,7 @@ class Daemon:
 
     async def _close(self, ep: Endpoint) -> None:
         await ep.feed.publish((), closing=True)
-        if ep.server is not None:
-            await ep.server.stop(1.0)
-        if file_id(ep.path) == ep.socket_id:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(ep.path)
+        await ep.socket.close(1.0)
 
     def health(self) -> str | None:
         """None when serving and the last scan is recent (``/healthz``), else why not."""
@@ -280,19 +242,13 @@ class Daemon:
 
     # -- serving and registering -------------------------------------------------------
     async def _open(self, resource: str) -> Endpoint:
-        ep = Endpoint(resource, self.options.kubelet_dir)
-        await self._serve(ep)
+        ep = Endpoint(resource, self.options.kubelet_dir, self)
+        await ep.socket.serve()
+        self._start_registering(ep)
         self.endpoints[resource] = ep
         return ep
 
-    async def _serve(self, ep: Endpoint) -> None:
-        """Start ``ep``'s server on its socket, then register in the background."""
-        ensure_socket_dir(self.options.kubelet_dir)
-        clear_stale_socket(ep.path)
-        ep.server = servicer.make_server(ep.resource, ep.feed, self, ep.path)
-        await ep.server.start()
-        ep.socket_id = file_id(ep.path)
-        log.info("%s: serving on %s", ep.resource, ep.path)
+    def _start_registering(self, ep: Endpoint) -> None:
         ep.registering = asyncio.create_task(self._register(ep), name=f"register {ep.name}")
 
     async def _register(self, ep: Endpoint) -> None:
@@ -327,19 +283,13 @@ class Daemon:
             return
 
     async def _reserve(self, ep: Endpoint, why: str) -> None:
-        log.warning("%s: %s: serving and registering again", ep.resource, why)
+        """Serve ``ep`` again and register again (a path that refuses the socket is logged
+        once and tried again at the next check)."""
         if ep.registering:
             ep.registering.cancel()
-        if ep.server is not None:
-            await ep.server.stop(0)
-            ep.server = None
-        try:
-            await self._serve(ep)
-        except SocketPathError as e:
-            ep.socket_id = file_id(ep.path)  # retried when the path changes again
-            log.error("%s: not served: %s", ep.resource, e)
-            return
-        await ep.feed.publish(ep.feed.units)
+        if await ep.socket.restore(why):
+            self._start_registering(ep)
+            await ep.feed.publish(ep.feed.units)
 
     async def _withdraw(self, resource: str) -> None:
         ep = self.endpoints.pop(resource)
@@ -406,9 +356,9 @@ class Daemon:
     async def _check_kubelet(self) -> None:
         kid = file_id(self.kubelet_socket)
         for ep in list(self.endpoints.values()):
-            own = file_id(ep.path)
-            if own != ep.socket_id:
-                await self._reserve(ep, f"socket {ep.path} was removed (kubelet restart?)")
+            what = ep.socket.changed()
+            if what is not None:
+                await self._reserve(ep, f"{ep.path} {what} (kubelet restart?)")
             elif (
                 kid is not None
                 and ep.kubelet_id is not None

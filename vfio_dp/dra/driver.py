@@ -44,21 +44,20 @@ from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
+from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
 from vfio_dp.model.serving import dra_units
 
 log = logging.getLogger("vfio_dp.dra")
 
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
 WATCH_INTERVAL = 0.25
-MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
 
 
 @dataclass(frozen=True, slots=True)
 class DraOptions:
     node_name: str
-    driver_name: str = DEFAULT_DRIVER
+    driver_name: str = naming.DEFAULT_DRA_DRIVER
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     plugins_dir: str = "/var/lib/kubelet/plugins"
     cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
@@ -88,12 +87,6 @@ class DraPlugin:
             raise UsageError(
                 "the DRA plugin needs its node's name: --node-name, or NODE_NAME from the "
                 "pod's spec.nodeName (fieldRef)"
-            )
-        if len(options.driver_name) > MAX_DRIVER_NAME:
-            raise UsageError(
-                f"DRA driver name {options.driver_name!r} is {len(options.driver_name)} "
-                f"characters; ResourceSlice spec.driver allows at most {MAX_DRIVER_NAME}: "
-                "choose a shorter DNS subdomain"
             )
         self.options = options
         self.kubelet = KubeletFrontEnd(
