@@ -382,6 +382,7 @@ def hostdev(
         from vfio_dp.model.address import PciAddress
         from vm_translate import hostdev as emitter
         from vm_translate.allocation import Layout
+        from vm_translate.entries import Entry
         from vm_translate.errors import TranslateUsageError
         from vm_translate.inputs import (
             dra_addresses,
@@ -391,7 +392,6 @@ def hostdev(
             load_objects,
             read_text,
         )
-        from vm_translate.spec import Entry
 
         if (spec_file is None) == (pod_annotation is None):
             raise TranslateUsageError("give SPEC_FILE or --pod-annotation (exactly one)")

@@ -22,7 +22,7 @@ import yaml
 
 from cli.main import vfioctl
 from vfio_dp.model.config import Config, load_config_text
-from vm_translate.spec import resolve_device_name
+from vm_translate.entries import resolve_device_name
 from vm_translate.translate import translate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,13 +42,13 @@ from typing import Any
 
 from vfio_dp.model import naming
 from vfio_dp.model.config import Config, Selector
+from vm_translate.entries import resolve_device_name
 from vm_translate.errors import Problem, SpecError, Unresolvable
 from vm_translate.spec import (
     claims_path,
     describe,
     devices_path,
     dig,
-    resolve_device_name,
     vm_entries,
     vm_object_entries,
 )

@@ -30,7 +30,8 @@ from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import NodeRef, build_slices
 from vfio_dp.model.config import parse_config
-from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
+from vm_translate.entries import ClaimEntry, DeviceEntry
+from vm_translate.spec import entries_of
 from vm_translate.translate import translate
 
 TARGET = "overlays/dra"
