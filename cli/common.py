@@ -7,6 +7,7 @@ for people or ``-o json`` for machines. Exit codes: 0 ok, 1 failure, 2 usage err
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -41,6 +42,75 @@ def root_option(f: F) -> F:
         type=click.Path(file_okay=False),
         help="Filesystem root under which sys/, dev/, proc/ and the state dirs are used.",
     )(f)
+
+
+def default_of(options: type, field: str) -> Any:
+    """The default of ``field`` in a front-end's options dataclass: a flag's default is the
+    library's, written once (e.g. ``default_of(DraOptions, "metrics_port")`` is 9110)."""
+    for f in dataclasses.fields(options):
+        if f.name == field:
+            return f.default
+    raise LookupError(f"{options.__name__} has no field {field!r}")
+
+
+def core_options(
+    options: type, *, config_help: str, resync_help: str, metrics_help: str
+) -> Callable[[F], F]:
+    """The node core's flags of a front-end command (``vfioctl plugin``, ``vfioctl
+    dra-plugin``), with the defaults of its ``options`` dataclass: ``--config``, ``--root``,
+    ``--resync``, ``--metrics-port``, ``--metrics-host`` and ``--log-level`` (the command
+    calls :func:`configure_logging` with the last)."""
+    decorators = [
+        option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            default=default_of(options, "config_path"),
+            help=config_help,
+        ),
+        root_option,
+        option(
+            "--resync",
+            default=default_of(options, "resync"),
+            show_default=True,
+            type=click.FloatRange(min=0.05),
+            help=resync_help,
+        ),
+        option(
+            "--metrics-port",
+            default=default_of(options, "metrics_port"),
+            show_default=True,
+            type=click.IntRange(0, 65535),
+            help=metrics_help,
+        ),
+        option(
+            "--metrics-host",
+            default=default_of(options, "metrics_host"),
+            help="Address for the metrics port (default: all interfaces).",
+        ),
+        option(
+            "--log-level",
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "warning", "error"]),
+        ),
+    ]
+
+    def apply(f: F) -> F:
+        for decorate in reversed(decorators):
+            f = decorate(f)
+        return f
+
+    return apply
+
+
+def configure_logging(level: str) -> None:
+    """Log lines of a long-running command: ``<time> <LEVEL> <logger>: <message>``."""
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def output_option(f: F) -> F:

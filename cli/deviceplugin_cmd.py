@@ -1,36 +1,30 @@
 """``vfioctl plugin``: run the device-plugin daemon (what the DaemonSet runs).
 
-Thin: parses flags (each also from ``VFIOCTL_<FLAG>``), then hands over to
-:func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the command body.
+Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; the node core's flags and every
+default come from :func:`cli.common.core_options` and :mod:`vfio_dp.deviceplugin.options`),
+then hands over to :func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the
+command body.
 """
 
 from __future__ import annotations
 
 import click
 
-from cli.common import option, root_option, run_guarded
+from cli.common import configure_logging, core_options, default_of, option, run_guarded
+from vfio_dp.deviceplugin.options import Options
 
 
 @click.command("plugin")
 @option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="YAML selectors (a ConfigMap file; reloaded when it changes). "
-    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
-)
-@root_option
-@option(
     "--kubelet-dir",
-    default="/var/lib/kubelet/device-plugins",
+    default=default_of(Options, "kubelet_dir"),
     show_default=True,
     type=click.Path(file_okay=False),
     help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
 )
 @option(
     "--cdi-dir",
-    default=None,
+    default=default_of(Options, "cdi_dir"),
     type=click.Path(file_okay=False),
     help="Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
     "advertised device here (the host's /var/run/cdi as this process sees it; never joined "
@@ -38,30 +32,12 @@ from cli.common import option, root_option, run_guarded
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
     "unchanged. Default: off.",
 )
-@option(
-    "--resync",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
-)
-@option(
-    "--metrics-port",
-    default=9109,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
-)
-@option(
-    "--metrics-host",
-    default="",
-    help="Address for the metrics port (default: all interfaces).",
-)
-@option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+@core_options(
+    Options,
+    config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
+    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
+    resync_help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
+    metrics_help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
 )
 def plugin(
     config_path: str | None,
@@ -78,15 +54,10 @@ def plugin(
     Exits 0 on SIGTERM after sending every resource an empty list and removing its sockets;
     exits 2 with every problem listed when the config is invalid. Never unbinds anything.
     """
-    import logging
-
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level)
 
     def body() -> int:
-        from vfio_dp.deviceplugin.app import Options, run
+        from vfio_dp.deviceplugin.app import run
 
         return run(
             Options(

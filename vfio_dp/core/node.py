@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.metrics import Metrics, serve_http
+from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
@@ -40,7 +41,7 @@ from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
+from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
 
 log = logging.getLogger("vfio_dp.core")
@@ -52,20 +53,6 @@ DEBOUNCE = 0.05
 FULL_SCAN_INTERVAL = 60.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class CoreOptions:
-    root: str = "/"
-    config_path: str | None = None
-    resync: float = 5.0
-    metrics_port: int = 9109  # 0 disables /metrics and /healthz
-    metrics_host: str = ""  # all interfaces
-    uevents: bool = True
-    #: the path this process serves (``bind: true`` applies to that path's selectors only)
-    path: str = DEVICE_PLUGIN
-    #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
-    usage: bool = False
 
 
 @dataclass(frozen=True, slots=True)

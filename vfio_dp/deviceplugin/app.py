@@ -36,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import make_socket_dir
 from vfio_dp.deviceplugin import servicer
 from vfio_dp.deviceplugin.allocation import (
@@ -54,39 +53,17 @@ from vfio_dp.deviceplugin.allocation import (
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
 from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
+from vfio_dp.deviceplugin.options import Options
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
-from vfio_dp.model.config import DEVICE_PLUGIN, Config
+from vfio_dp.model.config import Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
 KUBELET_SOCKET = "kubelet.sock"
 WATCH_INTERVAL = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    root: str = "/"
-    kubelet_dir: str = "/var/lib/kubelet/device-plugins"
-    config_path: str | None = None
-    resync: float = 5.0
-    metrics_port: int = 9109  # 0 disables /metrics and /healthz
-    metrics_host: str = ""  # all interfaces
-    uevents: bool = True
-    cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
-
-    def core(self) -> CoreOptions:
-        return CoreOptions(
-            root=self.root,
-            config_path=self.config_path,
-            resync=self.resync,
-            metrics_port=self.metrics_port,
-            metrics_host=self.metrics_host,
-            uevents=self.uevents,
-            path=DEVICE_PLUGIN,
-        )
 
 
 def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
@@ -107,26 +84,21 @@ class Endpoint:
         self.registering: asyncio.Task[None] | None = None
 
 
-class Daemon:
+class Daemon(FrontEnd):
     """The device-plugin front-end over a :class:`NodeCore` (its own, or one given)."""
 
     def __init__(
         self, options: Options, host: Host | None = None, core: NodeCore | None = None
     ) -> None:
+        super().__init__(core or NodeCore(options.core(), host), log)
         self.options = options
-        self.core = core or NodeCore(options.core(), host)
         self.core.subscribe(self)
-        self.host = self.core.host
-        self.metrics = self.core.metrics
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.fs)
         self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
-        self._stop = asyncio.Event()
         self._persist = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
 
     @property
     def config(self) -> Config:
@@ -142,26 +114,13 @@ class Daemon:
         self.store.load()
         log.info("device-plugin front-end: kubelet dir %s", self.options.kubelet_dir)
         await self.core.start()
-        self._tasks = [
-            asyncio.create_task(self._watch_loop(), name="watch kubelet"),
-            asyncio.create_task(self._persist_loop(), name="persist"),
-        ]
+        self.repeat(WATCH_INTERVAL, self._check_kubelet, "watch kubelet")
+        self.spawn(self._persist_loop(), "persist")
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-    async def stop(self) -> None:
-        """Empty list to every stream, stop the servers, remove our sockets. Unbinds nothing."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.core.begin_stop()
+    async def withdraw(self) -> None:
+        """At stop: empty list to every stream, stop the servers, remove our sockets, write
+        the allocation record."""
         log.info("stopping: withdrawing %d resources", len(self.endpoints))
-        for t in self._tasks:
-            t.cancel()
         for ep in self.endpoints.values():
             if ep.registering:
                 ep.registering.cancel()
@@ -170,20 +129,10 @@ class Daemon:
         )
         self.endpoints.clear()
         self._flush_record()
-        await self.core.close()
-        log.info("stopped")
 
     async def _close(self, ep: Endpoint) -> None:
         await ep.feed.publish((), closing=True)
         await ep.socket.close(1.0)
-
-    def health(self) -> str | None:
-        """None when serving and the last scan is recent (``/healthz``), else why not."""
-        return self.core.health()
-
-    def kick(self, reason: str) -> None:
-        """Rescan soon (a uevent, SIGUSR1)."""
-        self.core.kick(reason)
 
     # -- the core's observer -----------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -192,7 +141,7 @@ class Daemon:
         if snapshot.trigger == "config" and not self._stopping:
             keep = set(listing.resources) | set(snapshot.config.resource_names)
             for name in sorted(set(self.endpoints) - keep):
-                await self._withdraw(name)
+                await self._withdraw_resource(name)
         await self._apply(listing)
 
     async def rescan(self, trigger: str) -> Listing:
@@ -291,7 +240,7 @@ class Daemon:
             self._start_registering(ep)
             await ep.feed.publish(ep.feed.units)
 
-    async def _withdraw(self, resource: str) -> None:
+    async def _withdraw_resource(self, resource: str) -> None:
         ep = self.endpoints.pop(resource)
         if ep.registering:
             ep.registering.cancel()
@@ -344,14 +293,6 @@ class Daemon:
             if self.store.dirty:  # the disk refused: retry soon
                 await asyncio.sleep(1.0)
                 self._persist.set()
-
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self._check_kubelet()
-            except Exception:
-                log.exception("watch loop")
 
     async def _check_kubelet(self) -> None:
         kid = file_id(self.kubelet_socket)
@@ -419,20 +360,7 @@ class Daemon:
         log.info("%s: PreStartContainer %s verified", resource, list(ids))
 
 
-async def serve(options: Options) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop. Raises ConfigError on a bad config."""
-    daemon = Daemon(options)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGUSR1, daemon.kick, "SIGUSR1")
-    try:
-        await daemon.start()
-        await daemon.wait_stopped()
-    finally:
-        await daemon.stop()
-    return 0
-
-
 def run(options: Options) -> int:
-    return asyncio.run(serve(options))
+    """Run until SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`); 0 on a clean stop.
+    Raises ConfigError on a bad config."""
+    return asyncio.run(serve(Daemon(options)))

@@ -3,7 +3,7 @@
 Modules: ``slices`` (pure: the node core's inventory → ResourceSlice objects), ``publisher``
 (the Kubernetes client shell that keeps this node's slices published), ``kubelet`` (the gRPC
 shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``driver`` (the DRA process's lifecycle:
-core + publisher + kubelet shell), and for claims: ``prepare`` (the kubelet's Handler:
+core + publisher + kubelet shell), ``options`` (``vfioctl dra-plugin``'s options), and for claims: ``prepare`` (the kubelet's Handler:
 NodePrepare/NodeUnprepareResources and reconcile), ``cdi`` (one CDI spec per claim),
 ``metadata`` (KEP-5304 device-metadata files; the format is :mod:`vfio_dp.model.dra_metadata`),
 ``checkpoint`` (prepared claims, with the boot ID). Generated protobuf code lives in
@@ -20,6 +20,7 @@ __all__ = [
     "driver",
     "kubelet",
     "metadata",
+    "options",
     "prepare",
     "publisher",
     "slices",

@@ -31,22 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, devices_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
-from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA
 from vfio_dp.model.serving import dra_units
 
 log = logging.getLogger("vfio_dp.dra")
@@ -54,34 +52,9 @@ log = logging.getLogger("vfio_dp.dra")
 WATCH_INTERVAL = 0.25
 
 
-@dataclass(frozen=True, slots=True)
-class DraOptions:
-    node_name: str
-    driver_name: str = naming.DEFAULT_DRA_DRIVER
-    registry_dir: str = "/var/lib/kubelet/plugins_registry"
-    plugins_dir: str = "/var/lib/kubelet/plugins"
-    cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
-    config_path: str | None = None
-    root: str = "/"
-    resync: float = 5.0
-    metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
-    metrics_host: str = ""
-    uevents: bool = True
+class DraPlugin(FrontEnd):
+    """The DRA front-end over its own :class:`NodeCore`."""
 
-    def core(self) -> CoreOptions:
-        return CoreOptions(
-            root=self.root,
-            config_path=self.config_path,
-            resync=self.resync,
-            metrics_port=self.metrics_port,
-            metrics_host=self.metrics_host,
-            uevents=self.uevents,
-            path=DRA,
-            usage=True,
-        )
-
-
-class DraPlugin:
     def __init__(self, options: DraOptions, client: Any, host: Host | None = None) -> None:
         if not options.node_name:
             raise UsageError(
@@ -92,9 +65,8 @@ class DraPlugin:
         self.kubelet = KubeletFrontEnd(
             options.driver_name, options.registry_dir, options.plugins_dir, self
         )
-        self.core = NodeCore(options.core(), host)
+        super().__init__(NodeCore(options.core(), host), log)
         self.core.subscribe(self)
-        self.metrics = self.core.metrics
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
@@ -110,10 +82,6 @@ class DraPlugin:
             published=self._published_devices,
             metrics=self.metrics,
         )
-        self._stop = asyncio.Event()
-        self._watch: asyncio.Task[None] | None = None
-        self._reconcile: asyncio.Task[None] | None = None
-        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,37 +96,13 @@ class DraPlugin:
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
-        self._watch = asyncio.create_task(self._watch_loop(), name="watch kubelet sockets")
-        self._reconcile = asyncio.create_task(self._reconcile_loop(), name="reconcile claims")
+        self.repeat(WATCH_INTERVAL, self.kubelet.check, "kubelet socket watch")
+        self.repeat(self.options.resync, self._reconcile_once, "reconcile claims")
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-    async def stop(self) -> None:
-        """Remove both sockets, stop scanning and publishing (the slices stay)."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.core.begin_stop()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._reconcile is not None:
-            self._reconcile.cancel()
+    async def withdraw(self) -> None:
+        """At stop: remove both sockets, stop publishing (the slices stay)."""
         await self.kubelet.stop()
         await self.publisher.stop()
-        await self.core.close()
-        log.info("stopped")
-
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self.kubelet.check()
-            except Exception:
-                log.exception("kubelet socket watch")
 
     async def _reconcile_once(self) -> None:
         try:
@@ -168,11 +112,6 @@ class DraPlugin:
             return
         for line in report.unprepared:
             log.info("claim unprepared by reconcile: %s", line)
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.resync)
-            await self._reconcile_once()
 
     def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
         """The devices last written to the API server (before the first write: the ones being
@@ -216,20 +155,6 @@ class DraPlugin:
         return await self.claims.unprepare(claims)
 
 
-async def serve(options: DraOptions, client: Any) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop."""
-    plugin = DraPlugin(options, client)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, plugin.request_stop)
-    loop.add_signal_handler(signal.SIGUSR1, plugin.core.kick, "SIGUSR1")
-    try:
-        await plugin.start()
-        await plugin.wait_stopped()
-    finally:
-        await plugin.stop()
-    return 0
-
-
 def run(options: DraOptions, client: Any) -> int:
-    return asyncio.run(serve(options, client))
+    """Run until SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`); 0 on a clean stop."""
+    return asyncio.run(serve(DraPlugin(options, client)))
