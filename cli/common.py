@@ -53,6 +53,19 @@ def default_of(options: type, field: str) -> Any:
     raise LookupError(f"{options.__name__} has no field {field!r}")
 
 
+def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F], F]:
+    """A directory flag of a front-end command (a path as the process sees it, never joined
+    with ``--root``), its default that of ``field`` in ``options`` (shown when there is one)."""
+    default = default_of(options, field)
+    return option(
+        flag,
+        default=default,
+        show_default=default is not None,
+        type=click.Path(file_okay=False),
+        help=help,
+    )
+
+
 def core_options(
     options: type, *, config_help: str, resync_help: str, metrics_help: str
 ) -> Callable[[F], F]:

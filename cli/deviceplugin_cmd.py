@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import click
 
-from cli.common import configure_logging, core_options, default_of, option, run_guarded
+from cli.common import configure_logging, core_options, dir_option, run_guarded
 from vfio_dp.deviceplugin.options import Options
 
 
 @click.command("plugin")
-@option(
+@dir_option(
     "--kubelet-dir",
-    default=default_of(Options, "kubelet_dir"),
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
+    Options,
+    "kubelet_dir",
+    "The kubelet's device-plugin dir as this process sees it (never joined with --root).",
 )
-@option(
+@dir_option(
     "--cdi-dir",
-    default=default_of(Options, "cdi_dir"),
-    type=click.Path(file_okay=False),
-    help="Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
+    Options,
+    "cdi_dir",
+    "Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
     "advertised device here (the host's /var/run/cdi as this process sees it; never joined "
     "with --root). Needs kubelet >= 1.31 and a runtime with CDI on (containerd 1.7 with "
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "

@@ -15,6 +15,7 @@ from cli.common import (
     configure_logging,
     core_options,
     default_of,
+    dir_option,
     envvar_for,
     option,
     run_guarded,
@@ -44,27 +45,24 @@ from vfio_dp.dra.options import DraOptions
     default=None,
     help="kubeconfig for the API server; absent: the pod's in-cluster service account.",
 )
-@option(
+@dir_option(
     "--kubelet-registry-dir",
-    default=default_of(DraOptions, "registry_dir"),
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="kubelet's plugin registry dir as this process sees it (never joined with --root).",
+    DraOptions,
+    "registry_dir",
+    "kubelet's plugin registry dir as this process sees it (never joined with --root).",
 )
-@option(
+@dir_option(
     "--kubelet-plugins-dir",
-    default=default_of(DraOptions, "plugins_dir"),
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="kubelet's plugins dir (the service socket <dir>/<driver>/dra.sock; never joined "
-    "with --root).",
+    DraOptions,
+    "plugins_dir",
+    "kubelet's plugins dir (the service socket <dir>/<driver>/dra.sock; never joined with --root).",
 )
-@option(
+@dir_option(
     "--cdi-dir",
-    default=default_of(DraOptions, "cdi_dir"),
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined with --root).",
+    DraOptions,
+    "cdi_dir",
+    "Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined "
+    "with --root).",
 )
 @core_options(
     DraOptions,
