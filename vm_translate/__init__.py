@@ -37,4 +37,5 @@ __all__ = [
     "to_dra",
     "translate",
     "webhook",
+    "webhook_certs",
 ]

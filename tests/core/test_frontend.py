@@ -82,7 +82,7 @@ async def test_sigterm_stops_a_front_end_cleanly_and_stop_runs_once(
     os.kill(os.getpid(), signal.SIGTERM)  # serve's handler: request_stop
     assert await asyncio.wait_for(runner, 10) == 0
     assert front.events == ["started", "withdrawn"]
-    assert front.core.stopping and front.health() == "stopping"
+    assert front.core.stopping and front.core.health() == "stopping"
     await asyncio.gather(*front._tasks, return_exceptions=True)
     assert all(t.cancelled() for t in front._tasks)  # the loops ended with the stop
     await front.stop()  # a second stop does nothing

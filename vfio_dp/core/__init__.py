@@ -3,9 +3,11 @@
 Modules: ``options`` (the core's options and a front-end's share of them, import-light),
 ``frontend`` (what every front-end shares: start/stop, signals, checks at an interval),
 ``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
-health, the observer interface), ``policy`` (the bind policy, pure), ``uevents`` (kernel
-netlink), ``metrics`` (/metrics, /healthz), ``sockets`` (serving gRPC on a unix socket: what
-may stand at the path, the hidden-name rename, the message limits; gRPC itself is handed in).
+/healthz, the observer interface), ``health`` (pure: the health model of the IOMMU groups a
+front-end serves — HEALTHY/UNHEALTHY/UNKNOWN, faults that say the fix, debounce),
+``policy`` (the bind policy, pure), ``uevents`` (kernel netlink), ``metrics`` (/metrics,
+/healthz), ``sockets`` (serving gRPC on a unix socket: what may stand at the path, the
+hidden-name rename, the message limits; gRPC itself is handed in).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
 
@@ -13,6 +15,7 @@ Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
     "frontend",
+    "health",
     "metrics",
     "node",
     "options",

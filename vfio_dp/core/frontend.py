@@ -54,10 +54,6 @@ class FrontEnd:
         """Rescan soon (a uevent, SIGUSR1)."""
         self.core.kick(reason)
 
-    def health(self) -> str | None:
-        """None when serving and the last scan is recent (``/healthz``), else why not."""
-        return self.core.health()
-
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` until :meth:`stop` cancels it."""
         self._tasks.append(asyncio.create_task(coro, name=name))

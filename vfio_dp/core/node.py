@@ -14,6 +14,12 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
   process's path: bound at start, on hotplug and when a reload makes them ``bind: true``.
   Never unbinds anything;
+- SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
+  :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
+  front-end answers the kubelet (so the kubelet's replayed allocations find their VFs), on
+  config reloads, hotplug and resyncs (a refused change, a VF held, is retried); the made
+  VFs are new devices to the ``bind: true`` pass. Front-ends add who holds a VF
+  (:attr:`NodeCore.vf_holds`);
 - health (``/healthz``: the last successful scan is recent) and metrics (``/metrics``);
 - host I/O on a 2-thread executor, so threads stay bounded.
 
@@ -27,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -39,6 +45,7 @@ from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
+from vfio_dp.host.sriov import Sriov
 from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_bytes
@@ -86,6 +93,10 @@ class NodeCore:
         self.observers: list[Observer] = []
         #: extra health checks of the front-ends: each returns None or why it is unhealthy
         self.health_checks: list[Callable[[], str | None]] = []
+        #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
+        self.vf_holds: list[Callable[[], Mapping[PciAddress, Sequence[str]]]] = []
+        self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
+        self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._dirty_reason = "resync"
@@ -178,12 +189,16 @@ class NodeCore:
     ) -> Snapshot:
         """Scan ``<root>/sys``, bind new ``bind: true`` devices, tell the observers."""
         async with self._scan_lock:
+            made: list[PciAddress] = []
+            if self.config.wanted_vfs() or self.sriov.store.recorded():
+                made = await self._reconcile_sriov()
             inv = await self._scan(trigger)
             self.metrics.inc("vfio_dp_scans_total", trigger=trigger.split()[0])
             known = self.inventory.devices if self.inventory else {}
             fresh = set(inv.devices) if bind_all else set(inv.devices) - set(known)
             if bind_only:
                 fresh |= bind_only
+            fresh |= set(made)  # a VF made again at an address seen before is new too
             if fresh and await self._bind(inv, fresh):
                 inv = await self._rescan_after_bind(inv)
             self.inventory = inv
@@ -197,6 +212,28 @@ class NodeCore:
                     log.exception("%s failed to take the new inventory", type(obs).__name__)
             self._last_scan = time.monotonic()
             return snapshot
+
+    async def _reconcile_sriov(self) -> list[PciAddress]:
+        """Make each named PF's VF count what the config asks (see the module docstring);
+        a message repeated pass after pass (a held VF) is logged once."""
+        holds: dict[PciAddress, list[str]] = {}
+        for hold in self.vf_holds:
+            try:
+                for a, who in hold().items():
+                    holds.setdefault(a, []).extend(who)
+            except Exception:
+                log.exception("a front-end could not say which VFs it holds")
+        wanted = {pf: n for pf, (n, _) in self.config.wanted_vfs().items()}
+        made: list[PciAddress] = []
+        try:
+            said, made = await self.run(self.sriov.reconcile, wanted, holds)
+        except HostError as e:
+            said = [f"SR-IOV: {e}"]
+        for msg in said:
+            if msg not in self._sriov_said:
+                (log.warning if "not set" in msg else log.info)("%s", msg)
+        self._sriov_said = set(said)
+        return made
 
     async def _rescan_after_bind(self, inv: Inventory) -> Inventory:
         if self.options.usage:

@@ -6,10 +6,13 @@ __all__ = [
     "address",
     "cdi",
     "config",
+    "config_check",
     "config_yaml",
     "device",
     "dra_metadata",
     "naming",
     "plan",
+    "routes",
     "serving",
+    "sriov",
 ]

@@ -18,6 +18,11 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
       - subsystemVendor: "15d9"
         subsystemDevice: "0a01"
       - drivers: [vfio-pci]                 # current driver (recorded original one with bind)
+      - addresses: ["0000:01:00.0"]          # SR-IOV PFs, named one by one
+        numVfs: 2                           # make 2 VFs on each; this selector takes the VFs
+        resourceName: nvme-vf               # (vfDriver: vfio-pci, the default, binds them)
+      - vendor: "1b36"
+        sriov: pf                           # only SR-IOV PFs (vf: only VFs)
 
 Within one selector every given field must match (a list matches any of its values).
 ``path`` says which node process serves what the selector takes: ``devicePlugin`` (the
@@ -27,19 +32,23 @@ process of the selector's path) or ``onPrepare`` (only with ``path: dra``: bound
 is prepared). With no configuration at all (or no ``selectors``) every device already on
 vfio-pci is served by whichever process runs — run only one of them that way.
 
-This module says what a configuration means (:class:`Config`, :class:`Selector`) and checks a
-decoded document (:func:`parse_config`, every problem listed); reading the file's YAML within
-bounds is :mod:`vfio_dp.model.config_yaml`'s job.
+SR-IOV (the habits of the SR-IOV network operator): ``numVfs`` asks a number of VFs of each
+PF named in ``addresses`` (never a broad match: only named PFs are ever changed); such a
+selector takes the VFs of those PFs -- never the PFs themselves -- and ``vfDriver``
+(``vfio-pci``, the default, or ``none``) says where they go (``vfio-pci`` implies ``bind:
+true`` unless ``bind`` says otherwise). ``sriov: pf`` / ``sriov: vf`` tells a PF from its VFs
+where they share vendor:device (QEMU's NVMe does).
+
+This module says what a configuration means (:class:`Config`, :class:`Selector`) and is the
+way in: :func:`load_config_bytes`, :func:`load_config_text`, :func:`parse_config`. Reading the
+file's YAML within bounds is :mod:`vfio_dp.model.config_yaml`'s job; checking the document
+field by field, every problem listed with its place, :mod:`vfio_dp.model.config_check`'s.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from vfio_dp.errors import AddressError, ConfigError
 from vfio_dp.model import config_yaml, naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
@@ -47,28 +56,17 @@ from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
 from vfio_dp.model.device import VFIO_PCI, PciDevice
 
-_HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
-_DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-_SELECTOR_KEYS = {
-    "vendor",
-    "device",
-    "class",
-    "subsystemVendor",
-    "subsystemDevice",
-    "addresses",
-    "drivers",
-    "resourceName",
-    "bind",
-    "path",
-}
-_TOP_KEYS = {"resourceDomain", "selectors"}
-
 #: The two node processes a selector can give its devices to.
 DEVICE_PLUGIN = "devicePlugin"
 DRA = "dra"
 PATHS = (DEVICE_PLUGIN, DRA)
 ON_PREPARE = "onPrepare"
+#: the effect of the taint the DRA plugin puts on a prepared device that goes bad
+NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a selector asks
+TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
+SRIOV_KINDS = ("pf", "vf")
+VF_DRIVERS = (VFIO_PCI, "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +84,10 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
+    sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
+    num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
+    vf_driver: str = VFIO_PCI  # ``vfDriver``: where made VFs go (vfio-pci | none)
 
     @property
     def binds(self) -> bool:
@@ -105,7 +107,14 @@ class Selector:
             return False
         if self.subsystem_devices and dev.subsystem_device not in self.subsystem_devices:
             return False
-        if self.addresses and dev.address not in self.addresses:
+        if self.num_vfs is not None:  # takes the VFs of the PFs it names, never the PFs
+            if dev.physfn is None or dev.physfn not in self.addresses:
+                return False
+        elif self.addresses and dev.address not in self.addresses:
+            return False
+        if self.sriov == "pf" and dev.sriov_numvfs is None:
+            return False
+        if self.sriov == "vf" and dev.physfn is None:
             return False
         if self.drivers:
             driver = dev.driver
@@ -130,6 +139,8 @@ class Selector:
             or self.subsystem_devices
             or self.addresses
             or self.drivers
+            or self.sriov
+            or self.num_vfs is not None
         )
 
 
@@ -194,19 +205,15 @@ class Config:
         candidates, in order; one constrained by nothing but IDs shadows everything after it
         (first match wins). Only when no ID-naming selector admits the pair do selectors
         without IDs (``class``, ``drivers``, the default) count — so address selectors
-        should name the IDs of the devices they split. Only ``path: devicePlugin`` selectors
-        give names (DRA devices are not requested through resource names), but a ``path: dra``
-        selector constrained by nothing but IDs still shadows the ones after it.
+        should name the IDs of the devices they split. Selectors of both paths give names:
+        a ``path: dra`` resource is requested by the same name through its DeviceClass's
+        ``extendedResourceName`` (KEP-5004; ``vfioctl deviceclasses``).
         """
         vendor, device = vendor.lower(), device.lower()
         found: dict[str, None] = {}
         fallback: dict[str, None] = {}
         for sel in self.selectors:
             if not sel.admits_ids(vendor, device):
-                continue
-            if not self.selector_serves(sel, DEVICE_PLUGIN):
-                if sel.ids_only and (sel.vendors or sel.devices):
-                    break
                 continue
             name = sel.resource_name or naming.default_resource_name(
                 vendor, device, self.resource_domain
@@ -219,6 +226,16 @@ class Config:
                 break
         return list(found or fallback)
 
+    def wanted_vfs(self) -> dict[PciAddress, tuple[int, Selector]]:
+        """Each PF a ``numVfs`` selector names: the VF count asked, and the selector (the
+        first selector naming a PF wins, like every match)."""
+        out: dict[PciAddress, tuple[int, Selector]] = {}
+        for sel in self.selectors:
+            if sel.num_vfs is not None:
+                for pf in sel.addresses:
+                    out.setdefault(pf, (sel.num_vfs, sel))
+        return out
+
     @property
     def resource_names(self) -> list[str]:
         """Explicitly configured resource names (default-named ones depend on devices)."""
@@ -228,172 +245,12 @@ class Config:
 DEFAULT_CONFIG = Config(any_path=True)
 
 
-def _as_list(value: object) -> list[object] | None:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, str | int | float):
-        return [value]
-    return None
-
-
-def _quote_it(key: str, value: object, what: str) -> str:
-    """The fix for an unquoted ID or address that YAML read as a number or a boolean
-    (``vendor: 8086`` is the decimal 8086, not the hex ID; ``vendor: true`` is a boolean)."""
-    example = '"8086"' if what == "hex ID" else '"0000:65:00.0"'
-    if isinstance(value, bool):
-        return f"YAML reads it as a boolean, not a {what}; write the {what} quoted, e.g. {key}: {example}"
-    if not isinstance(value, int | float):
-        return f"must be a {what} string, not a {type(value).__name__}"
-    text = config_yaml.unquoted_text(value)
-    return (
-        f"YAML reads the unquoted {text} as a number, not as the {what} {text}; "
-        f'quote it: {key}: "{text}"'
-    )
-
-
 def parse_config(data: object, source: str = "<config>") -> Config:
-    """Validate a decoded YAML/JSON document; raise :class:`ConfigError` listing EVERY problem."""
-    problems: list[tuple[str, object, str]] = []
-    if data is None:
-        return DEFAULT_CONFIG
-    if not isinstance(data, Mapping):
-        raise ConfigError(source, [("(top)", data, "must be a mapping with 'selectors'")])
-    for key in data:
-        if key not in _TOP_KEYS:
-            problems.append((str(key), data[key], f"unknown key; known: {sorted(_TOP_KEYS)}"))
-    domain = data.get("resourceDomain", naming.DEFAULT_DOMAIN)
-    if not isinstance(domain, str) or naming.resource_name_problem(f"{domain}/x"):
-        problems.append(("resourceDomain", domain, "must be a DNS subdomain, not kubernetes.io"))
-        domain = naming.DEFAULT_DOMAIN
-    raw_selectors = data.get("selectors")
-    selectors: list[Selector] = []
-    if raw_selectors is None:
-        selectors = [DEFAULT_SELECTOR]
-    elif not isinstance(raw_selectors, list):
-        problems.append(("selectors", raw_selectors, "must be a list of selectors"))
-    else:
-        for i, raw in enumerate(raw_selectors):
-            sel = _parse_selector(raw, f"selectors[{i}]", domain, problems)
-            if sel is not None:
-                selectors.append(sel)
-    if problems:
-        raise ConfigError(source, problems)
-    return Config(
-        resource_domain=domain, selectors=tuple(selectors), any_path=raw_selectors is None
-    )
+    """Check a decoded YAML/JSON document (:mod:`vfio_dp.model.config_check`); raise
+    :class:`ConfigError` listing EVERY problem."""
+    from vfio_dp.model.config_check import parse_config as check
 
-
-def _hex_list(
-    raw: Mapping[str, Any],
-    key: str,
-    where: str,
-    problems: list[tuple[str, object, str]],
-    *,
-    width: int | None,
-) -> tuple[str, ...]:
-    if key not in raw:
-        return ()
-    values = _as_list(raw[key])
-    if not values:
-        problems.append((f"{where}.{key}", raw[key], "must be a hex string or a non-empty list"))
-        return ()
-    out: list[str] = []
-    for v in values:
-        if not isinstance(v, str):
-            problems.append((f"{where}.{key}", v, _quote_it(key, v, "hex ID")))
-            continue
-        m = _HEX_PREFIX.fullmatch(v)
-        if not m or (width is not None and len(m.group(1)) != width):
-            want = f"{width} hex digits" if width else "2, 4 or 6 hex digits"
-            problems.append((f"{where}.{key}", v, f"must be {want}"))
-            continue
-        out.append(m.group(1).lower())
-    return tuple(out)
-
-
-def _parse_selector(
-    raw: object, where: str, domain: str, problems: list[tuple[str, object, str]]
-) -> Selector | None:
-    if not isinstance(raw, Mapping):
-        problems.append((where, raw, "must be a mapping"))
-        return None
-    before = len(problems)
-    for key in raw:
-        if key not in _SELECTOR_KEYS:
-            problems.append(
-                (f"{where}.{key}", raw[key], f"unknown key; known: {sorted(_SELECTOR_KEYS)}")
-            )
-    addresses: list[PciAddress] = []
-    if "addresses" in raw:
-        values = _as_list(raw["addresses"])
-        if not values:
-            problems.append((f"{where}.addresses", raw["addresses"], "must be a non-empty list"))
-        for v in values or []:
-            if not isinstance(v, str):
-                problems.append((f"{where}.addresses", v, _quote_it("addresses", v, "PCI address")))
-                continue
-            try:
-                addresses.append(PciAddress.parse(v))
-            except AddressError as e:
-                problems.append((f"{where}.addresses", v, e.why + "; expected DDDD:BB:SS.F"))
-    drivers: list[str] = []
-    if "drivers" in raw:
-        values = _as_list(raw["drivers"])
-        if not values:
-            problems.append((f"{where}.drivers", raw["drivers"], "must be a non-empty list"))
-        for v in values or []:
-            if not isinstance(v, str) or not _DRIVER.fullmatch(v):
-                problems.append((f"{where}.drivers", v, "must be a kernel driver name"))
-            else:
-                drivers.append(v)
-    resource_name = raw.get("resourceName")
-    if resource_name is not None:
-        if not isinstance(resource_name, str) or not resource_name:
-            problems.append((f"{where}.resourceName", resource_name, "must be a string"))
-            resource_name = None
-        else:
-            resource_name = naming.qualify(resource_name, domain)
-            why = naming.resource_name_problem(resource_name)
-            if why:
-                problems.append((f"{where}.resourceName", raw.get("resourceName"), why))
-    path = raw.get("path", DEVICE_PLUGIN)
-    if path not in PATHS:
-        problems.append((f"{where}.path", path, f"must be {DEVICE_PLUGIN} or {DRA}"))
-        path = DEVICE_PLUGIN
-    raw_bind = raw.get("bind", False)
-    bind, on_prepare = False, False
-    if raw_bind == ON_PREPARE:
-        on_prepare = True
-        if path != DRA:
-            problems.append(
-                (
-                    f"{where}.bind",
-                    raw_bind,
-                    f"{ON_PREPARE} needs path: {DRA} (the device plugin has no Prepare step); "
-                    f"use bind: true, or add path: {DRA}",
-                )
-            )
-    elif isinstance(raw_bind, bool):
-        bind = raw_bind
-    else:
-        problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
-    sel = Selector(
-        vendors=_hex_list(raw, "vendor", where, problems, width=4),
-        devices=_hex_list(raw, "device", where, problems, width=4),
-        classes=_hex_list(raw, "class", where, problems, width=None),
-        subsystem_vendors=_hex_list(raw, "subsystemVendor", where, problems, width=4),
-        subsystem_devices=_hex_list(raw, "subsystemDevice", where, problems, width=4),
-        addresses=tuple(addresses),
-        drivers=tuple(drivers),
-        resource_name=resource_name,
-        bind=bind,
-        path=path,
-        bind_on_prepare=on_prepare,
-    )
-    bare = Selector(bind=bind, resource_name=resource_name, path=path, bind_on_prepare=on_prepare)
-    if sel == bare and len(problems) == before:
-        problems.append((where, dict(raw), "selects nothing: give at least one match field"))
-    return sel if len(problems) == before else None
+    return check(data, source)
 
 
 def load_config_bytes(data: bytes, source: str) -> Config:
