@@ -18,8 +18,11 @@ Flow:
 
 1. The core loads the config and scans; this front-end lists only the devices of
    ``path: devicePlugin`` selectors (all of vfio-pci without a config).
-2. Per resource: start a ``grpc.aio`` server on its socket FIRST, then ``Register`` (the
-   kubelet dials back inside ``Register``); wait and retry while ``kubelet.sock`` is absent.
+2. Per resource: start a ``grpc.aio`` server on its socket FIRST
+   (:class:`vfio_dp.core.sockets.SocketServer`, the serving helper both front-ends share:
+   a stale socket is replaced atomically, anything else at the path is refused with the
+   fix), then ``Register`` (the kubelet dials back inside ``Register``); wait and retry
+   while ``kubelet.sock`` is absent.
    All servers share this one event loop: a ListAndWatch stream costs a coroutine, not a
    thread.
 3. After every scan of the core (uevent, SIGUSR1, resync, config reload) and before each
@@ -28,7 +31,8 @@ Flow:
    stream, and withdraws dropped resources (empty list, socket removed).
 4. Every 0.25 s: our socket gone or replaced, or ``kubelet.sock`` re-created → the kubelet
    restarted: serve again and re-register (well within 2 s).
-5. SIGTERM/SIGINT: every stream gets an empty list and ends, sockets are removed, exit 0.
+5. SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`): every stream gets an empty list and
+   ends, sockets are removed, exit 0.
 """
 
 from __future__ import annotations

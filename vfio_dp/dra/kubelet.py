@@ -41,9 +41,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -58,6 +58,8 @@ from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.model import naming
 
 log = logging.getLogger("vfio_dp.dra")
+
+T = TypeVar("T")
 
 PLUGIN_TYPE = "DRAPlugin"  # kubernetes/kubelet pkg/apis/pluginregistration/v1/constants.go
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # v1 first: kubelet takes the first
@@ -319,79 +321,63 @@ class KubeletFrontEnd:
             raise
 
     async def _prepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, ClaimResult]:
-        valid, invalid, by_uid = self._split(claims)
-        results: dict[str, ClaimResult] = {uid: ClaimResult(error=e) for uid, e in invalid.items()}
-        answered: Mapping[str, ClaimResult] = {}
+        results, errors = await self._answer(
+            claims, version, "prepare", self.handler.prepare, ClaimResult, lambda r: bool(r.error)
+        )
+        return {**{uid: ClaimResult(error=e) for uid, e in errors.items()}, **results}
+
+    async def _unprepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, str]:
+        results, errors = await self._answer(
+            claims, version, "unprepare", self.handler.unprepare, str, bool
+        )
+        return {**errors, **results}
+
+    async def _answer(
+        self,
+        claims: Sequence[ClaimRef],
+        version: str,
+        verb: str,
+        call: Callable[[list[ClaimRef]], Awaitable[Mapping[str, T]]],
+        kind: type[T],
+        failed: Callable[[T], bool],
+    ) -> tuple[dict[str, T], dict[str, str]]:
+        """Hand the valid claims to the handler's ``verb``: (its answers by uid, the shell's
+        own error for every other claim — malformed, left out, or the handler raised)."""
+        rpc = f"{version} Node{verb.capitalize()}Resources"
+        valid, errors, by_uid = self._split(claims)
+        answered: Mapping[str, object] = {}
         failure = ""
         if valid:
             try:
-                answered = await self._call(
-                    f"{version} NodePrepareResources", self.handler.prepare(valid)
-                )
+                answered = await self._call(rpc, call(valid))
             except Exception as e:  # the handler's bug must not become a gRPC UNKNOWN
-                log.exception("%s: prepare failed", self.driver_name)
+                log.exception("%s: %s failed", self.driver_name, verb)
                 failure = f"{type(e).__name__}: {e}"
+        results: dict[str, T] = {}
         for claim in valid:
             result = answered.get(claim.uid)
             if failure:
-                result = ClaimResult(
-                    error=f"driver {self.driver_name}: preparing {_describe(claim)} failed: {failure}"
+                errors[claim.uid] = (
+                    f"driver {self.driver_name}: {verb[:-1]}ing {_describe(claim)} failed: "
+                    f"{failure}"
                 )
-            elif not isinstance(result, ClaimResult):
-                result = ClaimResult(
-                    error=f"driver {self.driver_name}: no result for {_describe(claim)} "
-                    "(a driver bug); kubelet will retry"
-                )
-            results[claim.uid] = result
-        extra = set(answered) - set(by_uid)
-        if extra:
-            log.warning(
-                "%s: prepare answered %d claims not asked for", self.driver_name, len(extra)
-            )
-        log.info(
-            "%s: %s NodePrepareResources: %d claims, %d failed",
-            self.driver_name,
-            version,
-            len(results),
-            sum(1 for r in results.values() if r.error),
-        )
-        return results
-
-    async def _unprepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, str]:
-        valid, invalid, by_uid = self._split(claims)
-        errors: dict[str, str] = dict(invalid)
-        answered: Mapping[str, str] = {}
-        failure = ""
-        if valid:
-            try:
-                answered = await self._call(
-                    f"{version} NodeUnprepareResources", self.handler.unprepare(valid)
-                )
-            except Exception as e:
-                log.exception("%s: unprepare failed", self.driver_name)
-                failure = f"{type(e).__name__}: {e}"
-        for claim in valid:
-            error = answered.get(claim.uid)
-            if failure:
-                error = (
-                    f"driver {self.driver_name}: unpreparing {_describe(claim)} failed: {failure}"
-                )
-            elif not isinstance(error, str):
-                error = (
+            elif isinstance(result, kind):
+                results[claim.uid] = result
+            else:
+                errors[claim.uid] = (
                     f"driver {self.driver_name}: no result for {_describe(claim)} "
                     "(a driver bug); kubelet will retry"
                 )
-            errors[claim.uid] = error
         extra = set(answered) - set(by_uid)
         if extra:
             log.warning(
-                "%s: unprepare answered %d claims not asked for", self.driver_name, len(extra)
+                "%s: %s answered %d claims not asked for", self.driver_name, verb, len(extra)
             )
         log.info(
-            "%s: %s NodeUnprepareResources: %d claims, %d failed",
+            "%s: %s: %d claims, %d failed",
             self.driver_name,
-            version,
-            len(errors),
-            sum(1 for e in errors.values() if e),
+            rpc,
+            len(errors) + len(results),
+            len(errors) + sum(1 for r in results.values() if failed(r)),
         )
-        return errors
+        return results, errors
