@@ -40,12 +40,15 @@ from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HealthModel, assess
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra import health
+from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
-from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
-from vfio_dp.dra.slices import Device, device_for
+from vfio_dp.dra.slices import Device as TypedDevice
+from vfio_dp.dra.slices import PublishedDevice as Device
+from vfio_dp.dra.slices import device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
@@ -142,11 +145,14 @@ class DraPlugin(FrontEnd):
         for line in report.unprepared:
             log.info("claim unprepared by reconcile: %s", line)
 
-    def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
+    def _published_devices(self) -> Mapping[str, TypedDevice]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
         written = self.publisher.written_devices
-        return {d["name"]: d for d in (written if written is not None else self.devices)}
+        return {
+            d["name"]: TypedDevice.from_json(d)
+            for d in (written if written is not None else self.devices)
+        }
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -168,7 +174,7 @@ class DraPlugin(FrontEnd):
         update = self.health.update(
             verdicts, held=set(holds.held), in_flight=holds.in_flight | busy, now=time.time()
         )
-        built = {u.name: device_for(u, inv, self._roots) for u in shown}
+        built = {u.name: device_for(u, inv, self._roots).to_json() for u in shown}
         self._last = {n: d for n, d in {**self._last, **built}.items() if n in verdicts}
         self._effects = {
             **{n: e for n, e in self._effects.items() if n in verdicts},

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, Held
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
-from vfio_dp.dra.slices import Device
+from vfio_dp.dra.slices import PublishedDevice as Device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 

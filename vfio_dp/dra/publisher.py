@@ -42,7 +42,8 @@ from typing import Any
 
 import kubernetes.client as k8s
 
-from vfio_dp.dra.slices import Device, NodeRef, Slice, build_slices
+from vfio_dp.dra.slices import NodeRef, Slice, build_slices
+from vfio_dp.dra.slices import PublishedDevice as Device
 
 log = logging.getLogger("vfio_dp.dra")
 

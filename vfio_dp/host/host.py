@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,11 +23,13 @@ from vfio_dp.errors import (
     PathEscapeError,
     RefusedError,
     StateWriteError,
+    VfioError,
 )
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
-from vfio_dp.host.root import Root, safe_component
+from vfio_dp.host.ledger import Ledger
+from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.host.state import BOUND_BY_OPERATOR, OpDevice, Operation, OriginalDriver, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
 from vfio_dp.model.address import PciAddress
@@ -36,6 +38,11 @@ from vfio_dp.model.plan import BindPlan, CheckReport, plan_bind, plan_check, pla
 
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
+
+
+def read_boot_id(fs: Root) -> str:
+    """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
+    return read_text(fs.path("proc", "sys", "kernel", "random", "boot_id")) or ""
 
 
 def _log_warning(msg: str, *args: object) -> None:
@@ -78,6 +85,14 @@ class Recovery:
     unreadable: list[str] = field(default_factory=list)  # journals that cannot be read (kept)
 
 
+@dataclass(slots=True)
+class Release:
+    """What :meth:`Host.release` did: one line per device given back, one per group kept."""
+
+    restored: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
 class Host:
     def __init__(
         self,
@@ -98,6 +113,7 @@ class Host:
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
         self.owner = owner
+        self.ledger = Ledger(self.state, lock_timeout)
 
     @property
     def root(self) -> Path:
@@ -176,6 +192,20 @@ class Host:
 
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)
+
+    def pcie_roots(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, str]:
+        """``{address: "pci0000:00"}``: each device's PCIe root (:mod:`.topology`)."""
+        from vfio_dp.host.topology import pcie_roots
+
+        return pcie_roots(self.fs, addresses)
+
+    def boot_id(self) -> str:
+        """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
+        return read_boot_id(self.fs)
+
+    def state_file(self, name: str) -> str:
+        """``<root>/var/lib/vfio_dp/<name>``: where a front-end keeps its own durable file."""
+        return self.fs.path("var", "lib", "vfio_dp", safe_component(name))
 
     def group_node(self, group: IommuGroup) -> str:
         """The group's node path under the root (for existence checks only)."""
@@ -581,6 +611,69 @@ class Host:
                     + "\n".join(gone + done)
                 )
         return result
+
+    # -- ownership ---------------------------------------------------------------------
+    def owners(self) -> dict[PciAddress, str]:
+        """Every device with a bind record → who bound it (``operator``, ``device-plugin``,
+        ``dra-plugin``, ``claim:<uid>``; ``daemon`` from older versions)."""
+        return self.ledger.owners()
+
+    def holdings(self, owner: str) -> list[PciAddress]:
+        """The devices ``owner`` bound (their bind records name it), in address order."""
+        return self.ledger.holdings(owner)
+
+    def adopt(
+        self, addresses: Sequence[PciAddress], owner: str, *, replacing: Callable[[str], bool]
+    ) -> list[tuple[PciAddress, str]]:
+        """Make ``owner`` the owner of the bindings of ``addresses`` now held by an owner
+        ``replacing`` accepts (:meth:`vfio_dp.host.ledger.Ledger.adopt`)."""
+        return self.ledger.adopt(addresses, owner, replacing=replacing)
+
+    def release(self, owner: str) -> Release:
+        """Give back every device ``owner`` bound, IOMMU group by group, to its recorded
+        driver -- except groups a process holds open (``/dev/vfio/<N>``, found through
+        ``<root>/proc/*/fd``: a VM's QEMU): those are kept and named, to be released later.
+        Records of devices gone from the host are forgotten (nothing to give back)."""
+        from vfio_dp.host.holders import scan_holders
+
+        out = Release()
+        mine = self.holdings(owner)
+        if not mine:
+            return out
+        inv = self.scan(usage=False)
+        by_group: dict[int | None, list[PciAddress]] = {}
+        for a in mine:
+            dev = inv.devices.get(a)
+            by_group.setdefault(dev.iommu_group if dev else None, []).append(a)
+        nodes = {
+            n: f"/dev/vfio/{inv.groups[n].node}"
+            for n in by_group
+            if n is not None and n in inv.groups
+        }
+        holders = scan_holders(self.fs, nodes.values())
+        for n, addrs in sorted(by_group.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            node = nodes.get(n) if n is not None else None
+            if node is not None and holders.held(node) is not False:
+                out.kept.append(
+                    f"IOMMU group {n} ({', '.join(map(str, addrs))}) kept on vfio-pci: "
+                    f"{holders.describe(node)} (a VFIO group is opened by one process only, "
+                    "typically the VM's QEMU); it is given back once that process closes it"
+                )
+                continue
+            present = [a for a in addrs if a in inv.devices]
+            for a in addrs:
+                if a not in inv.devices:  # unplugged: nothing to give back, forget it
+                    self.state.remove(a)
+            if not present:
+                continue
+            try:
+                res = self.unbind(present)
+            except VfioError as e:
+                out.kept.append(f"IOMMU group {n}: restoring {', '.join(map(str, present))}: {e}")
+                continue
+            out.restored.extend(f"{a} → {d or 'no driver'}" for a, d in res.restored)
+            out.restored.extend(f"{a} (already on its driver)" for a in res.already)
+        return out
 
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
