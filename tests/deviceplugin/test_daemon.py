@@ -306,7 +306,7 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
     assert tree.driver_of("0000:3b:00.1") == "vfio-pci"  # the group sibling too
     rec = host.state.get(PciAddress.parse("0000:3b:00.0"))
-    assert rec is not None and rec.bound_by == "daemon"  # never undone by a DRA claim
+    assert rec is not None and rec.bound_by == "device-plugin"  # never undone by a DRA claim
     # the host's own root disk is refused, listed Unhealthy, and nothing touched it
     assert tree.driver_of("0000:00:02.0") == "virtio-pci"
     assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1

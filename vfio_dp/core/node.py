@@ -12,7 +12,8 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1), a front-end's own need
   (:meth:`NodeCore.rescan`) and every ``resync`` seconds;
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
-  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``.
+  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
+  recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
   Never unbinds anything;
 - SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
   :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
@@ -82,7 +83,7 @@ class Observer(Protocol):
 class NodeCore:
     def __init__(self, options: CoreOptions, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root, owner="daemon")
+        self.host = host or Host(options.root, owner=options.owner)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
@@ -95,6 +96,8 @@ class NodeCore:
         self.health_checks: list[Callable[[], str | None]] = []
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
         self.vf_holds: list[Callable[[], Mapping[PciAddress, Sequence[str]]]] = []
+        # SR-IOV count records keep the node core's shared name (either front-end gives back
+        # what a node core changed); bind records and journals name the front-end
         self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
@@ -131,7 +134,8 @@ class NodeCore:
             self._http = await serve_http(
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
-        await self.run(self.host.recover, owner="daemon")  # undo binds a kill interrupted
+        # undo binds a kill interrupted (ours, and an older version's "daemon" ones)
+        await self.run(self.host.recover, owner=self.options.owner)
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),
@@ -265,7 +269,7 @@ class NodeCore:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:
                 result = await self.run(
-                    self.host.bind, addrs, group=True, probe=False, bound_by=BOUND_BY_DAEMON
+                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.owner
                 )
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")

@@ -8,7 +8,8 @@ defaults from these dataclasses (and the front-ends' own, which derive from
   ``--config``, ``--resync``, ``--metrics-port``, ``--metrics-host``; uevents off only in
   tests);
 - :class:`CoreOptions`: those plus what the front-end decides (the config ``path`` it serves,
-  whether scans read host usage) — what :class:`vfio_dp.core.node.NodeCore` takes;
+  whether scans read host usage, its name in bind records) — what
+  :class:`vfio_dp.core.node.NodeCore` takes;
 - :class:`FrontEndOptions`: the base of a front-end's options
   (``vfio_dp.deviceplugin.options.Options``, ``vfio_dp.dra.options.DraOptions``); it says
   which path it serves and maps itself to :class:`CoreOptions` (:meth:`FrontEndOptions.core`)
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.config import DEVICE_PLUGIN
 
 
@@ -43,6 +45,8 @@ class CoreOptions(CoreFlags):
     path: str = DEVICE_PLUGIN
     #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
     usage: bool = False
+    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
+    owner: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +57,9 @@ class FrontEndOptions(CoreFlags):
     serves: ClassVar[str]
     #: whether the core reads host usage (``PciDevice.in_use``) on every scan
     needs_usage: ClassVar[bool] = False
+    #: who this front-end is in bind records and journals (``vfio_dp.host.state.BOUND_BY_*``)
+    owner: ClassVar[str]
 
     def core(self) -> CoreOptions:
         flags = {f.name: getattr(self, f.name) for f in fields(CoreFlags)}
-        return CoreOptions(**flags, path=self.serves, usage=self.needs_usage)
+        return CoreOptions(**flags, path=self.serves, usage=self.needs_usage, owner=self.owner)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from vfio_dp.core.options import FrontEndOptions
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.config import DEVICE_PLUGIN
 
 
@@ -18,6 +19,7 @@ class Options(FrontEndOptions):
     """``vfioctl plugin``'s options: the core's (:class:`FrontEndOptions`) and these."""
 
     serves: ClassVar[str] = DEVICE_PLUGIN
+    owner: ClassVar[str] = BOUND_BY_DEVICE_PLUGIN
 
     kubelet_dir: str = "/var/lib/kubelet/device-plugins"
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off

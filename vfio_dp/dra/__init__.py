@@ -9,11 +9,12 @@ IOMMU groups, the checks on them), ``edits`` (the CDI edits and metadata of a cl
 purely, then written), ``prepare`` (the kubelet's Handler: NodePrepareResources as a recipe
 over those), ``reconcile`` (Unprepare's release, reconcile, re-verify after a reboot),
 ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 device-metadata files; the format
-is :mod:`vfio_dp.model.dra_metadata`), ``checkpoint`` (prepared claims, with the boot ID); for health: ``health`` (pure: the pool
-by group state, taints, the health list) and ``health_stream`` (the gRPC shell of
-``DRAResourceHealth.NodeWatchResources``). Generated protobuf code lives in ``_pb`` and is
-imported only by ``kubelet`` and ``health_stream``. Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this
-``__init__`` imports nothing: grpc and the generated code only in ``kubelet`` and ``health_stream``, the
+is :mod:`vfio_dp.model.dra_metadata`), ``checkpoint`` (prepared claims, with the boot ID);
+for health: ``health`` (pure: the pool by group state, taints, the health list) and
+``health_stream`` (the gRPC shell of ``DRAResourceHealth.NodeWatchResources``). Generated
+protobuf code lives in ``_pb`` and is imported only by ``kubelet`` and ``health_stream``.
+Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this ``__init__``
+imports nothing: grpc and the generated code only in ``kubelet`` and ``health_stream``, the
 Kubernetes client only in ``publisher``.
 """
 

@@ -46,9 +46,7 @@ from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
-from vfio_dp.dra.slices import Device as TypedDevice
-from vfio_dp.dra.slices import PublishedDevice as Device
-from vfio_dp.dra.slices import device_for
+from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
@@ -145,14 +143,11 @@ class DraPlugin(FrontEnd):
         for line in report.unprepared:
             log.info("claim unprepared by reconcile: %s", line)
 
-    def _published_devices(self) -> Mapping[str, TypedDevice]:
+    def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
         written = self.publisher.written_devices
-        return {
-            d["name"]: TypedDevice.from_json(d)
-            for d in (written if written is not None else self.devices)
-        }
+        return {d.name: d for d in (written if written is not None else self.devices)}
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -174,7 +169,7 @@ class DraPlugin(FrontEnd):
         update = self.health.update(
             verdicts, held=set(holds.held), in_flight=holds.in_flight | busy, now=time.time()
         )
-        built = {u.name: device_for(u, inv, self._roots).to_json() for u in shown}
+        built = {u.name: device_for(u, inv, self._roots) for u in shown}
         self._last = {n: d for n, d in {**self._last, **built}.items() if n in verdicts}
         self._effects = {
             **{n: e for n, e in self._effects.items() if n in verdicts},
@@ -189,14 +184,14 @@ class DraPlugin(FrontEnd):
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in devices:
-            h = self.health.states[d["name"]]
+            h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
             self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.get("taints"))), device=h.device
+                "vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device
             )
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
-        self.health_stream.publish(health.reports(self.health.states, [d["name"] for d in devices]))
+        self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
 
@@ -230,8 +225,8 @@ class DraPlugin(FrontEnd):
     def _log_changes(
         self, snapshot: Snapshot, units: list[DraUnit], devices: list[Device], changed: Any
     ) -> None:
-        before = {d["name"] for d in self.devices}
-        after = {d["name"] for d in devices}
+        before = {d.name for d in self.devices}
+        after = {d.name for d in devices}
         for name in sorted(after - before):
             log.info("DRA device %s published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):

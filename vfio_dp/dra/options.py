@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from vfio_dp.core.options import FrontEndOptions
+from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.model import naming
 from vfio_dp.model.config import DRA
 
@@ -21,6 +22,7 @@ class DraOptions(FrontEndOptions):
 
     serves: ClassVar[str] = DRA
     needs_usage: ClassVar[bool] = True  # a group a host process uses is not published
+    owner: ClassVar[str] = BOUND_BY_DRA_PLUGIN
 
     node_name: str
     driver_name: str = naming.DEFAULT_DRA_DRIVER

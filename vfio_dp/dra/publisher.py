@@ -42,8 +42,7 @@ from typing import Any
 
 import kubernetes.client as k8s
 
-from vfio_dp.dra.slices import NodeRef, Slice, build_slices
-from vfio_dp.dra.slices import PublishedDevice as Device
+from vfio_dp.dra.slices import Device, NodeRef, Slice, build_slices
 
 log = logging.getLogger("vfio_dp.dra")
 

@@ -3,11 +3,11 @@
 One pool per node, named after the node; one DRA device per IOMMU group that can be handed
 over (:func:`vfio_dp.model.serving.dra_units`), named after the group's first endpoint
 (``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice (64 while a
-device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice
-carrying ``pool.resourceSliceCount``; every slice owned by the Node. Each device is a typed
+device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice carrying
+``pool.resourceSliceCount``; every slice owned by the Node. Each device is a typed
 :class:`Device` (its attributes :class:`~vfio_dp.model.dra_metadata.Attribute` values, which
-Prepare copies into the device metadata and checks against the hardware); the slices
-themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``)::
+Prepare copies into the device metadata and checks against the hardware; its taints); the
+slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``)::
 
     {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
      "metadata": {"name": "node-a-vfio.dra.vfio-dp.io-0", "ownerReferences": [<the Node>]},
@@ -67,6 +67,9 @@ class Device:
 
     name: str
     attributes: Mapping[str, Attribute]
+    #: ``[{"key": "<driver>/unhealthy", "value": ..., "effect": "NoSchedule", "timeAdded":
+    #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.health`)
+    taints: tuple[Mapping[str, str], ...] = ()
 
     @property
     def iommu_group(self) -> int | None:
@@ -74,25 +77,16 @@ class Device:
         attr = self.attributes.get(IOMMU_GROUP)
         return attr.value if attr is not None and isinstance(attr.value, int) else None
 
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Device:
-        """A published device (:meth:`to_json` plus ``taints``, which stay out) back typed."""
-        attrs: dict[str, Attribute] = {}
-        for name, value in (obj.get("attributes") or {}).items():
-            ((kind, v),) = value.items()
-            attrs[name] = Attribute(kind, v)
-        return cls(obj["name"], attrs)
-
     def to_json(self) -> dict[str, Any]:
-        """``{"name": ..., "attributes": {"vendorID": {"string": "10de"}, ...}}``."""
-        return {
+        """``{"name": ..., "attributes": {"vendorID": {"string": "10de"}, ...}}`` (and
+        ``"taints": [...]`` when tainted)."""
+        out: dict[str, Any] = {
             "name": self.name,
             "attributes": {k: a.to_json() for k, a in sorted(self.attributes.items())},
         }
-
-
-#: A device as published: :meth:`Device.to_json` plus what the health model adds (``taints``).
-PublishedDevice = dict[str, Any]
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +158,14 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def build_slices(
-    devices: Sequence[Device | PublishedDevice], *, driver: str, node: NodeRef, generation: int
+    devices: Sequence[Device], *, driver: str, node: NodeRef, generation: int
 ) -> list[Slice]:
     """The slices of this node's pool at ``generation`` (one without devices when empty);
     :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted."""
-    published = [d.to_json() if isinstance(d, Device) else d for d in devices]
     size = MAX_DEVICES_PER_SLICE
-    if any(d.get("taints") for d in published):
+    if any(d.taints for d in devices):
         size = MAX_DEVICES_WITH_TAINTS
-    chunks = [published[i : i + size] for i in range(0, len(published), size)] or [[]]
+    chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
     out: list[Slice] = []
     for i, chunk in enumerate(chunks):
         meta: dict[str, Any] = {
@@ -202,7 +195,7 @@ def build_slices(
                         "generation": generation,
                         "resourceSliceCount": len(chunks),
                     },
-                    "devices": chunk,
+                    "devices": [d.to_json() for d in chunk],
                 },
             }
         )

@@ -32,7 +32,7 @@ from vfio_dp.model.device import PciDevice
 #: ``journal(address, writes_done, next_write)``: called before each sysfs write
 Journal = Callable[[PciAddress, int, str], None]
 #: ``restored(address, target, driver_now, explicit)``: called after each device given back
-Restored = Callable[[PciAddress, "str | None", "str | None", bool], None]
+Restored = Callable[[PciAddress, str | None, str | None, bool], None]
 
 
 def _log_info(msg: str, *args: object) -> None:

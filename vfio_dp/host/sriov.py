@@ -28,7 +28,7 @@ from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
 from vfio_dp.host.root import read_text
 from vfio_dp.host.sriov_store import SriovOp, SriovStore
-from vfio_dp.host.state import BOUND_BY_OPERATOR
+from vfio_dp.host.state import BOUND_BY_OPERATOR, recovers
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import (
     AUTOPROBE,
@@ -340,7 +340,7 @@ class Sriov:
         made: list[PciAddress] = []
         for pf in self.store.journaled():
             op = self.store.op(pf)
-            if op is not None and op.owner == self.host.owner:
+            if op is not None and recovers(self.host.owner, op.owner):  # "daemon": older
                 out += self.recover_one(pf)
         todo = dict(wanted)
         for pf in self.store.recorded():
