@@ -93,13 +93,14 @@ def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F],
     )
 
 
-def core_options(
-    options: type, *, config_help: str, resync_help: str, metrics_help: str
+def front_end_options(
+    options: type, *, config_help: str, resync_help: str, metrics_help: str, wait_help: str
 ) -> Callable[[F], F]:
-    """The node core's flags of a front-end command (``vfioctl plugin``, ``vfioctl
-    dra-plugin``), with the defaults of its ``options`` dataclass: ``--config``, ``--root``,
-    ``--resync``, ``--metrics-port``, ``--metrics-host`` and ``--log-level`` (the command
-    calls :func:`configure_logging` with the last)."""
+    """The flags every front-end command (``vfioctl plugin``, ``vfioctl dra-plugin``) shares,
+    with the defaults of its ``options`` dataclass: the node core's (``--config``, ``--root``,
+    ``--resync``, ``--metrics-port``, ``--metrics-host``), then ``--create-dirs`` (for
+    :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`) and
+    ``--log-level`` (for :func:`configure_logging`)."""
     decorators = [
         option(
             "--config",
@@ -127,6 +128,19 @@ def core_options(
             "--metrics-host",
             default=default_of(options, "metrics_host"),
             help="Address for the metrics port (default: all interfaces).",
+        ),
+        option(
+            "--create-dirs",
+            is_flag=True,
+            help="Create missing kubelet directories instead of refusing them (a typo is "
+            "otherwise created and waited on forever).",
+        ),
+        option(
+            "--wait-for-other",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(0, 3600),
+            help=wait_help,
         ),
         option(
             "--log-level",
@@ -217,3 +231,44 @@ def _translate_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - vm_translate always ships with cli
         return ()
     return (TranslateError,)
+
+
+def existing_dir(flag: str, path: str, create: bool, what: str) -> None:
+    """A kubelet directory the process serves in must exist (a typo would be created and
+    waited on forever); ``create`` (the ``--create-dirs`` flag) makes it instead."""
+    import os
+
+    from vfio_dp.errors import UsageError
+
+    if os.path.lexists(path):
+        return  # a directory, or something else there: the serving code says what is wrong
+    if create:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        return
+    raise UsageError(
+        f"{flag} {path}: no such directory; {what}. Give the kubelet's real path (the "
+        "kubelet's --root-dir, /var/lib/kubelet by default), or --create-dirs to create it"
+    )
+
+
+def single_instance(root: str, process: str, driver: str | None, wait: float) -> Any:
+    """Hold this node's lock for ``process`` (:mod:`vfio_dp.host.instance`) for the command's
+    life: a second instance waits up to ``wait`` seconds for the first to exit (saying so
+    with its pid), then fails naming it."""
+    import logging
+
+    from vfio_dp.host.instance import InstanceLock, lock_name
+    from vfio_dp.host.root import Root
+
+    lock = InstanceLock(Root(root), lock_name(process, driver))
+
+    def waiting(pid: int | None) -> None:
+        logging.getLogger("vfio_dp").warning(
+            "another %s of ours runs on this node%s: waiting up to %g s for it to exit",
+            process,
+            f" (pid {pid})" if pid else "",
+            wait,
+        )
+
+    lock.acquire(wait, waiting)
+    return lock

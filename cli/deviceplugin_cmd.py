@@ -1,7 +1,7 @@
 """``vfioctl plugin``: run the device-plugin daemon (what the DaemonSet runs).
 
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; the node core's flags and every
-default come from :func:`cli.common.core_options` and :mod:`vfio_dp.deviceplugin.options`),
+default come from :func:`cli.common.front_end_options` and :mod:`vfio_dp.deviceplugin.options`),
 then hands over to :func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the
 command body.
 """
@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import click
 
-from cli.common import configure_logging, core_options, dir_option, run_guarded
+from cli.common import (
+    configure_logging,
+    dir_option,
+    existing_dir,
+    front_end_options,
+    run_guarded,
+    single_instance,
+)
 from vfio_dp.deviceplugin.options import Options
 
 
@@ -31,12 +38,13 @@ from vfio_dp.deviceplugin.options import Options
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
     "unchanged. Default: off.",
 )
-@core_options(
+@front_end_options(
     Options,
     config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
     "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
     resync_help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
     metrics_help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
+    wait_help="Seconds to wait for another instance of ours on this node to exit before failing.",
 )
 def plugin(
     config_path: str | None,
@@ -46,6 +54,8 @@ def plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    create_dirs: bool,
+    wait_for_other: float,
     log_level: str,
 ) -> None:
     """Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.
@@ -57,17 +67,27 @@ def plugin(
 
     def body() -> int:
         from vfio_dp.deviceplugin.app import run
+        from vfio_dp.host.root import Root
 
-        return run(
-            Options(
-                root=root,
-                kubelet_dir=kubelet_dir,
-                cdi_dir=cdi_dir,
-                config_path=config_path,
-                resync=resync,
-                metrics_port=metrics_port,
-                metrics_host=metrics_host,
+        Root(root)  # a missing --root is named first
+        existing_dir(
+            "--kubelet-dir", kubelet_dir, create_dirs,
+            "the kubelet's device-plugin directory holds kubelet.sock",
+        )  # fmt: skip
+        lock = single_instance(root, "device-plugin", None, wait_for_other)
+        try:
+            return run(
+                Options(
+                    root=root,
+                    kubelet_dir=kubelet_dir,
+                    cdi_dir=cdi_dir,
+                    config_path=config_path,
+                    resync=resync,
+                    metrics_port=metrics_port,
+                    metrics_host=metrics_host,
+                )
             )
-        )
+        finally:
+            lock.release()
 
     run_guarded(body)

@@ -2,7 +2,7 @@
 
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; ``--node-name`` also from
 ``NODE_NAME``; the node core's flags and every default come from
-:func:`cli.common.core_options` and :mod:`vfio_dp.dra.options`), then hands over to
+:func:`cli.common.front_end_options` and :mod:`vfio_dp.dra.options`), then hands over to
 :func:`vfio_dp.dra.driver.run`. gRPC and the Kubernetes
 client are imported only inside the command body: no other vfioctl command pays for them.
 """
@@ -13,12 +13,14 @@ import click
 
 from cli.common import (
     configure_logging,
-    core_options,
     default_of,
     dir_option,
     envvar_for,
+    existing_dir,
+    front_end_options,
     option,
     run_guarded,
+    single_instance,
 )
 from vfio_dp.dra.options import DraOptions
 
@@ -64,12 +66,14 @@ from vfio_dp.dra.options import DraOptions
     "Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined "
     "with --root).",
 )
-@core_options(
+@front_end_options(
     DraOptions,
     config_help="YAML selectors (reloaded when it changes); only path: dra selectors are "
     "published. Default: every device already on vfio-pci.",
     resync_help="Seconds between full rescans of sysfs and checks of the published slices.",
     metrics_help="Port for /metrics and /healthz; 0 disables both (the device plugin holds 9109).",
+    wait_help="Seconds to wait for another DRA plugin of ours for this driver to exit before "
+    "failing.",
 )
 def dra_plugin(
     driver_name: str,
@@ -83,6 +87,8 @@ def dra_plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    create_dirs: bool,
+    wait_for_other: float,
     log_level: str,
 ) -> None:
     """Publish this node's VFIO devices as DRA ResourceSlices (one device per IOMMU group)
@@ -104,6 +110,7 @@ def dra_plugin(
             )
         from vfio_dp.dra.driver import run
         from vfio_dp.dra.publisher import api_client
+        from vfio_dp.host.root import Root
 
         options = DraOptions(
             node_name=node_name,
@@ -121,6 +128,19 @@ def dra_plugin(
             client = api_client(kubeconfig)
         except ValueError as e:  # names the source tried, in kubectl's order
             raise UsageError(str(e)) from e
-        return run(options, client)
+        Root(root)  # a missing --root is named first
+        existing_dir(
+            "--kubelet-registry-dir", kubelet_registry_dir, create_dirs,
+            "the kubelet watches it for plugin registration sockets",
+        )  # fmt: skip
+        existing_dir(
+            "--kubelet-plugins-dir", kubelet_plugins_dir, create_dirs,
+            "the kubelet's plugins directory holds each driver's dra.sock directory",
+        )  # fmt: skip
+        lock = single_instance(root, "dra-plugin", driver_name, wait_for_other)
+        try:
+            return run(options, client)
+        finally:
+            lock.release()
 
     run_guarded(body)

