@@ -13,8 +13,10 @@ import click
 from cli.common import (
     configure_logging,
     dir_option,
+    envvar_for,
     existing_dir,
     front_end_options,
+    option,
     run_guarded,
     single_instance,
 )
@@ -38,6 +40,13 @@ from vfio_dp.deviceplugin.options import Options
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
     "unchanged. Default: off.",
 )
+@option(
+    "--node-name",
+    envvar=[envvar_for("--node-name"), "NODE_NAME"],
+    default=None,
+    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+    "from spec.nodeName. Without it such selectors are skipped.",
+)
 @front_end_options(
     Options,
     config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
@@ -47,6 +56,7 @@ from vfio_dp.deviceplugin.options import Options
     wait_help="Seconds to wait for another instance of ours on this node to exit before failing.",
 )
 def plugin(
+    node_name: str | None,
     config_path: str | None,
     root: str,
     kubelet_dir: str,
@@ -85,6 +95,7 @@ def plugin(
                     resync=resync,
                     metrics_port=metrics_port,
                     metrics_host=metrics_host,
+                    node_name=node_name,
                 )
             )
         finally:

@@ -5,8 +5,8 @@ defaults from these dataclasses (and the front-ends' own, which derive from
 :class:`FrontEndOptions`) without loading gRPC or the core.
 
 - :class:`CoreFlags`: the core's settings a user gives, one flag each (``--root``,
-  ``--config``, ``--resync``, ``--metrics-port``, ``--metrics-host``; uevents off only in
-  tests);
+  ``--config``, ``--resync``, ``--metrics-port``, ``--metrics-host``, ``--node-name``;
+  uevents off only in tests);
 - :class:`CoreOptions`: those plus what the front-end decides (the config ``path`` it serves,
   whether scans read host usage, its name in bind records) — what
   :class:`vfio_dp.core.node.NodeCore` takes;
@@ -35,6 +35,8 @@ class CoreFlags:
     metrics_port: int = 9109  # 0 disables /metrics and /healthz
     metrics_host: str = ""  # all interfaces
     uevents: bool = True
+    #: this node's name: selectors with ``nodes`` apply only where it matches (None: never)
+    node_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,9 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
       - subsystemVendor: "15d9"
         subsystemDevice: "0a01"
       - drivers: [vfio-pci]                 # current driver (recorded original one with bind)
+      - vendor: "10de"
+        path: dra
+        nodes: ["node-a", "gpu-*"]          # only on these nodes (names, shell globs)
       - addresses: ["0000:01:00.0"]          # SR-IOV PFs, named one by one
         numVfs: 2                           # make 2 VFs on each; this selector takes the VFs
         resourceName: nvme-vf               # (vfDriver: vfio-pci, the default, binds them)
@@ -29,8 +32,13 @@ Within one selector every given field must match (a list matches any of its valu
 device-plugin daemon, ``vfioctl plugin``; the default) or ``dra`` (``vfioctl dra-plugin``).
 ``bind``: ``false`` (default), ``true`` (bound to vfio-pci at start and on hotplug by the
 process of the selector's path) or ``onPrepare`` (only with ``path: dra``: bound when a claim
-is prepared). With no configuration at all (or no ``selectors``) every device already on
-vfio-pci is served by whichever process runs — run only one of them that way.
+is prepared). ``nodes`` limits a selector to the nodes whose name matches one of its
+patterns (``fnmatch``, case-sensitive), so one ConfigMap can move a cluster from one path to
+the other node by node; a process that does not know its node name (``--node-name``,
+``NODE_NAME``) skips such selectors, and so does every offline reader except where it says
+otherwise (the webhook's names, :mod:`vfio_dp.model.routes`). With no configuration at all
+(or no ``selectors``) every device already on vfio-pci is served by whichever process runs —
+run only one of them that way.
 
 SR-IOV (the habits of the SR-IOV network operator): ``numVfs`` asks a number of VFs of each
 PF named in ``addresses`` (never a broad match: only named PFs are ever changed); such a
@@ -47,6 +55,8 @@ field by field, every problem listed with its place, :mod:`vfio_dp.model.config_
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 
 from vfio_dp.model import config_yaml, naming
@@ -84,6 +94,13 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    nodes: tuple[str, ...] = ()  # node-name patterns; empty = every node
+
+    def on_node(self, node: str | None) -> bool:
+        """Does this selector apply on ``node`` (None: a process that does not know it)?"""
+        if not self.nodes:
+            return True
+        return node is not None and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
     taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
     sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
     num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
@@ -154,6 +171,17 @@ class Config:
     selectors: tuple[Selector, ...] = field(default_factory=lambda: _DEFAULT_SELECTORS)
     #: True without a config (or without ``selectors``): every path serves what is selected
     any_path: bool = False
+    #: the node this config is read on (:meth:`for_node`); None: unknown (offline readers)
+    node: str | None = None
+
+    def for_node(self, node: str | None) -> Config:
+        """This config as read on ``node``: selectors whose ``nodes`` do not match are skipped."""
+        return self if node == self.node else dataclasses.replace(self, node=node)
+
+    @property
+    def node_limited(self) -> bool:
+        """Does any selector apply only on some nodes?"""
+        return any(s.nodes for s in self.selectors)
 
     def selector_serves(self, sel: Selector, path: str) -> bool:
         """Is ``sel``'s device served by the process of ``path``?"""
@@ -175,7 +203,7 @@ class Config:
     def select(self, dev: PciDevice) -> Selector | None:
         """The first selector that matches ``dev``, or None."""
         for sel in self.selectors:
-            if sel.matches(dev):
+            if sel.on_node(self.node) and sel.matches(dev):
                 return sel
         return None
 

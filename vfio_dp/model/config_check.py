@@ -40,6 +40,7 @@ from vfio_dp.model.device import VFIO_PCI
 
 _HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
 _DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NODE_PATTERN = re.compile(r"[a-z0-9.*?\[\]!-]{1,253}")
 
 _SELECTOR_KEYS = {
     "vendor",
@@ -52,6 +53,7 @@ _SELECTOR_KEYS = {
     "resourceName",
     "bind",
     "path",
+    "nodes",
     "taintEffect",
     "sriov",
     "numVfs",
@@ -209,6 +211,23 @@ def _parse_selector(
         bind = raw_bind
     else:
         problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
+    nodes: list[str] = []
+    if "nodes" in raw:
+        values = _as_list(raw["nodes"])
+        if not values:
+            problems.append((f"{where}.nodes", raw["nodes"], "must be a non-empty list"))
+        for v in values or []:
+            if not isinstance(v, str) or not _NODE_PATTERN.fullmatch(v):
+                problems.append(
+                    (
+                        f"{where}.nodes",
+                        v,
+                        "must be a node name or a shell pattern of one (lowercase "
+                        "a-z, 0-9, '-', '.', with * ? [ ]), e.g. node-a or gpu-*",
+                    )
+                )
+            else:
+                nodes.append(v)
     taint_effect = raw.get("taintEffect", NO_SCHEDULE)
     if taint_effect not in TAINT_EFFECTS:
         problems.append(
@@ -238,6 +257,7 @@ def _parse_selector(
         bind=bind,
         path=path,
         bind_on_prepare=on_prepare,
+        nodes=tuple(nodes),
         taint_effect=taint_effect,
         sriov=sriov,
         num_vfs=num_vfs,
@@ -252,6 +272,7 @@ def _parse_selector(
         resource_name=resource_name,
         path=path,
         bind_on_prepare=on_prepare,
+        nodes=tuple(nodes),
         taint_effect=taint_effect,
         vf_driver=vf_driver,
     )
