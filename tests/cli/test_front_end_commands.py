@@ -15,7 +15,7 @@ from vfio_dp.core.options import CoreFlags
 from vfio_dp.deviceplugin.options import Options
 from vfio_dp.dra.options import DraOptions
 
-CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host"]
+CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host", "--node-name"]
 SHARED_FLAGS = [*CORE_FLAGS, "--create-dirs", "--wait-for-other", "--log-level"]
 
 

@@ -33,9 +33,10 @@ def test_both_front_ends_map_the_core_options_the_same_way() -> None:
         "metrics_port": 0,
         "metrics_host": "127.0.0.1",
         "uevents": False,
+        "node_name": "node-a",
     }
     dp = Options(kubelet_dir="/k", **given).core()  # type: ignore[arg-type]
-    dra = DraOptions(node_name="n", **given).core()  # type: ignore[arg-type]
+    dra = DraOptions(**given).core()  # type: ignore[arg-type]
     assert dp == CoreOptions(**given, path=DEVICE_PLUGIN, usage=False, owner="device-plugin")  # type: ignore[arg-type]
     assert dra == CoreOptions(**given, path=DRA, usage=True, owner="dra-plugin")  # type: ignore[arg-type]
     # each front-end keeps its own metrics port by default (both run on one host network)
