@@ -130,6 +130,7 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         before = len(api.requests)
         assert _write_status(client, driver, got["metadata"]["uid"], [STATUS])
         assert _write_status(client, driver, got["metadata"]["uid"], [])
+        ours += api.requests[before:]
         # an extended-resource claim's request → its DeviceClass's resource (KEP-5004)
         api.seed(
             DEVICE_CLASSES,

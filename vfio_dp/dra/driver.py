@@ -262,9 +262,9 @@ class DraPlugin(FrontEnd):
         before = {d.name for d in self.devices}
         after = {d.name for d in devices}
         for name in sorted(after - before):
-            log.info("DRA device %s published (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):
-            log.info("DRA device %s withdrawn (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be withdrawn (%s)", name, snapshot.trigger)
         for h in changed:
             if h.held:
                 log.warning("DRA device %s (prepared) now %s: %s", h.device, h.health, h.message)
