@@ -94,14 +94,27 @@ def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F],
 
 
 def front_end_options(
-    options: type, *, config_help: str, resync_help: str, metrics_help: str, wait_help: str
+    options: type,
+    *,
+    node_help: str,
+    config_help: str,
+    resync_help: str,
+    metrics_help: str,
+    wait_help: str,
 ) -> Callable[[F], F]:
     """The flags every front-end command (``vfioctl plugin``, ``vfioctl dra-plugin``) shares,
-    with the defaults of its ``options`` dataclass: the node core's (``--config``, ``--root``,
-    ``--resync``, ``--metrics-port``, ``--metrics-host``), then ``--create-dirs`` (for
+    with the defaults of its ``options`` dataclass: the node core's (``--node-name``, also
+    from ``NODE_NAME``; ``--config``, ``--root``, ``--resync``, ``--metrics-port``,
+    ``--metrics-host``), then ``--create-dirs`` (for
     :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`) and
     ``--log-level`` (for :func:`configure_logging`)."""
     decorators = [
+        option(
+            "--node-name",
+            envvar=[envvar_for("--node-name"), "NODE_NAME"],
+            default=None,
+            help=node_help,
+        ),
         option(
             "--config",
             "config_path",

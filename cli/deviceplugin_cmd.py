@@ -13,10 +13,8 @@ import click
 from cli.common import (
     configure_logging,
     dir_option,
-    envvar_for,
     existing_dir,
     front_end_options,
-    option,
     run_guarded,
     single_instance,
 )
@@ -40,15 +38,10 @@ from vfio_dp.deviceplugin.options import Options
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
     "unchanged. Default: off.",
 )
-@option(
-    "--node-name",
-    envvar=[envvar_for("--node-name"), "NODE_NAME"],
-    default=None,
-    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
-    "from spec.nodeName. Without it such selectors are skipped.",
-)
 @front_end_options(
     Options,
+    node_help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+    "from spec.nodeName. Without it such selectors are skipped.",
     config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
     "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
     resync_help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",

@@ -15,7 +15,6 @@ from cli.common import (
     configure_logging,
     default_of,
     dir_option,
-    envvar_for,
     existing_dir,
     front_end_options,
     option,
@@ -33,13 +32,6 @@ from vfio_dp.dra.options import DraOptions
     help="The DRA driver name: a lowercase DNS subdomain you own, at most 63 characters, "
     "starting with a letter. It names the sockets, the ResourceSlices' spec.driver, the "
     "attributes' domain, the claims' CDI kind and the DeviceClass selector (device.driver).",
-)
-@option(
-    "--node-name",
-    envvar=[envvar_for("--node-name"), "NODE_NAME"],
-    default=None,
-    help="This node's name (the pool and the slices' nodeName); in a pod: NODE_NAME from "
-    "spec.nodeName.",
 )
 @option(
     "--kubeconfig",
@@ -68,6 +60,8 @@ from vfio_dp.dra.options import DraOptions
 )
 @front_end_options(
     DraOptions,
+    node_help="This node's name (the pool and the slices' nodeName); in a pod: NODE_NAME from "
+    "spec.nodeName.",
     config_help="YAML selectors (reloaded when it changes); only path: dra selectors are "
     "published. Default: every device already on vfio-pci.",
     resync_help="Seconds between full rescans of sysfs and checks of the published slices.",
