@@ -7,6 +7,7 @@ for people or ``-o json`` for machines. Exit codes: 0 ok, 1 failure, 2 usage err
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -78,6 +79,115 @@ MACHINE = ("json", "yaml")
 
 def _no_headers(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     ctx.meta["vfioctl.no_headers"] = value
+
+
+def default_of(options: type, field: str) -> Any:
+    """The default of ``field`` in a front-end's options dataclass: a flag's default is the
+    library's, written once (e.g. ``default_of(DraOptions, "metrics_port")`` is 9110)."""
+    for f in dataclasses.fields(options):
+        if f.name == field:
+            return f.default
+    raise LookupError(f"{options.__name__} has no field {field!r}")
+
+
+def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F], F]:
+    """A directory flag of a front-end command (a path as the process sees it, never joined
+    with ``--root``), its default that of ``field`` in ``options`` (shown when there is one)."""
+    default = default_of(options, field)
+    return option(
+        flag,
+        default=default,
+        show_default=default is not None,
+        type=click.Path(file_okay=False),
+        help=help,
+    )
+
+
+def front_end_options(
+    options: type,
+    *,
+    node_help: str,
+    config_help: str,
+    resync_help: str,
+    metrics_help: str,
+    wait_help: str,
+) -> Callable[[F], F]:
+    """The flags every front-end command (``vfioctl plugin``, ``vfioctl dra-plugin``) shares,
+    with the defaults of its ``options`` dataclass: the node core's (``--node-name``, also
+    from ``NODE_NAME``; ``--config``, ``--root``, ``--resync``, ``--metrics-port``,
+    ``--metrics-host``), then ``--create-dirs`` (for
+    :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`) and
+    ``--log-level`` (for :func:`configure_logging`)."""
+    decorators = [
+        option(
+            "--node-name",
+            envvar=[envvar_for("--node-name"), "NODE_NAME"],
+            default=None,
+            help=node_help,
+        ),
+        option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            default=default_of(options, "config_path"),
+            help=config_help,
+        ),
+        root_option,
+        option(
+            "--resync",
+            default=default_of(options, "resync"),
+            show_default=True,
+            type=click.FloatRange(min=0.05),
+            help=resync_help,
+        ),
+        option(
+            "--metrics-port",
+            default=default_of(options, "metrics_port"),
+            show_default=True,
+            type=click.IntRange(0, 65535),
+            help=metrics_help,
+        ),
+        option(
+            "--metrics-host",
+            default=default_of(options, "metrics_host"),
+            help="Address for the metrics port (default: all interfaces).",
+        ),
+        option(
+            "--create-dirs",
+            is_flag=True,
+            help="Create missing kubelet directories instead of refusing them (a typo is "
+            "otherwise created and waited on forever).",
+        ),
+        option(
+            "--wait-for-other",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(0, 3600),
+            help=wait_help,
+        ),
+        option(
+            "--log-level",
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "warning", "error"]),
+        ),
+    ]
+
+    def apply(f: F) -> F:
+        for decorate in reversed(decorators):
+            f = decorate(f)
+        return f
+
+    return apply
+
+
+def configure_logging(level: str) -> None:
+    """Log lines of a long-running command: ``<time> <LEVEL> <logger>: <message>``."""
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def output_option(f: F) -> F:

@@ -23,7 +23,7 @@ from cli.common import (
     root_option,
     run_guarded,
 )
-from cli.dra_cmd import DEFAULT_DRIVER
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.dra.health import GroupView
@@ -142,7 +142,7 @@ def _view_json(v: GroupView | None) -> dict[str, object]:
 
 dra_driver_option = option(
     "--dra-driver",
-    default=DEFAULT_DRIVER,
+    default=DEFAULT_DRA_DRIVER,
     show_default=True,
     help="With --config: the DRA driver whose prepared claims (checkpoint) count.",
 )
