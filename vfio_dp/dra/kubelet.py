@@ -58,6 +58,9 @@ from vfio_dp.dra.claims import ClaimRef, ClaimResult, Handler
 from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.model import naming
 
+#: seconds the DRA service gives running calls and streams when the plugin stops
+STOP_GRACE = 3.0
+
 log = logging.getLogger("vfio_dp.dra")
 
 T = TypeVar("T")
@@ -233,7 +236,11 @@ class KubeletFrontEnd:
         up to ``drain`` seconds for handler calls still running (a bind is finished, never
         abandoned half-way)."""
         await self._registration.close()
-        await self._service.close()
+        # the health streams were told to end just before (the plugin closes them first):
+        # give them, and a call in flight, time to answer rather than be cancelled -- a
+        # loaded node took more than half a second, and grpc logged the cancellation as a
+        # traceback. stop() returns as soon as they are done.
+        await self._service.close(grace=STOP_GRACE)
         self.registered = False
         if self._running:
             log.info("%s: waiting for %d running call(s)", self.driver_name, len(self._running))
