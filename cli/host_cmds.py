@@ -84,10 +84,11 @@ def device_json(
 def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules)."""
     from vfio_dp.deviceplugin.listing import compute_listing
-    from vfio_dp.model.serving import device_serving, dra_units
+    from vfio_dp.model.serving import choose, device_serving, dra_units
 
-    listing = compute_listing(inv, cfg)
-    return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg))
+    chosen = choose(inv, cfg)  # one selector match per device, shared by both paths' rules
+    listing = compute_listing(inv, cfg, chosen=chosen)
+    return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg, chosen), chosen)
 
 
 @click.command("list")
