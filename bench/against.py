@@ -91,14 +91,14 @@ def report(tree: Side, ref: Side, results: dict[str, dict[str, list[float]]]) ->
         per = results.get(fig.key, {})
         mine, theirs = per.get(tree.label), per.get(ref.label)
         if not mine:
-            why = tree.broken.get(GROUP_OF[fig.key], "not measured")
+            why = tree.broken.get(GROUP_OF[fig.key], "not measured (skipped)")
             print(
                 f"{fig.what:52} {fig.unit:6} {'-':>9} {'-':>9}  working tree cannot run it: {why}"
             )
             continue
         m = statistics.median(mine)
         if not theirs:
-            why = ref.broken.get(GROUP_OF[fig.key], "not measured")
+            why = ref.broken.get(GROUP_OF[fig.key], "not measured (skipped)")
             a = anchor_of(fig, tree.label, results)
             vs = ""
             if a is not None:

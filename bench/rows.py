@@ -546,14 +546,19 @@ def prepare_rows(sides: list[Side], rounds: int) -> dict[str, dict[str, list[flo
         for side in sides if r % 2 == 0 else sides[::-1]:
             if "prepare" in side.broken:
                 continue
-            res = subprocess.run(
-                [sys.executable, script, "--json"],
-                env=side.env(BENCH_CODE=str(side.tree), BENCH_RUNS="30"),
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+            for _attempt in range(2):  # one retry: a loaded machine can time a bind out
+                res = subprocess.run(
+                    [sys.executable, script, "--json"],
+                    env=side.env(BENCH_CODE=str(side.tree), BENCH_RUNS="30"),
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                if res.returncode == 0:
+                    break
             if res.returncode != 0:
-                side.broken["prepare"] = res.stderr.strip().splitlines()[-1:][0][:300] if (
-                    res.stderr.strip()) else f"exit {res.returncode}"  # fmt: skip
+                tail = " | ".join(res.stderr.strip().splitlines()[-3:])
+                side.broken["prepare"] = tail[:400] or f"exit {res.returncode}"
                 continue
             data = json.loads(res.stdout)
             for key, value in data.items():
