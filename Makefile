@@ -5,7 +5,7 @@ PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test lint bench bench-detail bench-tools
+.PHONY: setup demo test lint bench bench-detail bench-tools image wheel
 
 setup:
 	bash scripts/setup.sh
@@ -38,3 +38,12 @@ bench-detail:
 
 bench-tools:
 	$(PYTHON) bench/compare_tools.py
+
+# The container image as one OCI archive in dist/ (load it on nodes without a registry:
+# docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.
+image:
+	bash scripts/build-image.sh $(IMAGE_ARGS)
+
+# The CLI as a wheel in dist/, for `pipx install dist/vfio_dp-*.whl` on a node.
+wheel: setup
+	$(PYTHON) -m pip wheel --no-deps -w dist .

@@ -269,7 +269,9 @@ def _report(result: BindResult, output: str, verb: str) -> None:
         return
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
-    if result.dry_run:
+    if result.dry_run:  # a script a person can paste: comments say where each device goes
+        for a, d in result.restored:
+            click.echo(f"# {a}: back to {d or 'no driver'}")
         for s in result.steps:
             click.echo(str(s))
         return
@@ -335,8 +337,18 @@ def unbind_cmd(
                 fail("give either --all or addresses, not both", 2)
             if driver is not None:
                 fail("--all gives each device back to its own recorded driver; drop --driver", 2)
+            if force:
+                fail(
+                    "--all never takes a group a process holds open (a VM's QEMU): stop the VM "
+                    "first, or give that one device back by address with --force",
+                    2,
+                )
+            from vfio_dp.host.instance import none_running
+            from vfio_dp.host.root import Root
+
             host = _host(root)
-            result = host.unbind_all(force=force, dry_run=dry_run)
+            with none_running(Root(root), "unbind --all refused"):
+                result = host.unbind_all(dry_run=dry_run)
             if output != "json" and not (result.restored or result.already or result.steps):
                 click.echo(
                     f"nothing to restore: no device has a record under {host.display}"

@@ -22,6 +22,7 @@ LAZY_COMMANDS = {
     "plugin": "cli.deviceplugin_cmd:plugin",
     "dra-plugin": "cli.dra_cmd:dra_plugin",
     "webhook": "cli.vm_cmds:webhook",
+    "webhook-certs": "cli.certs_cmd:webhook_certs",
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",
 }
@@ -42,6 +43,7 @@ SUMMARIES = {
     "resource.",
     "dra-plugin": "Publish this node's VFIO devices as DRA ResourceSlices (one device per IOMMU "
     "group) and serve the kubelet's DRA plugin API.",
+    "webhook-certs": "Create (or keep, while good) the webhook's TLS Secret and set the caBundle.",
     "webhook": "Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET "
     "/healthz.",
     "translate": "Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - "

@@ -12,8 +12,19 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
 - ``drivers/<d>/bind``: ``EBUSY`` when already bound; ``ENODEV`` when an override names another
   driver or ``<d>`` is neither the native driver nor the override; else attaches.
 - ``modprobe vfio-pci`` creates ``drivers/vfio-pci``.
+- ``<pf>/sriov_numvfs`` (the kernel's ``sriov_numvfs_store``): the same count succeeds
+  whatever the state; above ``sriov_totalvfs`` is ``ERANGE``; a PF without a driver, or on a
+  driver without ``sriov_configure`` (:attr:`SimulatedKernel.no_sriov_drivers`), is
+  ``ENOENT``; N > 0 while VFs exist is ``EBUSY``; 0 removes every VF (directories, links,
+  groups); N creates VFs at routing IDs PF+1, PF+2, ... with ``physfn`` / ``virtfn<i>``
+  links, each in a new IOMMU group (ACS; ``vf_group_with_pf`` puts them in the PF's), bound
+  to the PF's driver only when ``sriov_drivers_autoprobe`` is 1 (QEMU's NVMe VFs, seen in
+  the guest: driverless with autoprobe 0).
+- ``<pf>/sriov_drivers_autoprobe``: stores 0 or 1 (else ``EINVAL``).
 
-Hooks let a test make a write fail or hang, to exercise rollback and timeouts.
+Hooks let a test make a write fail or hang, to exercise rollback and timeouts: ``fail``
+(an error for a write), ``block_seconds`` (a slow device: the write takes that long) and
+``gates`` (the write hangs until the test opens the gate: the test decides when it ends).
 """
 
 from __future__ import annotations
@@ -34,7 +45,11 @@ class SimulatedKernel:
         self.modprobed: list[str] = []
         self.fail: Callable[[str, str], OSError | None] | None = None
         self.block_seconds: dict[str, float] = {}  # path suffix -> seconds a write hangs
+        self.gates: dict[str, threading.Event] = {}  # path suffix -> a write waits until set
         self.refuse_attach: set[tuple[str, str]] = set()  # (address, driver) probe won't attach
+        self.no_sriov_drivers: set[str] = {"vfio-pci", "pci-stub"}  # no sriov_configure
+        self.vf_device: dict[str, str] = {}  # PF address -> its VFs' device ID (default: PF's)
+        self.vf_group_with_pf: set[str] = set()  # PFs whose VFs share the PF's group (no ACS)
         # one write's reaction at a time, as the kernel's device lock makes each one atomic
         self._lock = threading.Lock()
         if vfio_loaded:
@@ -60,7 +75,10 @@ class SimulatedKernel:
         self.writes.append((path, data))
         for suffix, secs in self.block_seconds.items():
             if path.endswith(suffix):
-                time.sleep(secs)
+                time.sleep(secs)  # the scenario: a device that takes this long to let go
+        for suffix, gate in self.gates.items():
+            if path.endswith(suffix) and not gate.wait(timeout=60):
+                raise TimeoutError(f"simulated kernel: the gate for {suffix} was never opened")
         if self.fail is not None:
             err = self.fail(path, data)
             if err is not None:
@@ -71,6 +89,15 @@ class SimulatedKernel:
     def _react(self, path: str, data: str) -> None:
         parts = self._rel(path)
         value = data.strip()
+        if parts[:4] == ["sys", "bus", "pci", "devices"] and len(parts) == 6:
+            if parts[5] == "sriov_numvfs":
+                self._numvfs(parts[4], value)
+                return
+            if parts[5] == "sriov_drivers_autoprobe":
+                if value not in ("0", "1"):
+                    raise OSError(errno.EINVAL, "Invalid argument")
+                (self.tree.dev_dir(parts[4]) / "sriov_drivers_autoprobe").write_text(value + "\n")
+                return
         if parts[:4] == ["sys", "bus", "pci", "devices"] and parts[5] == "driver_override":
             self.tree.set_override(parts[4], None if data in ("\n", "") else value)
             return
@@ -107,3 +134,62 @@ class SimulatedKernel:
             if op in ("new_id", "remove_id"):
                 raise AssertionError("vfio_dp must never use new_id/remove_id")
         raise OSError(errno.EACCES, f"simulated kernel does not handle writes to {path}")
+
+    # -- SR-IOV ----------------------------------------------------------------------------
+    def _numvfs(self, pf: str, value: str) -> None:
+        try:
+            want = int(value, 0)
+        except ValueError:
+            raise OSError(errno.EINVAL, "Invalid argument") from None
+        d = self.tree.dev_dir(pf)
+        have = int((d / "sriov_numvfs").read_text())
+        if want < 0:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if want > int((d / "sriov_totalvfs").read_text()):
+            raise OSError(errno.ERANGE, "Numerical result out of range")
+        if want == have:
+            return
+        driver = self.tree.driver_of(pf)
+        if driver is None or driver in self.no_sriov_drivers:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        if want == 0:
+            for link in sorted(d.glob("virtfn*")):
+                vf = os.path.basename(os.readlink(link))
+                link.unlink()
+                if vf in self.tree.devs:
+                    self.tree.remove(vf)
+            (d / "sriov_numvfs").write_text("0\n")
+            return
+        if have:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        self._make_vfs(pf, want)
+
+    def _make_vfs(self, pf: str, count: int) -> None:
+        from tests.sysfs_tree import Dev
+
+        d = self.tree.dev_dir(pf)
+        parent = self.tree.devs[pf]
+        autoprobe = (d / "sriov_drivers_autoprobe").read_text().strip() == "1"
+        domain, bus, rest = pf.split(":")
+        slot, func = (int(x, 16) for x in rest.split("."))
+        groups = [int(p.name) for p in self.tree.sys("kernel/iommu_groups").iterdir()]
+        next_group = max(groups, default=0) + 1
+        for i in range(count):
+            devfn = (slot << 3 | func) + 1 + i  # First VF Offset 1, VF Stride 1
+            vf = f"{domain}:{bus}:{devfn >> 3:02x}.{devfn & 7:x}"
+            group = parent.group if pf in self.vf_group_with_pf else next_group + i
+            self.tree.add(
+                Dev(
+                    vf,
+                    parent.vendor,
+                    self.vf_device.get(pf, parent.device),
+                    parent.cls,
+                    driver=parent.driver if autoprobe else None,
+                    native_driver=parent.native_driver,
+                    group=group,
+                    parent=parent.parent,
+                    numa=parent.numa,
+                    physfn=pf,
+                )
+            )
+        (d / "sriov_numvfs").write_text(f"{count}\n")

@@ -107,6 +107,7 @@ class SysfsTree:
         if dev.sriov_totalvfs is not None:
             files["sriov_totalvfs"] = str(dev.sriov_totalvfs)
             files["sriov_numvfs"] = str(dev.sriov_numvfs or 0)
+            files["sriov_drivers_autoprobe"] = "1"
         files.update(dev.extra)
         for name, value in files.items():
             (d / name).write_text(value + "\n")

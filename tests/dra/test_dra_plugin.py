@@ -309,7 +309,7 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
     plugin.publisher.want(plugin.devices[1:])
     await until(
         "rewritten after the conflict",
-        lambda: pool(apiserver)[1] == {d["name"] for d in plugin.devices[1:]},
+        lambda: pool(apiserver)[1] == {d.name for d in plugin.devices[1:]},
     )
     assert plugin.publisher.problem is None
     conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]

@@ -14,12 +14,20 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   :func:`vfio_dp.host.changes.fingerprint` (a few directory listings, no per-device read):
   it scans only when that differs from the look taken with the last scan -- so a driver or
   group link changed or a VFIO node gone without a uevent is seen within one period, and an
-  idle daemon costs a few listings per period. With ``usage`` (the DRA plugin) an unchanged
+  idle daemon costs a few listings per period (with ``numVfs`` selectors or VFs it made, every
+  resync reconciles and scans, as below). With ``usage`` (the DRA plugin) an unchanged
   look still re-reads the host's use of the devices (global files, not per device) and tells
   the front-ends (they reconcile what they published);
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
-  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``.
+  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
+  recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
   Never unbinds anything;
+- SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
+  :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
+  front-end answers the kubelet (so the kubelet's replayed allocations find their VFs), on
+  config reloads, hotplug and resyncs (a refused change, a VF held, is retried); the made
+  VFs are new devices to the ``bind: true`` pass. Front-ends add who holds a VF
+  (:attr:`NodeCore.vf_holds`);
 - health (``/healthz``: the last successful scan is recent) and metrics (``/metrics``);
 - host I/O on a 2-thread executor, so threads stay bounded.
 
@@ -31,10 +39,9 @@ inventory and the configuration are now (:class:`Snapshot`); each computes what 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -44,9 +51,10 @@ from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
-from vfio_dp.host.changes import Fingerprint, fingerprint
+from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
-from vfio_dp.host.state import BOUND_BY_DAEMON
+from vfio_dp.host.sriov import Sriov
+from vfio_dp.host.state import BOUND_BY_DAEMON, BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
@@ -75,6 +83,8 @@ class CoreOptions:
     path: str = DEVICE_PLUGIN
     #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
     usage: bool = False
+    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
+    owner: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +107,7 @@ class Observer(Protocol):
 class NodeCore:
     def __init__(self, options: CoreOptions, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root, owner="daemon")
+        self.host = host or Host(options.root, owner=options.owner)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
@@ -108,6 +118,12 @@ class NodeCore:
         self.observers: list[Observer] = []
         #: extra health checks of the front-ends: each returns None or why it is unhealthy
         self.health_checks: list[Callable[[], str | None]] = []
+        #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
+        self.vf_holds: list[Callable[[], Mapping[PciAddress, Sequence[str]]]] = []
+        # SR-IOV count records keep the node core's shared name (either front-end gives back
+        # what a node core changed); bind records and journals name the front-end
+        self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
+        self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._dirty_reason = "resync"
@@ -145,7 +161,8 @@ class NodeCore:
             self._http = await serve_http(
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
-        await self.run(self.host.recover, owner="daemon")  # undo binds a kill interrupted
+        # undo binds a kill interrupted (ours, and an older version's "daemon" ones)
+        await self.run(self.host.recover, owner=self.options.owner)
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),
@@ -209,12 +226,16 @@ class NodeCore:
         """Scan ``<root>/sys`` (``full``: every attribute of every device), bind new
         ``bind: true`` devices, tell the observers."""
         async with self._scan_lock:
+            made: list[PciAddress] = []
+            if self.config.wanted_vfs() or self.sriov.store.recorded():
+                made = await self._reconcile_sriov()
             inv = await self._scan(trigger, full)
             self.metrics.inc("vfio_dp_scans_total", trigger=trigger.split()[0])
             known = self.inventory.devices if self.inventory else {}
             fresh = set(inv.devices) if bind_all else set(inv.devices) - set(known)
             if bind_only:
                 fresh |= bind_only
+            fresh |= set(made)  # a VF made again at an address seen before is new too
             if fresh and await self._bind(inv, fresh):
                 self._fingerprint = None  # our own bind changed links: scan at the next resync
                 inv = await self._rescan_after_bind(inv)
@@ -242,6 +263,8 @@ class NodeCore:
             self.inventory is None
             or self._fingerprint is None
             or time.monotonic() - self._last_full_scan >= FULL_SCAN_INTERVAL
+            or self.config.wanted_vfs()  # SR-IOV: VF counts are reconciled at every resync
+            or self.sriov.store.recorded()
         ):
             await self.rescan("resync")
             return
@@ -259,8 +282,30 @@ class NodeCore:
             return
         async with self._scan_lock:
             if self.inventory is not None:
-                inv = await self.run(_with_usage, self.host, self.inventory)
+                inv = await self.run(with_usage, self.host.fs, self.inventory)
                 await self._tell(inv, "resync")
+
+    async def _reconcile_sriov(self) -> list[PciAddress]:
+        """Make each named PF's VF count what the config asks (see the module docstring);
+        a message repeated pass after pass (a held VF) is logged once."""
+        holds: dict[PciAddress, list[str]] = {}
+        for hold in self.vf_holds:
+            try:
+                for a, who in hold().items():
+                    holds.setdefault(a, []).extend(who)
+            except Exception:
+                log.exception("a front-end could not say which VFs it holds")
+        wanted = {pf: n for pf, (n, _) in self.config.wanted_vfs().items()}
+        made: list[PciAddress] = []
+        try:
+            said, made = await self.run(self.sriov.reconcile, wanted, holds)
+        except HostError as e:
+            said = [f"SR-IOV: {e}"]
+        for msg in said:
+            if msg not in self._sriov_said:
+                (log.warning if "not set" in msg else log.info)("%s", msg)
+        self._sriov_said = set(said)
+        return made
 
     async def _rescan_after_bind(self, inv: Inventory) -> Inventory:
         if self.options.usage:
@@ -304,7 +349,7 @@ class NodeCore:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:
                 result = await self.run(
-                    self.host.bind, addrs, group=True, probe=False, bound_by=BOUND_BY_DAEMON
+                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.owner
                 )
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")
@@ -390,22 +435,3 @@ class NodeCore:
         if self.inventory is not None:
             fresh = newly_bound(self.inventory, old, new, self.options.path)
         return await self.rescan("config", bind_only=fresh)
-
-
-def _with_usage(host: Host, inv: Inventory) -> Inventory:
-    """``inv`` with the host's use of its devices read again (``inv`` itself when nothing
-    changed): the global files of :mod:`vfio_dp.host.usage`, no per-device read."""
-    from vfio_dp.host import sysfs
-    from vfio_dp.host.usage import host_usage
-
-    used = host_usage(host.fs, inv.devices)
-    changed = {
-        a: dataclasses.replace(d, in_use=now)
-        for a, d in inv.devices.items()
-        if d.in_use != (now := tuple(used.get(a, ())))
-    }
-    if not changed:
-        return inv
-    devices = {a: changed.get(a, d) for a, d in inv.devices.items()}
-    groups = sysfs.read_groups(host.fs, devices)
-    return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))

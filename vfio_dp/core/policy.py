@@ -37,9 +37,7 @@ def autobind_groups(
     return list(by_group.values())
 
 
-def newly_bound(
-    inventory: Inventory, old: Config, new: Config, path: str
-) -> set[PciAddress]:
+def newly_bound(inventory: Inventory, old: Config, new: Config, path: str) -> set[PciAddress]:
     """Devices a config reload turns into ``bind: true`` ones of ``path`` (bound right away)."""
     out: set[PciAddress] = set()
     for addr, dev in inventory.devices.items():

@@ -2,18 +2,21 @@
 
 The ONLY module on the DRA side that imports ``grpc`` and the generated code
 (``vfio_dp.dra._pb``, vendored from kubernetes/kubelet ``pkg/apis/...``). It translates
-between the wire and the typed values below; every decision is the :class:`Handler`'s.
+between the wire and the typed values of :mod:`vfio_dp.dra.claims` (pure, so the claim path
+loads no ``grpc``); every decision is the :class:`~vfio_dp.dra.claims.Handler`'s.
 
 Sockets (as kubelet and kubernetes/dynamic-resource-allocation ``kubeletplugin`` expect)::
 
     <plugins dir>/<driver>/dra.sock           k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin
                                                k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin
+                                               v1.DRAResourceHealth, v1alpha1.DRAResourceHealth
+                                               (:mod:`vfio_dp.dra.health_stream`, when given)
     <registry dir>/<driver>-reg.sock          pluginregistration.Registration
 
 kubelet watches the registry dir, dials ``-reg.sock``, calls ``GetInfo`` (answered with
 ``type = "DRAPlugin"``, ``name = <driver>``, ``endpoint = <dra.sock path>``,
-``supported_versions = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]`` — kubelet takes the first it
-supports) and ``NotifyRegistrationStatus``; then it calls ``NodePrepareResources`` /
+``supported_versions = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+"v1alpha1.DRAResourceHealth"]`` — kubelet takes the first DRAPlugin it supports) and ``NotifyRegistrationStatus``; then it calls ``NodePrepareResources`` /
 ``NodeUnprepareResources`` on ``dra.sock``.
 
 Invariants:
@@ -42,8 +45,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -53,6 +55,8 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from vfio_dp.dra.claims import ClaimRef, ClaimResult, Handler
+from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.errors import DriverNameError, SocketPathError
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import naming
@@ -72,47 +76,6 @@ MAX_UID = 128  # Kubernetes UIDs are 36-character UUIDs
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    """A ResourceClaim as kubelet names it: ``Claim{namespace=1, uid=2, name=3}``."""
-
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    """One device of a prepared claim: ``Device{request_names, pool_name, device_name,
-    cdi_device_ids}`` (``share_id`` is never set: no device of ours is shared)."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    """The answer for one claim: its devices, or a non-empty ``error`` (devices then ignored)."""
-
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-
-class Handler(Protocol):
-    """What the DRA core does with kubelet's calls; both are called with validated claims
-    (distinct uids) and must be idempotent (kubelet re-sends every claim on a retry)."""
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        """Results keyed by claim uid."""
-        ...
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """Errors keyed by claim uid (``""`` = done)."""
-        ...
 
 
 def _clip(text: str, limit: int = MAX_ECHO) -> str:
@@ -239,7 +202,7 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
             type=PLUGIN_TYPE,
             name=self.front.driver_name,
             endpoint=self.front.service_socket,
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=list(self.front.supported_versions),
         )
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -271,13 +234,21 @@ class KubeletFrontEnd:
     """Serves DRAPlugin v1 + v1beta1 and the registration socket for one driver."""
 
     def __init__(
-        self, driver_name: str, registry_dir: str, plugins_dir: str, handler: Handler
+        self,
+        driver_name: str,
+        registry_dir: str,
+        plugins_dir: str,
+        handler: Handler,
+        health: HealthStream | None = None,
     ) -> None:
+        """``health``: also serve ``DRAResourceHealth`` (v1, v1alpha1) on ``dra.sock``."""
         why = naming.dns_subdomain_problem(driver_name, naming.DRA_DRIVER_NAME_MAX)
         if why is not None:
             raise DriverNameError(driver_name, why)
         self.driver_name = driver_name
         self.handler = handler
+        self.health = health
+        self.supported_versions = SUPPORTED_VERSIONS + (SERVICE_NAMES if health else ())
         self.service_socket = os.path.join(plugins_dir, driver_name, SERVICE_SOCKET)
         self.registration_socket = os.path.join(registry_dir, driver_name + REGISTRATION_SUFFIX)
         self._service = _Served(self.service_socket, "--kubelet-plugins-dir")
@@ -369,6 +340,8 @@ class KubeletFrontEnd:
             v1beta1_grpc.add_DRAPluginServicer_to_server(
                 _DraServicer(self, v1beta1_pb2, "v1beta1"), server
             )
+            if self.health is not None:
+                self.health.add_to_server(server)
         else:
             reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
         try:

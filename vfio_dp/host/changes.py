@@ -28,10 +28,13 @@ as a value, a difference only makes the caller scan.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from vfio_dp.errors import HostError, PathEscapeError
 from vfio_dp.host.root import Root
+from vfio_dp.host.sysfs import read_groups
+from vfio_dp.model.device import Inventory
 
 #: what :func:`fingerprint` returns: compare two with ``==``, nothing else
 Fingerprint = tuple[object, ...]
@@ -69,3 +72,22 @@ def fingerprint(root: Root) -> Fingerprint:
         _listing(root, "dev", "vfio"),
         _listing(root, "dev", "vfio", "devices"),
     )
+
+
+def with_usage(root: Root, inv: Inventory) -> Inventory:
+    """``inv`` with the host's use of its devices read again (``inv`` itself when nothing
+    changed): the global files of :mod:`vfio_dp.host.usage`, no per-device read -- what the
+    DRA plugin's resync re-reads when the :func:`fingerprint` is unchanged."""
+    from vfio_dp.host.usage import host_usage
+
+    used = host_usage(root, inv.devices)
+    changed = {
+        a: dataclasses.replace(d, in_use=now)
+        for a, d in inv.devices.items()
+        if d.in_use != (now := tuple(used.get(a, ())))
+    }
+    if not changed:
+        return inv
+    devices = {a: changed.get(a, d) for a, d in inv.devices.items()}
+    groups = read_groups(root, devices)
+    return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))

@@ -18,6 +18,11 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
       - subsystemVendor: "15d9"
         subsystemDevice: "0a01"
       - drivers: [vfio-pci]                 # current driver (recorded original one with bind)
+      - addresses: ["0000:01:00.0"]          # SR-IOV PFs, named one by one
+        numVfs: 2                           # make 2 VFs on each; this selector takes the VFs
+        resourceName: nvme-vf               # (vfDriver: vfio-pci, the default, binds them)
+      - vendor: "1b36"
+        sriov: pf                           # only SR-IOV PFs (vf: only VFs)
 
 Within one selector every given field must match (a list matches any of its values).
 ``path`` says which node process serves what the selector takes: ``devicePlugin`` (the
@@ -26,6 +31,13 @@ device-plugin daemon, ``vfioctl plugin``; the default) or ``dra`` (``vfioctl dra
 process of the selector's path) or ``onPrepare`` (only with ``path: dra``: bound when a claim
 is prepared). With no configuration at all (or no ``selectors``) every device already on
 vfio-pci is served by whichever process runs — run only one of them that way.
+
+SR-IOV (the habits of the SR-IOV network operator): ``numVfs`` asks a number of VFs of each
+PF named in ``addresses`` (never a broad match: only named PFs are ever changed); such a
+selector takes the VFs of those PFs -- never the PFs themselves -- and ``vfDriver``
+(``vfio-pci``, the default, or ``none``) says where they go (``vfio-pci`` implies ``bind:
+true`` unless ``bind`` says otherwise). ``sriov: pf`` / ``sriov: vf`` tells a PF from its VFs
+where they share vendor:device (QEMU's NVMe does).
 """
 
 from __future__ import annotations
@@ -54,6 +66,10 @@ _SELECTOR_KEYS = {
     "resourceName",
     "bind",
     "path",
+    "taintEffect",
+    "sriov",
+    "numVfs",
+    "vfDriver",
 }
 _TOP_KEYS = {"resourceDomain", "selectors"}
 
@@ -62,6 +78,12 @@ DEVICE_PLUGIN = "devicePlugin"
 DRA = "dra"
 PATHS = (DEVICE_PLUGIN, DRA)
 ON_PREPARE = "onPrepare"
+#: the effect of the taint the DRA plugin puts on a prepared device that goes bad
+NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a selector asks
+TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
+SRIOV_KINDS = ("pf", "vf")
+VF_DRIVERS = (VFIO_PCI, "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +101,10 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
+    sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
+    num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
+    vf_driver: str = VFIO_PCI  # ``vfDriver``: where made VFs go (vfio-pci | none)
 
     @property
     def binds(self) -> bool:
@@ -98,7 +124,14 @@ class Selector:
             return False
         if self.subsystem_devices and dev.subsystem_device not in self.subsystem_devices:
             return False
-        if self.addresses and dev.address not in self.addresses:
+        if self.num_vfs is not None:  # takes the VFs of the PFs it names, never the PFs
+            if dev.physfn is None or dev.physfn not in self.addresses:
+                return False
+        elif self.addresses and dev.address not in self.addresses:
+            return False
+        if self.sriov == "pf" and dev.sriov_numvfs is None:
+            return False
+        if self.sriov == "vf" and dev.physfn is None:
             return False
         if self.drivers:
             driver = dev.driver
@@ -123,6 +156,8 @@ class Selector:
             or self.subsystem_devices
             or self.addresses
             or self.drivers
+            or self.sriov
+            or self.num_vfs is not None
         )
 
 
@@ -187,19 +222,15 @@ class Config:
         candidates, in order; one constrained by nothing but IDs shadows everything after it
         (first match wins). Only when no ID-naming selector admits the pair do selectors
         without IDs (``class``, ``drivers``, the default) count — so address selectors
-        should name the IDs of the devices they split. Only ``path: devicePlugin`` selectors
-        give names (DRA devices are not requested through resource names), but a ``path: dra``
-        selector constrained by nothing but IDs still shadows the ones after it.
+        should name the IDs of the devices they split. Selectors of both paths give names:
+        a ``path: dra`` resource is requested by the same name through its DeviceClass's
+        ``extendedResourceName`` (KEP-5004; ``vfioctl deviceclasses``).
         """
         vendor, device = vendor.lower(), device.lower()
         found: dict[str, None] = {}
         fallback: dict[str, None] = {}
         for sel in self.selectors:
             if not sel.admits_ids(vendor, device):
-                continue
-            if not self.selector_serves(sel, DEVICE_PLUGIN):
-                if sel.ids_only and (sel.vendors or sel.devices):
-                    break
                 continue
             name = sel.resource_name or naming.default_resource_name(
                 vendor, device, self.resource_domain
@@ -211,6 +242,16 @@ class Config:
             if sel.ids_only:
                 break
         return list(found or fallback)
+
+    def wanted_vfs(self) -> dict[PciAddress, tuple[int, Selector]]:
+        """Each PF a ``numVfs`` selector names: the VF count asked, and the selector (the
+        first selector naming a PF wins, like every match)."""
+        out: dict[PciAddress, tuple[int, Selector]] = {}
+        for sel in self.selectors:
+            if sel.num_vfs is not None:
+                for pf in sel.addresses:
+                    out.setdefault(pf, (sel.num_vfs, sel))
+        return out
 
     @property
     def resource_names(self) -> list[str]:
@@ -370,6 +411,23 @@ def _parse_selector(
         bind = raw_bind
     else:
         problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
+    taint_effect = raw.get("taintEffect", NO_SCHEDULE)
+    if taint_effect not in TAINT_EFFECTS:
+        problems.append(
+            (f"{where}.taintEffect", taint_effect, f"must be {' or '.join(TAINT_EFFECTS)}")
+        )
+        taint_effect = NO_SCHEDULE
+    elif "taintEffect" in raw and path != DRA:
+        problems.append(
+            (
+                f"{where}.taintEffect",
+                taint_effect,
+                f"only the DRA plugin taints devices: add path: {DRA} or remove it",
+            )
+        )
+    sriov, num_vfs, vf_driver = _parse_sriov(raw, where, bool(addresses), problems)
+    if num_vfs is not None and "bind" not in raw and vf_driver == VFIO_PCI:
+        bind = True  # made VFs go to vfio-pci unless the selector says otherwise
     sel = Selector(
         vendors=_hex_list(raw, "vendor", where, problems, width=4),
         devices=_hex_list(raw, "device", where, problems, width=4),
@@ -382,11 +440,62 @@ def _parse_selector(
         bind=bind,
         path=path,
         bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
+        sriov=sriov,
+        num_vfs=num_vfs,
+        vf_driver=vf_driver,
     )
-    bare = Selector(bind=bind, resource_name=resource_name, path=path, bind_on_prepare=on_prepare)
+    if vf_driver == "none" and bind:
+        problems.append(
+            (f"{where}.vfDriver", vf_driver, "none leaves the VFs driverless: drop bind")
+        )
+    bare = Selector(
+        bind=bind,
+        resource_name=resource_name,
+        path=path,
+        bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
+        vf_driver=vf_driver,
+    )
     if sel == bare and len(problems) == before:
         problems.append((where, dict(raw), "selects nothing: give at least one match field"))
     return sel if len(problems) == before else None
+
+
+def _parse_sriov(
+    raw: Mapping[str, Any], where: str, named: bool, problems: list[tuple[str, object, str]]
+) -> tuple[str | None, int | None, str]:
+    """``sriov``, ``numVfs`` and ``vfDriver`` of one selector (see the module docstring)."""
+    sriov = raw.get("sriov")
+    if sriov is not None and sriov not in SRIOV_KINDS:
+        problems.append((f"{where}.sriov", sriov, "must be pf (SR-IOV PFs) or vf (their VFs)"))
+        sriov = None
+    num_vfs = raw.get("numVfs")
+    if num_vfs is not None:
+        if isinstance(num_vfs, bool) or not isinstance(num_vfs, int) or num_vfs < 0:
+            problems.append((f"{where}.numVfs", num_vfs, "must be a whole number, 0 or more"))
+            num_vfs = None
+        elif not named:
+            problems.append(
+                (
+                    f"{where}.numVfs",
+                    num_vfs,
+                    "needs addresses: the PFs to make VFs on, named one by one (never a broad "
+                    'match), e.g. addresses: ["0000:01:00.0"]',
+                )
+            )
+            num_vfs = None
+        elif sriov == "pf":
+            problems.append(
+                (f"{where}.sriov", sriov, "a numVfs selector takes the PFs' VFs: drop sriov: pf")
+            )
+    vf_driver = raw.get("vfDriver", VFIO_PCI)
+    if vf_driver not in VF_DRIVERS:
+        problems.append((f"{where}.vfDriver", vf_driver, "must be vfio-pci or none"))
+        vf_driver = VFIO_PCI
+    elif "vfDriver" in raw and num_vfs is None:
+        problems.append((f"{where}.vfDriver", vf_driver, "only with numVfs"))
+    return sriov, num_vfs, vf_driver
 
 
 #: Bounds on a config file (a hostile ConfigMap must be refused fast, before anything grows):

@@ -83,9 +83,7 @@ def is_dns_subdomain(text: str) -> bool:
 def dra_device_name(address: PciAddress) -> str:
     """The DRA device name of the group whose first endpoint is ``address``:
     ``pci-<domain>-<bus>-<slot>-<function>`` in lowercase hex (``pci-0000-3b-01-0``)."""
-    return (
-        f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
-    )
+    return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
 
 
 def dra_device_address(name: str) -> PciAddress | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA, Config, Selector
+from vfio_dp.model.config import DRA, NO_EXECUTE, NO_SCHEDULE, Config, Selector
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.naming import dra_device_name
 
@@ -119,6 +119,8 @@ class DraUnit:
     resource_name: str  # the device-plugin name of the primary's selector (for attributes)
     on_prepare: bool  # bind: onPrepare (bound by Prepare, next issue)
     reasons: tuple[str, ...] = ()  # why it is not published; empty = published
+    #: the effect of its taint when prepared and bad (NoExecute only if a selector says so)
+    taint_effect: str = NO_SCHEDULE
 
     @property
     def published(self) -> bool:
@@ -192,11 +194,14 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
         members = by_group[group]
         selected: list[tuple[PciDevice, str, int]] = []
         on_prepare = False
+        effect = NO_SCHEDULE
         for dev, sel in members:
             if sel is None or not config.selector_serves(sel, DRA):
                 continue
             selected.append((dev, names(sel, dev), index[id(sel)]))
             on_prepare = on_prepare or sel.bind_on_prepare
+            if sel.taint_effect == NO_EXECUTE:
+                effect = NO_EXECUTE
         if not selected:
             continue
         primary = members[0][0].address
@@ -210,6 +215,7 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
                 resource_name=selected[0][1],
                 on_prepare=on_prepare,
                 reasons=tuple(reasons),
+                taint_effect=effect,
             )
         )
     return units

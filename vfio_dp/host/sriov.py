@@ -1,0 +1,393 @@
+"""SR-IOV PFs on the host: read them, set their VF count by the kernel's rules, give it back.
+
+Reads, per PF (any ``<root>/sys/bus/pci/devices/<bdf>`` with ``sriov_totalvfs``)::
+
+    sriov_totalvfs  sriov_numvfs  sriov_drivers_autoprobe  driver ->  virtfn<i> -> ../<vf>
+
+and each VF's ``iommu_group`` (whose ``/dev/vfio/<N>`` may be held open: found from
+``<root>/proc/*/fd`` by :mod:`.holders`, never by opening the node). The plan of writes is
+:func:`vfio_dp.model.sriov.plan_count`; this module executes it under the PF's lock (the
+one binds take, ``<root>/run/vfio_dp/<pf>.lock``) with the journal and record of
+:mod:`.sriov_store`, through the host's :class:`~vfio_dp.host.kernel.KernelIO`. Made VFs are
+then bound through :meth:`Host.bind` (recorded like any bind, ``bound_by`` the caller);
+bind records of VFs a count change destroyed are dropped (there is nothing to restore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vfio_dp.errors import BindError, HostError, LockTimeoutError, RefusedError
+from vfio_dp.host import sysfs
+from vfio_dp.host.holders import scan_holders
+from vfio_dp.host.host import Host
+from vfio_dp.host.root import read_text
+from vfio_dp.host.sriov_store import SriovOp, SriovStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, recovers
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.sriov import (
+    AUTOPROBE,
+    NUMVFS,
+    PfState,
+    SriovPlan,
+    SriovRecord,
+    Write,
+    plan_count,
+    record_after,
+)
+
+#: who holds a VF, from outside the host layer (a prepared claim, a pod's allocation)
+Held = Mapping[PciAddress, Sequence[str]]
+
+
+@dataclass(slots=True)
+class SriovResult:
+    """What a count change did (or, with ``dry_run``, would do)."""
+
+    pf: PciAddress
+    target: int
+    steps: list[str] = field(default_factory=list)  # the writes, as pasteable shell commands
+    made: list[PciAddress] = field(default_factory=list)
+    destroyed: list[PciAddress] = field(default_factory=list)
+    bound: list[PciAddress] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    already: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PfView:
+    """One PF for ``vfioctl sriov``: its state, our record, and who holds which VF."""
+
+    pf: PfState
+    record: SriovRecord | None
+    held: dict[PciAddress, list[str]]
+    interrupted: SriovOp | None = None
+
+
+def read_pf(host: Host, address: PciAddress) -> PfState | None:
+    """The PF's SR-IOV state; None when ``address`` is gone or is not an SR-IOV PF."""
+    dfd = sysfs.open_device_dir(host.fs, address)
+    if dfd is None:
+        return None
+    try:
+        total = read_text("sriov_totalvfs", dir_fd=dfd)
+        if total is None or not total.isdigit():
+            return None
+        num = read_text(NUMVFS, dir_fd=dfd) or "0"
+        auto = read_text(AUTOPROBE, dir_fd=dfd)
+        vfs: list[tuple[int, PciAddress]] = []
+        for name in os.listdir(dfd):
+            if name.startswith("virtfn") and name[6:].isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    target = os.path.basename(os.readlink(name, dir_fd=dfd))
+                    vfs.append((int(name[6:]), PciAddress.parse(target)))
+        with contextlib.suppress(OSError):
+            driver: str | None = None
+            driver = os.path.basename(os.readlink("driver", dir_fd=dfd))
+        ids = [read_text(n, dir_fd=dfd) or "0x0000" for n in ("vendor", "device")]
+    finally:
+        os.close(dfd)
+    return PfState(
+        address=address,
+        vendor=ids[0].removeprefix("0x").lower(),
+        device=ids[1].removeprefix("0x").lower(),
+        driver=driver,
+        totalvfs=int(total),
+        numvfs=int(num) if num.isdigit() else 0,
+        autoprobe=int(auto) if auto is not None and auto.isdigit() else None,
+        vfs=tuple(a for _, a in sorted(vfs)),
+    )
+
+
+def list_pfs(host: Host) -> list[PfState]:
+    """Every SR-IOV PF under the root, in address order."""
+    out = []
+    for addr in sysfs.list_addresses(host.fs):
+        pf = read_pf(host, addr)
+        if pf is not None:
+            out.append(pf)
+    return out
+
+
+class Sriov:
+    """SR-IOV count changes on one :class:`Host`; ``by`` goes into records and binds
+    (``operator`` for vfioctl, ``daemon`` for the node core)."""
+
+    def __init__(self, host: Host, *, by: str = BOUND_BY_OPERATOR) -> None:
+        self.host = host
+        self.by = by
+        self.store = SriovStore(host.fs)
+
+    def _path(self, pf: PciAddress, attr: str) -> str:
+        return self.host.fs.path("sys", "bus", "pci", "devices", str(pf), attr)
+
+    def step_text(self, pf: PciAddress, w: Write) -> str:
+        return f"echo {w.value} > {self._path(pf, w.attr)}"
+
+    # -- who holds a VF ----------------------------------------------------------------
+    def held(self, pf: PfState, extra: Held | None = None) -> dict[PciAddress, list[str]]:
+        """For each VF of ``pf`` that something holds: who. A VF group's node held open (or
+        that cannot be told: unreadable ``/proc/<pid>/fd``) and ``extra`` both count."""
+        out: dict[PciAddress, list[str]] = {}
+        nodes: dict[str, list[PciAddress]] = {}
+        for vf in pf.vfs:
+            dev = sysfs.read_device(self.host.fs, vf)
+            if dev is not None and dev.iommu_group is not None:
+                nodes.setdefault(f"/dev/vfio/{dev.iommu_group}", []).append(vf)
+            for who in (extra or {}).get(vf, ()):
+                out.setdefault(vf, []).append(who)
+        if nodes:
+            scan = scan_holders(self.host.fs, nodes)
+            for node, vfs in nodes.items():
+                if scan.held(node) is not False:
+                    for vf in vfs:
+                        out.setdefault(vf, []).append(scan.describe(node))
+        return out
+
+    def view(self, extra: Held | None = None) -> list[PfView]:
+        out = []
+        for pf in list_pfs(self.host):
+            interrupted = self.store.op(pf.address)
+            if interrupted is not None and self.host.state.busy([pf.address]):
+                interrupted = None  # in progress, not interrupted
+            out.append(PfView(pf, self.store.get(pf.address), self.held(pf, extra), interrupted))
+        return out
+
+    # -- changing a count --------------------------------------------------------------
+    def plan(
+        self, address: PciAddress, count: int, *, force: bool = False, extra: Held | None = None
+    ) -> SriovPlan:
+        pf = read_pf(self.host, address)
+        if pf is None:
+            if sysfs.read_device(self.host.fs, address) is None:
+                raise RefusedError([f"no PCI device {address} under {self.host.display}"])
+            raise RefusedError([f"{address} is not an SR-IOV PF (it has no sriov_totalvfs)"])
+        changes = pf.numvfs > 0 and count != pf.numvfs  # only then can a held VF matter
+        held = self.held(pf, extra) if changes else {}
+        return plan_count(pf, count, record=self.store.get(address), held=held, force=force)
+
+    def set(
+        self,
+        address: PciAddress,
+        count: int,
+        *,
+        force: bool = False,
+        dry_run: bool = False,
+        bind: bool = True,
+        extra: Held | None = None,
+    ) -> SriovResult:
+        """Make ``address`` have ``count`` VFs; with ``bind``, the new VFs go to vfio-pci.
+
+        Refuses (:class:`RefusedError`, nothing changed) by :func:`plan_count`'s rules. An
+        interrupted change of this PF is undone first. On a failed write the PF is put back
+        to the count it had and :class:`BindError` says which write failed and why."""
+        if dry_run:
+            plan = self.plan(address, count, force=force, extra=extra)
+            if plan.refusals:
+                raise RefusedError(list(plan.refusals))
+            return SriovResult(
+                address,
+                count,
+                steps=[self.step_text(address, w) for w in plan.writes],
+                destroyed=list(plan.destroys),
+                warnings=[f"forced: {f}" for f in plan.forced],
+                dry_run=True,
+                already=plan.noop,
+            )
+        with self.host.state.locked([address], self.host.lock_timeout):
+            result = SriovResult(address, count)
+            result.warnings += self._recover_locked(address)
+            plan = self.plan(address, count, force=force, extra=extra)
+            if plan.refusals:
+                raise RefusedError(list(plan.refusals))
+            result.warnings += [f"forced: {f}" for f in plan.forced]
+            if plan.noop:
+                result.already = True
+                return result
+            self._execute(plan, result)
+        if bind and result.made:
+            try:
+                br = self.host.bind(result.made, bound_by=self.by)
+                result.bound = list(br.bound) + list(br.already)
+                result.warnings += br.warnings
+            except HostError as e:  # the VFs exist; say why they are not on vfio-pci
+                result.warnings.append(f"made {len(result.made)} VFs but could not bind them: {e}")
+        return result
+
+    def _execute(self, plan: SriovPlan, result: SriovResult) -> None:
+        pf = plan.pf
+        previous = self.store.get(pf.address)
+        op = SriovOp(
+            pf=str(pf.address),
+            owner=self.host.owner,
+            pid=os.getpid(),
+            started=time.time(),
+            from_count=pf.numvfs,
+            from_autoprobe=pf.autoprobe,
+            previous=previous,
+            writes=[(w.attr, w.value) for w in plan.writes],
+        )
+        for w in plan.writes:
+            self.host.fs.check_inside(self._path(pf.address, w.attr))
+        self.store.begin(op)
+        try:
+            for i, w in enumerate(plan.writes):
+                self.store.step(op, i)
+                self._write(pf, w)
+                result.steps.append(self.step_text(pf.address, w))
+            self.store.step(op, len(plan.writes))
+        except (OSError, HostError) as e:
+            why = self._why(pf, e)
+            undo = self._rollback(op)
+            raise BindError(
+                f"SR-IOV count change of {pf.describe()} to {plan.target} failed: {why}"
+                + (f"\n{undo}" if undo else "")
+            ) from e
+        rec = record_after(plan, previous, previous.by if previous else self.by)
+        if rec is None:
+            self.store.remove(pf.address)
+        else:
+            self.store.put(rec)
+        self._forget_gone(plan.destroys)
+        self.store.finish(op)
+        now = read_pf(self.host, pf.address)
+        result.destroyed = list(plan.destroys)
+        fresh = set(plan.destroys) | (set(now.vfs if now else ()) - set(pf.vfs))
+        result.made = [a for a in (now.vfs if now else ()) if a in fresh]
+
+    def _write(self, pf: PfState, w: Write) -> None:
+        self.host.kernel.write(self._path(pf.address, w.attr), f"{w.value}\n")
+
+    def _why(self, pf: PfState, e: BaseException) -> str:
+        code = getattr(e, "errno", None)
+        if code == errno.ENOENT:
+            return (
+                f"the kernel refused (ENOENT): PF driver {pf.driver or '(none)'} cannot make "
+                "VFs (it has no sriov_configure); bind the PF to its SR-IOV capable host driver"
+            )
+        if code == errno.ERANGE:
+            return f"the kernel refused (ERANGE): more than sriov_totalvfs ({pf.totalvfs})"
+        if code == errno.EBUSY:
+            return "the kernel refused (EBUSY): VFs already exist (the count goes through 0)"
+        return str(e)
+
+    def _rollback(self, op: SriovOp) -> str:
+        """Put the PF back to where ``op`` found it; '' when done, else why not."""
+        pf = read_pf(self.host, PciAddress.parse(op.pf))
+        if pf is None:
+            return f"the PF {op.pf} is gone; nothing to put back"
+        writes: list[Write] = []
+        if pf.numvfs != op.from_count and pf.numvfs > 0:
+            writes.append(Write(NUMVFS, 0))
+        if op.from_autoprobe is not None and pf.autoprobe != op.from_autoprobe:
+            writes.append(Write(AUTOPROBE, op.from_autoprobe))
+        if op.from_count > 0 and pf.numvfs != op.from_count:
+            writes.append(Write(NUMVFS, op.from_count))
+        try:
+            for w in writes:
+                self._write(pf, w)
+        except (OSError, HostError) as e:
+            return (
+                f"could not put {op.pf} back to {op.from_count} VFs ({self._why(pf, e)}); its "
+                f"journal {self.store.shown(('var', 'lib', 'vfio_dp', 'sriov', 'ops'), op.pf)} "
+                "is kept: retry with vfioctl unbind --all"
+            )
+        if op.previous is None:
+            self.store.remove(pf.address)
+        else:
+            self.store.put(op.previous)
+        self._forget_gone(pf.vfs)
+        self.store.finish(op)
+        return f"put {op.pf} back to {op.from_count} VFs"
+
+    def _forget_gone(self, vfs: Sequence[PciAddress]) -> None:
+        """Drop the bind records of VFs that no longer exist (nothing to give back)."""
+        for vf in vfs:
+            if sysfs.read_device(self.host.fs, vf) is None:
+                with contextlib.suppress(HostError):
+                    if self.host.state.get(vf) is not None:
+                        self.host.state.remove(vf)
+
+    # -- giving back, recovering -------------------------------------------------------
+    def _recover_locked(self, pf: PciAddress) -> list[str]:
+        op = self.store.op(pf)
+        if op is None:
+            return []
+        return [f"undid the interrupted {op.describe()}: {self._rollback(op)}"]
+
+    def recover(self) -> list[str]:
+        """Undo every interrupted count change (its process died; its PF's lock is free)."""
+        out: list[str] = []
+        for pf in self.store.journaled():
+            out += self.recover_one(pf)
+        return out
+
+    def reconcile(
+        self, wanted: Mapping[PciAddress, int], extra: Held | None = None
+    ) -> tuple[list[str], list[PciAddress]]:
+        """The daemon's pass (``by`` ``daemon``): undo its interrupted changes, give each PF
+        ``wanted`` names its count, and give back every PF it changed that is no longer
+        wanted. Never raises for one PF: returns a message per change made or refused (the
+        refused are retried on the next pass), and the VFs made. Made VFs are NOT bound
+        here: the core's ``bind: true`` pass binds them like any new device."""
+        out: list[str] = []
+        made: list[PciAddress] = []
+        for pf in self.store.journaled():
+            op = self.store.op(pf)
+            if op is not None and recovers(self.host.owner, op.owner):  # "daemon": older
+                out += self.recover_one(pf)
+        todo = dict(wanted)
+        for pf in self.store.recorded():
+            rec = self.store.get(pf)
+            if rec is not None and rec.by == self.by and pf not in todo:
+                todo[pf] = rec.before
+        for pf, count in sorted(todo.items()):
+            try:
+                res = self.set(pf, count, bind=False, extra=extra)
+            except HostError as e:
+                out.append(f"SR-IOV {pf}: not set to {count} VFs: {e}")
+                continue
+            if not res.already:
+                out.append(f"SR-IOV {pf}: now {count} VFs ({'; '.join(res.steps)})")
+            out += [f"SR-IOV {pf}: {w}" for w in res.warnings]
+            made += res.made
+        return out, made
+
+    def recover_one(self, pf: PciAddress) -> list[str]:
+        try:
+            with self.host.state.locked([pf], timeout=0):
+                return self._recover_locked(pf)
+        except LockTimeoutError:
+            return []  # in progress
+        except HostError as e:
+            return [f"{pf}: {e}"]
+
+    def restore_all(
+        self, *, extra: Held | None = None, dry_run: bool = False
+    ) -> tuple[list[SriovResult], list[str]]:
+        """Every PF with a record back to the count (and autoprobe) it had before we changed
+        it, after undoing interrupted changes; returns the results and what recovery did. A
+        PF that cannot be given back (a VF is held) does not stop the others; raises
+        :class:`RefusedError` listing every such PF at the end."""
+        recovered = [] if dry_run else self.recover()
+        results: list[SriovResult] = []
+        refused: list[str] = []
+        for pf in self.store.recorded():
+            rec = self.store.get(pf)
+            if rec is None:
+                continue
+            try:
+                results.append(self.set(pf, rec.before, dry_run=dry_run, bind=False, extra=extra))
+            except RefusedError as e:
+                refused += e.reasons
+            except BindError as e:
+                refused.append(str(e))
+        if refused:
+            raise RefusedError(refused)
+        return results, recovered

@@ -1,0 +1,222 @@
+"""The durable SR-IOV state: what vfio_dp did to each PF's VF count, and the journal of a
+count change while it runs. Both under the root, both written whole or not at all
+(:func:`vfio_dp.host.atomic.replace_at` in a directory opened with :meth:`Root.open_dir`).
+
+- ``<root>/var/lib/vfio_dp/sriov/<pf>.json`` — the record, kept while the PF is not at the
+  count it had before we first changed it::
+
+      {"address": "0000:01:00.0", "before": 0, "autoprobe_before": 1, "count": 2,
+       "by": "daemon"}
+
+  ``vfioctl unbind --all``, uninstall and the daemon (for a PF the config no longer asks VFs
+  of) put the PF back to ``before`` and its ``sriov_drivers_autoprobe`` to
+  ``autoprobe_before``, then remove the record.
+- ``<root>/var/lib/vfio_dp/sriov/ops/<pf>.json`` — the journal of one count change, written
+  before its first sysfs write and again before each write; removed when it finished::
+
+      {"pf": "0000:01:00.0", "owner": "daemon", "pid": 812, "started": 1763898000.1,
+       "from_count": 0, "from_autoprobe": 1, "previous": null,
+       "writes": [["sriov_drivers_autoprobe", 0], ["sriov_numvfs", 2]], "done": 1}
+
+  One left behind while nobody holds the PF's lock (``<root>/run/vfio_dp/<pf>.lock``, the
+  same lock binds take) is an interrupted change: :meth:`Sriov.recover` puts the PF back to
+  ``from_count`` / ``from_autoprobe`` and the record back to ``previous``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
+from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.root import Root
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.sriov import SriovRecord
+
+RECORD_DIR = ("var", "lib", "vfio_dp", "sriov")
+OPS_DIR = (*RECORD_DIR, "ops")
+_MAX = 1 << 16
+
+
+@dataclass(slots=True)
+class SriovOp:
+    """The journal of one count change (see the module docstring)."""
+
+    pf: str
+    owner: str
+    pid: int
+    started: float
+    from_count: int
+    from_autoprobe: int | None
+    previous: SriovRecord | None
+    writes: list[tuple[str, int]] = field(default_factory=list)
+    done: int = 0
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        return (
+            f"SR-IOV count change of {self.pf} by {self.owner} (pid {self.pid}) started {when}, "
+            f"{self.done} of {len(self.writes)} writes made"
+        )
+
+
+def _record(data: object) -> SriovRecord:
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    rec = SriovRecord(
+        address=str(PciAddress.parse(str(data["address"]))),
+        before=int(data["before"]),
+        autoprobe_before=None
+        if data.get("autoprobe_before") is None
+        else int(data["autoprobe_before"]),
+        count=int(data["count"]),
+        by=str(data["by"]),
+    )
+    if rec.before < 0 or rec.count < 0:
+        raise ValueError("negative count")
+    return rec
+
+
+def _op(data: object) -> SriovOp:
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    prev = data.get("previous")
+    return SriovOp(
+        pf=str(PciAddress.parse(str(data["pf"]))),
+        owner=str(data["owner"]),
+        pid=int(data["pid"]),
+        started=float(data["started"]),
+        from_count=int(data["from_count"]),
+        from_autoprobe=None if data.get("from_autoprobe") is None else int(data["from_autoprobe"]),
+        previous=None if prev is None else _record(prev),
+        writes=[(str(a), int(v)) for a, v in data.get("writes", [])],
+        done=int(data.get("done", 0)),
+    )
+
+
+class SriovStore:
+    def __init__(self, root: Root) -> None:
+        self.root = root
+
+    def shown(self, parts: tuple[str, ...], address: str) -> str:
+        return f"{self.root.path(*parts)}/{address}.json"
+
+    def _read(self, parts: tuple[str, ...], name: str) -> bytes | None:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.read(fd, _MAX + 1)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+
+    def _write(self, parts: tuple[str, ...], name: str, value: object) -> None:
+        dfd = -1
+        try:
+            dfd = self.root.open_dir(*parts, create=True)
+            replace_at(dfd, name, json.dumps(value, sort_keys=True).encode())
+        except (OSError, PathEscapeError) as e:
+            raise StateWriteError(
+                f"cannot write {self.root.path(*parts)}/{name}: {e}; nothing was changed "
+                "(make the directory writable and retry)"
+            ) from e
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+
+    def _unlink(self, parts: tuple[str, ...], name: str) -> None:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dfd)
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _names(self, parts: tuple[str, ...]) -> list[str]:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except (OSError, PathEscapeError):
+            return []
+        try:
+            return sorted(
+                n[:-5] for n in os.listdir(dfd) if n.endswith(".json") and not n.startswith(".")
+            )
+        finally:
+            os.close(dfd)
+
+    # -- records -----------------------------------------------------------------------
+    def get(self, pf: PciAddress) -> SriovRecord | None:
+        raw = self._read(RECORD_DIR, f"{pf}.json")
+        if raw is None:
+            return None
+        try:
+            if len(raw) > _MAX:
+                raise ValueError("too large")
+            return _record(json.loads(raw))
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptRecordError(
+                self.shown(RECORD_DIR, str(pf)),
+                str(e) or type(e).__name__,
+                f"set the count by hand (echo N > .../{pf}/sriov_numvfs), then remove it",
+            ) from e
+
+    def put(self, rec: SriovRecord) -> None:
+        self._write(RECORD_DIR, f"{rec.address}.json", asdict(rec))
+
+    def remove(self, pf: PciAddress) -> None:
+        self._unlink(RECORD_DIR, f"{pf}.json")
+
+    def recorded(self) -> list[PciAddress]:
+        """Every PF with a record (names that are not addresses are ignored)."""
+        out = []
+        for n in self._names(RECORD_DIR):
+            with contextlib.suppress(ValueError):
+                out.append(PciAddress.parse(n))
+        return out
+
+    # -- journal -----------------------------------------------------------------------
+    def begin(self, op: SriovOp) -> None:
+        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+
+    def step(self, op: SriovOp, done: int) -> None:
+        op.done = done
+        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+
+    def finish(self, op: SriovOp) -> None:
+        self._unlink(OPS_DIR, f"{op.pf}.json")
+
+    def op(self, pf: PciAddress) -> SriovOp | None:
+        raw = self._read(OPS_DIR, f"{pf}.json")
+        if raw is None:
+            return None
+        try:
+            return _op(json.loads(raw[:_MAX]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptRecordError(
+                self.shown(OPS_DIR, str(pf)),
+                str(e) or type(e).__name__,
+                "check the PF's sriov_numvfs by hand, then remove the journal",
+            ) from e
+
+    def journaled(self) -> list[PciAddress]:
+        out = []
+        for n in self._names(OPS_DIR):
+            with contextlib.suppress(ValueError):
+                out.append(PciAddress.parse(n))
+        return out
