@@ -122,6 +122,9 @@ def report(tree: Side, ref: Side, results: dict[str, dict[str, list[float]]]) ->
         a = anchor_of(fig, tree.label, results)
         if a is not None:
             verdict += f" (tree {m / a:.2f}x {fig.anchor})"
+        ok = met(fig.key, m, {fig.anchor: a} if fig.anchor and a is not None else {})
+        if ok is not None:
+            verdict += f"; goal {fig.goal}: {'met' if ok else 'NOT met'}"
         print(f"{fig.what:52} {fig.unit:6} {fmt(m, fig.unit):>9} {fmt(t, fig.unit):>9} "
               f"{ratio:6.2f} {lo:5.2f}–{hi:<5.2f}  {verdict}")  # fmt: skip
     for key, what in ANCHORS.items():
