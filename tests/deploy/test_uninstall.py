@@ -90,7 +90,7 @@ def test_its_command_on_a_temp_tree(objs: list[Obj], tmp_path: Path) -> None:
         assert (state / "0000:65:00.0.json").exists()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate(timeout=10)
 
 
 def test_every_object_of_every_install_carries_the_part_of_label(
