@@ -11,16 +11,22 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.common import (
+    MACHINE,
+    F,
+    envvar_for,
     fail,
     option,
     output_option,
     print_json,
+    print_names,
     print_table,
     root_option,
     run_guarded,
 )
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from vfio_dp.dra.health import GroupView
     from vfio_dp.host import BindResult, Host
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
@@ -30,10 +36,16 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
 
 def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     from vfio_dp.model.address import parse_many
+    from vfio_dp.model.naming import dra_device_address
 
     if not addresses:
         fail("give at least one PCI address, e.g. 0000:65:00.0", 2)
-    return parse_many(addresses)
+    # the DRA device names `list` prints (pci-0000-3b-00-0) name the same function
+    given = [
+        str(a) if (a := dra_device_address(t)) is not None else t
+        for t in addresses
+    ]
+    return parse_many(given)
 
 
 def _host(root: str) -> Host:
@@ -51,10 +63,20 @@ def _host(root: str) -> Host:
     return Host(root, scan_processes=len(os.sched_getaffinity(0)))
 
 
-def _config(path: str | None) -> Config:
+def _config(path: str | None, node: str | None = None) -> Config:
     from vfio_dp.host.files import load_config
 
-    return load_config(path)
+    return load_config(path).for_node(node)
+
+
+def _node_option(f: F) -> F:
+    return option(
+        "--node-name",
+        envvar=[envvar_for("--node-name"), "NODE_NAME"],
+        default=None,
+        help="Read the config as this node does (selectors limited to nodes: apply only "
+        "where the name matches).",
+    )(f)
 
 
 def device_json(
@@ -82,6 +104,8 @@ def device_json(
         "path": serving.path,
         "resource": serving.resource,
         "dra_device": serving.dra_device,
+        "dra_resource": serving.dra_resource,
+        "served_by": serving.served_by,
         "not_served": serving.not_served,
         "in_use": [str(u) for u in dev.in_use],
     }
@@ -97,6 +121,40 @@ def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg, chosen), chosen)
 
 
+def _dra_view(host: Host, inv: Inventory, cfg: Config, driver: str) -> dict[int, GroupView]:
+    """By IOMMU group: the health and taint the DRA plugin would publish now (its pure rules,
+    the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
+    import time
+
+    from vfio_dp.dra import health
+    from vfio_dp.dra.checkpoint import peek
+    from vfio_dp.host.vfio import group_nodes_present
+    from vfio_dp.model.serving import dra_units
+
+    records, problem = peek(host, driver)
+    if problem:
+        click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
+    units = dra_units(inv, cfg)
+    holds = health.claim_holds(records)
+    present = group_nodes_present(host.fs, health.nodes_to_check(inv, units, holds))
+    missing = {g for g, ok in present.items() if not ok}
+    return health.node_view(units, inv, holds, missing, driver, time.time())
+
+
+def _view_json(v: GroupView | None) -> dict[str, object]:
+    if v is None:
+        return {"dra_health": None, "dra_message": None, "dra_taint": None}
+    return {"dra_health": v.health, "dra_message": v.message or None, "dra_taint": v.taint}
+
+
+dra_driver_option = option(
+    "--dra-driver",
+    default=DEFAULT_DRA_DRIVER,
+    show_default=True,
+    help="With --config: the DRA driver whose prepared claims (checkpoint) count.",
+)
+
+
 @click.command("list")
 @root_option
 @output_option
@@ -105,26 +163,58 @@ def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     type=click.Path(dir_okay=False),
     default=None,
     help="Node config (YAML): the table gets what each path would serve (device-plugin "
-    "resource, DRA device). Without it: what a process without --config would serve.",
+    "resource, DRA device, the DRA health and taint). Without it: what a process without "
+    "--config would serve.",
 )
-def list_cmd(root: str, output: str, config: str | None) -> None:
+@_node_option
+@dra_driver_option
+@option("--driver", "driver", default=None, help="Only devices on this driver (e.g. vfio-pci).")
+@option("--class", "pci_class", default=None, help="Only this PCI class, e.g. 0200 or 020000.")
+@option("--vendor", default=None, help="Only this vendor ID, e.g. 10de.")
+def list_cmd(
+    root: str,
+    output: str,
+    config: str | None,
+    node_name: str | None,
+    dra_driver: str,
+    driver: str | None,
+    pci_class: str | None,
+    vendor: str | None,
+) -> None:
     """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
-    path would serve: the device-plugin resource and the DRA device (null: not served)."""
+    path would serve: the resource, the path serving it (devicePlugin, or dra through the
+    DeviceClass whose extendedResourceName it is) and the DRA device (null: not served)."""
 
     def body() -> int:
-        cfg = _config(config)
+        cfg = _config(config, node_name)
         host = _host(root)
         inv = host.scan()
         names = host.names(inv)
         serving = _serving(inv, cfg)
-        rows = [device_json(d, serving[a], names) for a, d in inv.devices.items()]
-        if output == "json":
-            print_json(rows)
+        view = _dra_view(host, inv, cfg, dra_driver)
+        shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
+        if output == "name":
+            print_names([str(a) for a in shown])
+            return 0
+        rows = [
+            {
+                **device_json(d, serving[a], names),
+                **_view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
+            }
+            for a, d in shown.items()
+        ]
+        if output in MACHINE:
+            print_json(rows, output)
             _report_operations(host)
             return 0
         headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
-        if config:
-            headers += ["resource", "dra device", "not served"]
+        # the serving columns: with a config always; without one only where a device is
+        # served (what a process without --config would serve: devices on vfio-pci)
+        serve_cols = bool(config) or any(
+            serving[a].resource or serving[a].dra_device for a in shown
+        )
+        if serve_cols:
+            headers += ["resource", "served by", "dra device", "dra health", "not served"]
         print_table(
             headers,
             [
@@ -143,18 +233,34 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                     or None,
                     "; ".join(str(u) for u in d.in_use) or None,
                     *(
-                        (serving[a].resource, serving[a].dra_device, serving[a].not_served)
-                        if config
+                        (
+                            serving[a].resource or serving[a].dra_resource,
+                            serving[a].served_by,
+                            serving[a].dra_device,
+                            _dra_cell(view, d.iommu_group, serving[a].dra_device),
+                            serving[a].not_served,
+                        )
+                        if serve_cols
                         else ()
                     ),
                 )
-                for a, d in inv.devices.items()
+                for a, d in shown.items()
             ],
+            wide=output == "wide",
         )
         _report_operations(host)
         return 0
 
     run_guarded(body)
+
+
+def _dra_cell(view: dict[int, GroupView], group: int | None, device: str | None) -> str | None:
+    from vfio_dp.dra.health import describe
+
+    v = view.get(group) if group is not None else None
+    if v is None or (device is None and not v.held):
+        return None
+    return describe(v)
 
 
 def _report_operations(host: Host) -> None:
@@ -180,28 +286,51 @@ def _report_operations(host: Host) -> None:
     "--config",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Node config (YAML): say which path serves each group, or why none does.",
+    help="Node config (YAML): say which path serves each group, or why none does, and the "
+    "health and taint the DRA plugin would publish.",
 )
-def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
+@_node_option
+@dra_driver_option
+def groups_cmd(
+    root: str,
+    output: str,
+    probe: bool,
+    config: str | None,
+    node_name: str | None,
+    dra_driver: str,
+) -> None:
     """Every IOMMU group: members, viability with reasons, the kernel's own verdict, and
-    which path serves it (a group split between paths is served by neither: why)."""
+    which path serves it under which resource name (a group split between paths is served
+    by neither: why)."""
 
     def body() -> int:
         from vfio_dp.errors import NoIommuError
         from vfio_dp.model.serving import group_paths, path_splits
 
-        cfg = _config(config)
+        cfg = _config(config, node_name)
+        host = _host(root)
         try:
-            inv, status = _host(root).groups(probe=probe)
+            inv, status = host.groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
             click.echo(f"vfioctl: {e}", err=True)
-            if output == "json":
-                print_json([])
+            if output in MACHINE:
+                print_json([], output)
             return 0
         groups = list(inv.groups.values())
+        if output == "name":
+            print_names([g.number for g in groups])
+            return 0
         paths = group_paths(inv, cfg)
         splits = path_splits(inv, cfg)
-        if output == "json":
+        serving = _serving(inv, cfg)
+        resources: dict[int, dict[str, str]] = {}
+        for a, s in serving.items():
+            group = inv.devices[a].iommu_group
+            name = s.resource or s.dra_resource
+            if group is not None and name and s.served_by:
+                resources.setdefault(group, {})[name] = s.served_by
+        view = _dra_view(host, inv, cfg, dra_driver)
+        if output in MACHINE:
             print_json(
                 [
                     {
@@ -219,14 +348,19 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                         "in_use": status[g.number].in_use,
                         "paths": {str(a): p for a, p in paths.get(g.number, {}).items()},
                         "not_served": splits.get(g.number),
+                        "resources": resources.get(g.number, {}),
+                        "dra_device": view[g.number].device if g.number in view else None,
+                        **_view_json(view.get(g.number)),
                     }
                     for g in groups
-                ]
+                ],
+                output,
             )
             return 0
         kernel = {True: "viable", False: "not viable", None: None}
         print_table(
-            ["group", "viable", "kernel", "path", "devices", "problems"],
+            ["group", "viable", "kernel", "path", "resources", "devices", "problems"]
+            + (["dra health"] if config else []),
             [
                 (
                     g.number,
@@ -235,6 +369,7 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                     "SPLIT"
                     if g.number in splits
                     else (",".join(sorted(set(paths.get(g.number, {}).values()))) or None),
+                    ", ".join(f"{n} ({p})" for n, p in resources.get(g.number, {}).items()) or None,
                     " ".join(
                         f"{a}({inv.devices[a].driver or '-'})"
                         for a in g.devices
@@ -245,17 +380,29 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                         + ([splits[g.number]] if g.number in splits else [])
                     )
                     or None,
+                    *((_dra_group_cell(view, g.number),) if config else ()),
                 )
                 for g in groups
             ],
+            wide=output == "wide",
         )
         return 0
 
     run_guarded(body)
 
 
+def _dra_group_cell(view: dict[int, GroupView], group: int) -> str | None:
+    from vfio_dp.dra.health import describe
+
+    v = view.get(group)
+    return None if v is None else describe(v)
+
+
 def _report(result: BindResult, output: str, verb: str) -> None:
-    if output == "json":
+    if output == "name":
+        print_names([str(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]])
+        return
+    if output in MACHINE:
         print_json(
             {
                 "dry_run": result.dry_run,
@@ -349,7 +496,7 @@ def unbind_cmd(
             host = _host(root)
             with none_running(Root(root), "unbind --all refused"):
                 result = host.unbind_all(dry_run=dry_run)
-            if output != "json" and not (result.restored or result.already or result.steps):
+            if output not in MACHINE and not (result.restored or result.already or result.steps):
                 click.echo(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
@@ -380,12 +527,15 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
 
     def body() -> int:
         reports = _host(root).check(_parse(addresses))
-        if output == "json":
+        if output == "name":
+            print_names([r.address for r in reports if r.ready])
+        elif output in MACHINE:
             print_json(
                 [
                     {"address": str(r.address), "ready": r.ready, "reasons": list(r.reasons)}
                     for r in reports
-                ]
+                ],
+                output,
             )
         else:
             for r in reports:
@@ -395,3 +545,12 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)
+
+
+def _wanted(d: PciDevice, driver: str | None, pci_class: str | None, vendor: str | None) -> bool:
+    """``list``'s filters: driver name, class prefix (``0200`` or ``020000``), vendor ID."""
+    if driver is not None and d.driver != driver:
+        return False
+    if pci_class is not None and not d.class_code.startswith(pci_class.lower().removeprefix("0x")):
+        return False
+    return vendor is None or d.vendor == vendor.lower().removeprefix("0x")

@@ -92,6 +92,25 @@ class ConfigError(UsageError):
         super().__init__(f"invalid configuration {clip(source, 400)}:\n" + "\n".join(lines))
 
 
+class PathConflictError(UsageError):
+    """One resource name would be served by both paths on one node (the device plugin and the
+    DRA plugin through its DeviceClass's extendedResourceName): ``conflicts`` lists each."""
+
+    def __init__(self, process: str, node: str | None, conflicts: list[str]) -> None:
+        self.process = process
+        self.conflicts = conflicts
+        where = f"node {node}" if node else "this node"
+        lines = "\n".join(f"  {clip(c, 600)}" for c in conflicts[:LISTED_PROBLEMS])
+        if len(conflicts) > LISTED_PROBLEMS:
+            lines += f"\n  ... and {len(conflicts) - LISTED_PROBLEMS} more"
+        super().__init__(
+            f"{process} refuses to start: on {where} a resource name would be served by both "
+            f"the device plugin and DRA:\n{lines}\none resource name goes through one path "
+            "on a node: give one of the selectors another resourceName or the same path, or "
+            "limit it to other nodes (nodes:)"
+        )
+
+
 class SocketPathError(VfioError):
     """Where a socket of ours must go, something else is (or the directory is unusable)."""
 
@@ -251,21 +270,22 @@ class StaleAllocationError(PluginError):
         )
 
 
-class DriverNameError(UsageError, ValueError):
-    """A DRA driver name is not a lowercase DNS subdomain (it names sockets and slices)."""
+class DraError(VfioError):
+    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
+
+
+class DriverNameError(UsageError, DraError, ValueError):
+    """A DRA driver name we cannot use (:func:`vfio_dp.model.naming.dra_driver_name_problem`):
+    it names the sockets, the slices and the claims' CDI kind. A usage error (exit 2)."""
 
     def __init__(self, name: str, why: str) -> None:
         self.name = name
         self.why = why
         super().__init__(
             f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
-            "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
-            "the API server's limit for ResourceSlice spec.driver)"
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', starting with a letter; at "
+            "most 63 characters in all, the API server's limit for ResourceSlice spec.driver)"
         )
-
-
-class DraError(VfioError):
-    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
 
 
 class MetadataFormatError(DraError, ValueError):

@@ -86,8 +86,9 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     p = run("list", "--root", str(tree.root), "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     head, *lines = p.stdout.splitlines()
-    assert head.split()[-5:] == ["RESOURCE", "DRA", "DEVICE", "NOT", "SERVED"]
+    assert head.split()[-9:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "DRA", "HEALTH", "NOT", "SERVED"]
     line = {ln.split()[0]: ln for ln in lines}
+    assert line["0000:65:00.0"].split()[-3:-1] == ["pci-0000-65-00-0", "HEALTHY"]
     assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
     assert "pci-0000-65-00-0" in line["0000:65:00.0"]
     assert "split between paths" in line["0000:3b:00.1"]
@@ -95,6 +96,10 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     rows = {r["address"]: r for r in json.loads(j.stdout)}
     assert rows["0000:65:00.0"]["path"] == "dra" and rows["0000:65:00.0"]["resource"] is None
     assert rows["0000:3b:00.1"]["dra_device"] is None
+    assert (
+        rows["0000:65:00.0"]["dra_health"] == "HEALTHY"
+        and rows["0000:65:00.0"]["dra_taint"] is None
+    )
     assert rows["0000:3b:00.0"]["path"] == "devicePlugin"
     assert "IOMMU group 45 is split between paths" in rows["0000:3b:00.0"]["not_served"]
     assert rows["0000:af:00.0"]["path"] is None and rows["0000:af:00.0"]["resource"] is None
@@ -146,7 +151,8 @@ def test_bind_refusals_exit_1_and_touch_nothing(tree: SysfsTree) -> None:
     assert p.returncode == 1
     assert "vfioctl bind --group 0000:3b:00.0" in p.stderr
     p = run("bind", "--root", str(tree.root), "0000:00:03.0")
-    assert p.returncode == 1 and "eth0 is up" in p.stderr and "--force" in p.stderr
+    assert p.returncode == 1 and "eth0 is up" in p.stderr and "only interface" in p.stderr
+    assert "--force" not in p.stderr  # the host's only interface: --force is never suggested
     assert tree.override_of("0000:3b:00.0") == before
     assert not (tree.root / "var/lib/vfio_dp/original").exists()
 
@@ -231,17 +237,16 @@ def test_check_names_the_real_fix_for_a_mounted_boot_disk(tree: SysfsTree) -> No
         "vda1 is mounted at / (the host's root filesystem)" in r and "pick another device" in r
         for r in reasons
     ), reasons
-    # bind is offered only together with what --force takes from the host
-    binds = [r for r in reasons if "vfioctl bind" in r]
-    assert binds and all("vfioctl bind --force 0000:00:02.0" in r for r in binds), binds
-    assert not any("fix: vfioctl bind" in r for r in reasons), reasons
+    # the host's root disk: never a bind hint, never --force (issue 21 item 8)
+    assert not any("vfioctl bind" in r or "--force" in r for r in reasons), reasons
+    assert any("must stay the host's" in r for r in reasons), reasons
 
 
 def test_check_warns_that_the_only_interface_up_is_the_hosts_network(tree: SysfsTree) -> None:
     reasons = _check(tree, "0000:00:03.0")
     assert any("eth0 is up" in r and "only interface that is up" in r for r in reasons), reasons
-    assert not any("fix: vfioctl bind" in r for r in reasons), reasons
-    assert any("--force" in r and "takes it from the host" in r for r in reasons), reasons
+    # the host's only interface: never a bind hint, never --force
+    assert not any("vfioctl bind" in r or "--force" in r for r in reasons), reasons
 
 
 def test_check_says_a_bridge_cannot_be_passed_through(tree: SysfsTree) -> None:
@@ -345,3 +350,40 @@ def test_list_skips_a_device_with_garbage_and_says_why(tree: SysfsTree) -> None:
     assert "0000:65:00.0" not in rows and "0000:3b:00.0" in rows
     assert not any("\x00" in (r["resource"] or "") for r in rows.values())
     assert "0000:65:00.0/uevent" in p.stderr and "skipped" in p.stderr
+
+
+def test_groups_show_the_taint_of_a_prepared_group_gone_bad(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    """A claim holds the NIC's group (checkpoint); the NIC is off vfio-pci: the DRA plugin
+    keeps it published with a NoSchedule taint, and vfioctl says so."""
+    from vfio_dp.dra.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
+    from vfio_dp.host.root import Root
+
+    driver = "vfio.dra.vfio-dp.io"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('selectors: [{vendor: "8086", device: "10d3", path: dra}]\n')
+    group = json.loads(run("list", "--root", str(tree.root), "-o", "json").stdout)
+    group_of = {r["address"]: r["iommu_group"] for r in group}["0000:65:00.0"]
+    Checkpoint(Root(str(tree.root)), driver).put(
+        ClaimRecord("vms", "vm-nic", "u1", PREPARED, "", None, (
+            DeviceRecord(("nic",), "node-a", "pci-0000-65-00-0", group_of, ("0000:65:00.0",),
+                         ("8086:10d3",)),))
+    )  # fmt: skip
+    healthy = run(
+        "groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe", "-o", "json"
+    )
+    (g,) = [r for r in json.loads(healthy.stdout) if r["group"] == group_of]
+    assert g["dra_health"] == "HEALTHY" and g["dra_taint"] is None
+    tree.set_driver("0000:65:00.0", "e1000e")
+    p = run("groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe")
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stdout.splitlines() if ln.split()[0] == str(group_of)]
+    assert line.endswith("UNHEALTHY, tainted host-driver:NoSchedule")
+    j = run("groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe", "-o", "json")
+    (g,) = [r for r in json.loads(j.stdout) if r["group"] == group_of]
+    assert g["dra_device"] == "pci-0000-65-00-0" and g["dra_health"] == "UNHEALTHY"
+    assert (
+        g["dra_taint"]["key"] == f"{driver}/unhealthy" and g["dra_taint"]["effect"] == "NoSchedule"
+    )
+    assert "left vfio-pci for host driver e1000e" in g["dra_message"]

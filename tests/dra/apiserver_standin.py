@@ -44,6 +44,12 @@ Watch streams (``?watch=true``) send ``{"type", "object"}`` lines: with ``resour
 unset or ``"0"`` first an ADDED per existing object, then every change after it; they end at
 ``timeoutSeconds`` or :meth:`ApiServerStandin.stop`. No event history is compacted.
 
+RBAC (when :attr:`ApiServerStandin.rules` is set, e.g. to a deploy ClusterRole's rules):
+every request is authorized as the API server's RBAC authorizer would (403 Forbidden naming
+the user, verb and resource); a write of a ResourceClaim's ``status.devices`` additionally
+needs ``associated-node:update|patch`` on ``resourceclaims/driver`` named after each driver
+whose entries change (Kubernetes >= 1.36, ``../shared/reference/dra.md``).
+
 Tests may reach into :attr:`ApiServerStandin.store` only through :meth:`seed`, :meth:`objects`
 and :attr:`requests` (what was called), never to make a refused object accepted.
 """
@@ -152,7 +158,14 @@ CLAIMS = Kind(
 )
 # What the self-signed overlay's certificate Job touches (vfioctl webhook-certs).
 SECRETS = Kind(
-    "secrets", "Secret", "", "v1", "V1Secret", True, ("metadata.name", "metadata.namespace", "type"), False
+    "secrets",
+    "Secret",
+    "",
+    "v1",
+    "V1Secret",
+    True,
+    ("metadata.name", "metadata.namespace", "type"),
+    False,
 )
 WEBHOOK_CONFIGS = Kind(
     "mutatingwebhookconfigurations",
@@ -602,7 +615,12 @@ def validate_secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tup
     data = obj.get("data") or {}
     for key, value in data.items():
         if not _SECRET_KEY.fullmatch(key) or len(key) > 253:
-            causes.append((f"data[{key[:60]}]", "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"))
+            causes.append(
+                (
+                    f"data[{key[:60]}]",
+                    "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                )
+            )
         try:
             base64.b64decode(value, validate=True)
         except ValueError:
@@ -630,15 +648,24 @@ def validate_webhook_config(
             causes.append((f"{where}.name", f"Duplicate value: {name[:80]!r}"))
         seen.add(name)
         if name.count(".") < 2 or _dns_subdomain(name):
-            causes.append((f"{where}.name", "Invalid value: should be a domain with at least three segments"))
+            causes.append(
+                (f"{where}.name", "Invalid value: should be a domain with at least three segments")
+            )
         cc = hook.get("clientConfig") or {}
         if bool(cc.get("url")) == bool(cc.get("service")):
-            causes.append((f"{where}.clientConfig", "Required value: exactly one of url or service is required"))
+            causes.append(
+                (
+                    f"{where}.clientConfig",
+                    "Required value: exactly one of url or service is required",
+                )
+            )
         if "caBundle" in cc:
             try:
                 base64.b64decode(cc["caBundle"], validate=True)
             except ValueError:
-                causes.append((f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data"))
+                causes.append(
+                    (f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data")
+                )
         if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
             causes.append((f"{where}.sideEffects", "Unsupported value"))
         if not hook.get("admissionReviewVersions"):
@@ -707,6 +734,15 @@ def parse_label_selector(text: str) -> list[Callable[[dict[str, str]], bool]]:
         else:
             raise _bad_request(f"unable to parse requirement: {term[:80]!r}")
     return preds
+
+
+def _rbac_verb(method: str, named: bool, query: dict[str, str]) -> str:
+    """The RBAC verb of a request (k8s.io/apiserver's RequestInfoFactory)."""
+    if method == "GET":
+        return "get" if named else ("watch" if query.get("watch") in ("1", "true") else "list")
+    if method == "DELETE":
+        return "delete" if named else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 def _json_merge(target: Any, patch: Any) -> Any:
@@ -828,6 +864,11 @@ class ApiServerStandin:
         self.thread: threading.Thread | None = None
         self.kubeconfig = os.path.join(directory, "kubeconfig")
         self.url = ""
+        #: RBAC: None lets every request of the token through; a list of ClusterRole
+        #: ``rules`` makes the stand-in authorize each request against them (403 otherwise),
+        #: including the granular claim-status check of Kubernetes >= 1.36 (see authorize)
+        self.rules: list[dict[str, Any]] | None = None
+        self.user = "system:serviceaccount:vfio-dp:vfio-dp-dra"
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -995,8 +1036,48 @@ class ApiServerStandin:
             raise _not_found(kind, name)
         return obj
 
+    def authorize(self, group: str, resource: str, verb: str, name: str) -> None:
+        """RBAC as the API server applies ClusterRole rules (group, resource incl.
+        ``/subresource``, verb, optional ``resourceNames``); 403 Forbidden otherwise."""
+        if self.rules is None:
+            return
+        for rule in self.rules:
+            if (
+                group in rule.get("apiGroups", ())
+                and resource in rule.get("resources", ())
+                and (verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ()))
+                and (not rule.get("resourceNames") or name in rule["resourceNames"])
+            ):
+                return
+        where = f' in API group "{group}"' if group else ""
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'User "{self.user}" cannot {verb} resource "{resource}"{where}'
+            + (f' named "{name[:80]}"' if name else ""),
+        )
+
+    def _authorize_claim_status(self, old: dict[str, Any], new: dict[str, Any], verb: str) -> None:
+        """KEP-4817 granular authorization (DRAResourceClaimGranularStatusAuthorization, beta
+        on in 1.36): a write of ``status.devices`` also needs ``associated-node:<verb>`` (a
+        node-bound token, as ours) on ``resourceclaims/driver`` named after EVERY driver
+        whose entries it adds, changes or removes."""
+
+        def entries(obj: dict[str, Any]) -> dict[tuple[str, str, str], Any]:
+            return {
+                (d.get("driver", ""), d.get("pool", ""), d.get("device", "")): d
+                for d in ((obj.get("status") or {}).get("devices") or [])
+            }
+
+        before, after = entries(old), entries(new)
+        drivers = {k[0] for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        for driver in sorted(drivers):
+            self.authorize(
+                RESOURCE_GROUP, "resourceclaims/driver", f"associated-node:{verb}", driver
+            )
+
     def _replace(
-        self, kind: Kind, ns: str, name: str, body: Any, *, status: bool
+        self, kind: Kind, ns: str, name: str, body: Any, *, status: bool, verb: str = "update"
     ) -> dict[str, Any]:
         old = self._get(kind, ns, name)
         new = self._decode(kind, body)
@@ -1012,6 +1093,8 @@ class ApiServerStandin:
             merged = copy.deepcopy(old)
             merged["status"] = new.get("status")
             new = merged
+            if kind is CLAIMS:
+                self._authorize_claim_status(old, new, verb)
         elif kind.has_status:
             new["status"] = copy.deepcopy(old.get("status"))
         for server_owned in (
@@ -1061,7 +1144,7 @@ class ApiServerStandin:
                 f"the API-server stand-in does not support patch content type {content_type[:80]!r} "
                 "(server-side apply is not served)",
             )
-        return self._replace(kind, ns, name, patched, status=status)
+        return self._replace(kind, ns, name, patched, status=status, verb="patch")
 
     def _delete(self, kind: Kind, ns: str, name: str, options: Any) -> dict[str, Any]:
         obj = self._get(kind, ns, name)
@@ -1317,6 +1400,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self.headers.get("Authorization") != f"Bearer {self.api.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             kind, ns, name, sub, query = self._route()
+            self.api.authorize(
+                kind.group,
+                kind.plural + ("/status" if sub else ""),
+                _rbac_verb(method, bool(name), query),
+                name,
+            )
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             if method == "GET" and not name and query.get("watch") in ("true", "1"):
                 self._watch(kind, ns, query)
@@ -1389,3 +1478,289 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+
+# == KEP-5004: extended resources served by DRA (issue 23) ====================================
+# DeviceClasses (cluster-scoped; ``spec.extendedResourceName``) and Pods (namespaced, with a
+# status subresource carrying ``extendedResourceClaimStatus``) are served like the kinds
+# above, through the same decoding and validation core; :func:`schedule_extended_resources`
+# is the scheduler's part of KEP-5004, as upstream documents it:
+#
+# - a container's limit on a name some DeviceClass serves (its ``extendedResourceName``, or
+#   the implicit ``deviceclass.resource.kubernetes.io/<class>``; of several classes naming
+#   it, the newest, ties to the lexicographically first) on a node whose ``allocatable`` does
+#   not list it (no device plugin advertises it there) becomes a request of ONE claim per pod:
+#   ``generateName <pod>-extended-resources-``, annotation
+#   ``resource.kubernetes.io/extended-resource-claim: "true"``, owner the pod, one request per
+#   (container, resource) named ``container-<i>-request-<j>`` (NOT part of the API),
+#   ``exactly: {deviceClassName, allocationMode: ExactCount, count}``;
+# - it is allocated on the node's slices (each pool's newest generation; devices the class's
+#   CEL selects, evaluated with cel-python; none another claim holds; none with a NoSchedule
+#   or NoExecute taint) and reserved for the pod;
+# - the pod gets ``spec.nodeName`` and ``status.extendedResourceClaimStatus{resourceClaimName,
+#   requestMappings[{containerName, resourceName, requestName}]}``.
+
+DEVICE_CLASSES = Kind(
+    "deviceclasses", "DeviceClass", RESOURCE_GROUP, "v1", "V1DeviceClass", False,
+    ("metadata.name",), False,
+)  # fmt: skip
+PODS = Kind("pods", "Pod", "", "v1", "V1Pod", True, ("metadata.name", "spec.nodeName"), True)
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+_MAX_SELECTORS = 32
+_MAX_CEL = 10 * 1024
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _cel_problem(expression: str) -> str | None:
+    """Why kube-apiserver would refuse this CEL expression (it compiles every one)."""
+    if not expression:
+        return "Required value"
+    if len(expression) > _MAX_CEL:
+        return f"Too long: may not be more than {_MAX_CEL} bytes"
+    import celpy  # a test extra (pyproject); the stand-in compiles as the real server does
+
+    try:
+        celpy.Environment().compile(expression)
+    except Exception as e:  # celpy raises its own parse errors
+        return f"Invalid value: compilation failed: {str(e)[:200]}"
+    return None
+
+
+def _extended_resource_problem(name: str) -> str | None:
+    """kube-apiserver's ``IsExtendedResourceName`` for a DeviceClass's name field."""
+    domain, sep, short = name.partition("/")
+    if not sep or "/" in short:
+        return "must be a domain-prefixed path (such as example.com/gpu)"
+    if _dns_subdomain(domain) or not _QUALIFIED_NAME.fullmatch(short) or len(short) > 63:
+        return "must be a qualified name: <DNS subdomain>/<name of 1-63 characters>"
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return "the kubernetes.io namespace is reserved (the implicit deviceclass.resource.kubernetes.io/<class> name needs no field)"
+    return None
+
+
+def validate_device_class(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    causes = _meta_problems(DEVICE_CLASSES, obj.get("metadata") or {})
+    spec = obj.get("spec") or {}
+    selectors = spec.get("selectors") or []
+    if len(selectors) > _MAX_SELECTORS:
+        causes.append(
+            (
+                "spec.selectors",
+                f"Too many: {len(selectors)}: must have at most {_MAX_SELECTORS} items",
+            )
+        )
+    for i, sel in enumerate(selectors):
+        cel = (sel or {}).get("cel")
+        if cel is None:
+            causes.append((f"spec.selectors[{i}]", "Required value: exactly one of `cel`"))
+        elif why := _cel_problem(cel.get("expression") or ""):
+            causes.append((f"spec.selectors[{i}].cel.expression", why))
+    name = spec.get("extendedResourceName")
+    if name is not None and (why := _extended_resource_problem(name)):
+        causes.append(("spec.extendedResourceName", f"Invalid value: {name[:120]!r}: {why}"))
+    return causes
+
+
+def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    causes = _meta_problems(PODS, obj.get("metadata") or {})
+    spec = obj.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        causes.append(("spec.containers", "Required value"))
+    for i, ctr in enumerate(containers):
+        p = f"spec.containers[{i}]"
+        if why := _dns_label(ctr.get("name") or ""):
+            causes.append((f"{p}.name", f"Invalid value: {why}"))
+        res = ctr.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for rname, value in {**requests, **limits}.items():
+            if "/" not in rname or rname.partition("/")[0].endswith("kubernetes.io"):
+                continue  # cpu, memory, hugepages-*: not modelled here
+            if not re.fullmatch(r"[0-9]+", str(value)):
+                causes.append(
+                    (f"{p}.resources", f"Invalid value: {value!r}: must be an integer for {rname}")
+                )
+            elif (
+                rname in requests and rname in limits and str(requests[rname]) != str(limits[rname])
+            ):
+                causes.append(
+                    (f"{p}.resources.requests", f"Invalid value: must be equal to {rname} limit")
+                )
+    if old is not None:
+        if spec.get("containers") != (old.get("spec") or {}).get("containers"):
+            causes.append(("spec.containers", "Forbidden: pod updates may not change containers"))
+        was = (old.get("spec") or {}).get("nodeName")
+        if was and spec.get("nodeName") != was:
+            causes.append(("spec.nodeName", "Forbidden: a pod's node may not change"))
+    return causes
+
+
+KINDS = (*KINDS, DEVICE_CLASSES, PODS)
+VALIDATORS.update({"deviceclasses": validate_device_class, "pods": validate_pod})
+
+
+class Unschedulable(AssertionError):
+    """The stand-in scheduler cannot place the pod's extended resources on the node."""
+
+
+def _class_for(api: ApiServerStandin, resource: str) -> dict[str, Any] | None:
+    classes = api.objects(DEVICE_CLASSES)
+    if resource.startswith(IMPLICIT_CLASS_PREFIX):
+        name = resource.removeprefix(IMPLICIT_CLASS_PREFIX)
+        return next((c for c in classes if c["metadata"]["name"] == name), None)
+    named = [c for c in classes if (c.get("spec") or {}).get("extendedResourceName") == resource]
+    if not named:
+        return None
+    newest = max(c["metadata"]["creationTimestamp"] for c in named)
+    tied = [c for c in named if c["metadata"]["creationTimestamp"] == newest]
+    return min(tied, key=lambda c: c["metadata"]["name"])
+
+
+def _cel_device(driver: str, device: dict[str, Any]) -> dict[str, Any]:
+    """A slice device as a DRA CEL expression sees it (bare attribute names: driver's domain)."""
+    attrs: dict[str, dict[str, Any]] = {}
+    for name, value in (device.get("attributes") or {}).items():
+        domain, _, ident = name.rpartition("/")
+        attrs.setdefault(domain or driver, {})[ident] = next(iter(value.values()))
+    return {"driver": driver, "attributes": attrs}
+
+
+def _selects(device_class: dict[str, Any], driver: str, device: dict[str, Any]) -> bool:
+    import celpy
+
+    env = celpy.Environment()
+    activation = {"device": celpy.json_to_cel(_cel_device(driver, device))}
+    for sel in (device_class.get("spec") or {}).get("selectors") or []:
+        result = env.program(env.compile(sel["cel"]["expression"])).evaluate(activation)
+        if isinstance(result, Exception) or not bool(result):
+            return False  # a runtime error does not select (the scheduler reports it)
+    return True
+
+
+def schedule_extended_resources(
+    api: ApiServerStandin, namespace: str, pod_name: str, node: str
+) -> dict[str, Any] | None:
+    """Bind the pod to ``node`` and, when it asks for names DRA serves there, make and
+    allocate its extended-resource claim (see this section's header). Returns the claim
+    (None: nothing DRA-backed). Raises :class:`Unschedulable` naming what is missing."""
+    pod = api.objects(PODS, namespace)
+    pod = next(p for p in pod if p["metadata"]["name"] == pod_name)
+    node_obj = next(n for n in api.objects(NODES) if n["metadata"]["name"] == node)
+    allocatable = (node_obj.get("status") or {}).get("allocatable") or {}
+    requests: list[dict[str, Any]] = []
+    mappings: list[dict[str, str]] = []
+    classes: dict[str, dict[str, Any]] = {}
+    for i, ctr in enumerate(pod["spec"]["containers"]):
+        j = 0
+        for resource, count in ((ctr.get("resources") or {}).get("limits") or {}).items():
+            cls = _class_for(api, resource)
+            if cls is None or resource in allocatable:
+                # not DRA-backed, or a device plugin advertises it on this node (listed, even
+                # at 0: the kubelet keeps a stopped plugin's name for its grace period)
+                continue
+            name = f"container-{i}-request-{j}"
+            j += 1
+            classes[name] = cls
+            requests.append(
+                {
+                    "name": name,
+                    "exactly": {
+                        "deviceClassName": cls["metadata"]["name"],
+                        "allocationMode": "ExactCount",
+                        "count": int(str(count)),
+                    },
+                }
+            )
+            mappings.append(
+                {"containerName": ctr["name"], "resourceName": resource, "requestName": name}
+            )
+    bound = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+    if not requests:
+        with api.lock:
+            api._replace(PODS, namespace, pod_name, bound, status=False)
+        return None
+    taken = {
+        (r["driver"], r["pool"], r["device"])
+        for c in api.objects(CLAIMS)
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        )
+        or []
+    }
+    slices = [s for s in api.objects(SLICES) if s["spec"].get("nodeName") == node]
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), s["spec"]["pool"]["generation"])
+    free = [
+        (s["spec"]["driver"], s["spec"]["pool"]["name"], d)
+        for s in slices
+        if s["spec"]["pool"]["generation"]
+        == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]
+        for d in s["spec"].get("devices") or []
+        if not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in d.get("taints") or [])
+    ]
+    results: list[dict[str, str]] = []
+    for req in requests:
+        want = req["exactly"]["count"]
+        for driver, pool, device in free:
+            key = (driver, pool, device["name"])
+            if want and key not in taken and _selects(classes[req["name"]], driver, device):
+                taken.add(key)
+                results.append(
+                    {
+                        "request": req["name"],
+                        "driver": driver,
+                        "pool": pool,
+                        "device": device["name"],
+                    }
+                )
+                want -= 1
+        if want:
+            raise Unschedulable(
+                f"pod {namespace}/{pod_name}: {want} more device(s) of class "
+                f"{req['exactly']['deviceClassName']} needed on node {node} for {req['name']}"
+            )
+    meta = pod["metadata"]
+    claim = {
+        "apiVersion": CLAIMS.api_version,
+        "kind": CLAIMS.kind,
+        "metadata": {
+            "generateName": f"{pod_name}-extended-resources-",
+            "namespace": namespace,
+            "annotations": {EXTENDED_RESOURCE_CLAIM: "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"devices": {"requests": requests}},
+    }
+    with api.lock:
+        made = api._create(CLAIMS, namespace, claim)
+        made["status"] = {
+            "allocation": {
+                "devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": meta["uid"]}],
+        }  # fmt: skip
+        made = api._replace(CLAIMS, namespace, made["metadata"]["name"], made, status=True)
+        bound = api._replace(PODS, namespace, pod_name, bound, status=False)
+        bound["status"] = {
+            **(bound.get("status") or {}),
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": made["metadata"]["name"],
+                "requestMappings": mappings,
+            },
+        }
+        api._replace(PODS, namespace, pod_name, bound, status=True)
+    return made

@@ -398,12 +398,12 @@ async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
     kdirs: tuple[str, str], handler: RecordingHandler
 ) -> None:
     registry, plugins = kdirs
-    os.makedirs(os.path.dirname(registry), exist_ok=True)
+    os.rmdir(registry)  # the fixture made it, as the kubelet does; here a file stands there
     with open(registry, "w") as fh:
         fh.write("not a directory")
     f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
     with pytest.raises(SocketPathError) as e:
         await f.start()
-    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert f"cannot serve a socket at {registry}: it is not a directory" in str(e.value)
     assert "--kubelet-registry-dir" in str(e.value)
     assert not os.path.exists(f.service_socket)  # the service socket was taken down again

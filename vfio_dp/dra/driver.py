@@ -32,36 +32,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from vfio_dp.core.health import HealthModel, assess
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.health import HEALTHY, HealthModel, assess
+from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra import health
+from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
+from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
 from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import KubeletFrontEnd
+from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader
+from vfio_dp.dra.publisher import PublishError, SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
+from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA
 from vfio_dp.model.device import Inventory
-from vfio_dp.model.serving import DraUnit, dra_units
+from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
 
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
 WATCH_INTERVAL = 0.25
-MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
 #: a held group's new health is confirmed by a second scan this soon (debounce, < 1 s)
 CONFIRM_DELAY = 0.2
 
@@ -72,46 +71,14 @@ def health_timeout(resync: float) -> int:
     return max(1, math.ceil(3 * resync))
 
 
-@dataclass(frozen=True, slots=True)
-class DraOptions:
-    node_name: str
-    driver_name: str = DEFAULT_DRIVER
-    registry_dir: str = "/var/lib/kubelet/plugins_registry"
-    plugins_dir: str = "/var/lib/kubelet/plugins"
-    cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
-    config_path: str | None = None
-    root: str = "/"
-    resync: float = 5.0
-    metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
-    metrics_host: str = ""
-    uevents: bool = True
+class DraPlugin(FrontEnd):
+    """The DRA front-end over its own :class:`NodeCore`."""
 
-    def core(self) -> CoreOptions:
-        return CoreOptions(
-            root=self.root,
-            config_path=self.config_path,
-            resync=self.resync,
-            metrics_port=self.metrics_port,
-            metrics_host=self.metrics_host,
-            uevents=self.uevents,
-            path=DRA,
-            usage=True,
-            owner=BOUND_BY_DRA_PLUGIN,
-        )
-
-
-class DraPlugin:
     def __init__(self, options: DraOptions, client: Any, host: Host | None = None) -> None:
         if not options.node_name:
             raise UsageError(
                 "the DRA plugin needs its node's name: --node-name, or NODE_NAME from the "
                 "pod's spec.nodeName (fieldRef)"
-            )
-        if len(options.driver_name) > MAX_DRIVER_NAME:
-            raise UsageError(
-                f"DRA driver name {options.driver_name!r} is {len(options.driver_name)} "
-                f"characters; ResourceSlice spec.driver allows at most {MAX_DRIVER_NAME}: "
-                "choose a shorter DNS subdomain"
             )
         self.options = options
         self.health = HealthModel()
@@ -123,9 +90,8 @@ class DraPlugin:
             self,
             health=self.health_stream,
         )
-        self.core = NodeCore(options.core(), host)
+        super().__init__(NodeCore(options.core(), host), log)
         self.core.subscribe(self)
-        self.metrics = self.core.metrics
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
@@ -133,6 +99,8 @@ class DraPlugin:
         self._last: dict[str, Device] = {}  # every device as last built (held, gone ones)
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
+        #: this node's device taints on the server at start, by device name
+        self._on_server: dict[str, list[dict[str, str]]] = {}
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -140,14 +108,13 @@ class DraPlugin:
             cdi_dir=options.cdi_dir,
             plugins_dir=options.plugins_dir,
             read_claim=claim_reader(client),
+            read_class=class_reader(client),
             config=lambda: self.core.config,
             published=self._published_devices,
             metrics=self.metrics,
         )
-        self._stop = asyncio.Event()
-        self._watch: asyncio.Task[None] | None = None
-        self._reconcile: asyncio.Task[None] | None = None
-        self._stopping = False
+        self.status_writer = ClaimStatusWriter(client, options.driver_name)
+        self._status_tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -160,43 +127,27 @@ class DraPlugin:
         )
         self.publisher.start()
         # the first scan must know the prepared claims: a held group is never withdrawn
+        # (blocking reads on the core's executor, which core.start makes the default anyway)
+        asyncio.get_running_loop().set_default_executor(self.core.executor)
         await self.claims._ensure_loaded()
+        self._on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
-        self._watch = asyncio.create_task(self._watch_loop(), name="watch kubelet sockets")
-        self._reconcile = asyncio.create_task(self._reconcile_loop(), name="reconcile claims")
+        self.repeat(WATCH_INTERVAL, self.kubelet.check, "kubelet socket watch")
+        self.repeat(self.options.resync, self._reconcile_once, "reconcile claims")
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-    async def stop(self) -> None:
-        """Remove both sockets, stop scanning and publishing (the slices stay)."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.core.begin_stop()
+    async def withdraw(self) -> None:
+        """At stop: no health confirmation pending, kubelet's health streams ended, both
+        sockets removed, claim-status writes under way finished, publishing stopped (the
+        slices stay)."""
         if self._confirm is not None:
             self._confirm.cancel()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._reconcile is not None:
-            self._reconcile.cancel()
+        self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
+        if self._status_tasks:  # status writes under way finish (each has its own timeouts)
+            await asyncio.wait(set(self._status_tasks), timeout=15)
         await self.publisher.stop()
-        await self.core.close()
-        log.info("stopped")
-
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self.kubelet.check()
-            except Exception:
-                log.exception("kubelet socket watch")
 
     async def _reconcile_once(self) -> None:
         try:
@@ -207,11 +158,6 @@ class DraPlugin:
         for line in report.unprepared:
             log.info("claim unprepared by reconcile: %s", line)
 
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.resync)
-            await self._reconcile_once()
-
     def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
@@ -221,7 +167,7 @@ class DraPlugin:
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         inv, config = snapshot.inventory, snapshot.config
-        units = dra_units(inv, config)
+        units = await self._withdraw_held(inv, dra_units(inv, config))
         holds = health.claim_holds(self.claims.checkpoint.all().values())
         shown = [
             u for u in units if u.primary in inv.devices and (u.published or u.name in holds.held)
@@ -245,8 +191,14 @@ class DraPlugin:
             **{u.name: u.taint_effect for u in units},
         }
         devices = health.pool_devices(
-            self.health.states, built, self._last, self._effects, self.options.driver_name
+            self.health.states,
+            built,
+            self._last,
+            self._effects,
+            self.options.driver_name,
+            previous={d.name: d.taints for d in self.devices} or self._on_server,
         )
+        self._on_server = {}
         self._log_changes(snapshot, units, devices, update.changed)
         self.devices = devices
         self.metrics.set("vfio_dp_dra_devices", len(devices))
@@ -255,14 +207,30 @@ class DraPlugin:
         for d in devices:
             h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
-            self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device
-            )
+            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device)
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
         self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
+        for h in update.changed:
+            if h.held:
+                self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
+
+    async def _published_on_server(self) -> dict[str, list[dict[str, str]]]:
+        """The taints of this node's devices on the server now, by name (a restart keeps
+        their ``timeAdded``, so the slices are adopted unchanged); {} when unreadable."""
+        try:
+            current = await asyncio.to_thread(self.publisher.list_current)
+        except PublishError as e:
+            log.info("could not read the published slices at start (%s); publishing anew", e)
+            return {}
+        return {
+            d["name"]: list(d.get("taints") or [])
+            for s in current.values()
+            for d in s.get("spec", {}).get("devices") or []
+            if isinstance(d, dict) and "name" in d
+        }
 
     def _confirm_scan(self) -> None:
         self._confirm = None
@@ -271,11 +239,8 @@ class DraPlugin:
     def _missing_nodes(
         self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
     ) -> set[int]:
-        """Groups that should have ``/dev/vfio/<N>`` (held, or published on vfio-pci) but
-        have none. Blocking (one directory listing)."""
-        wanted = {h.group for h in holds.held.values() if h.group is not None}
-        wanted |= {u.group for u in units if u.published and not u.on_prepare}
-        groups = [inv.groups[g] for g in wanted if g in inv.groups]
+        """Groups that should have ``/dev/vfio/<N>`` but have none. Blocking (one listing)."""
+        groups = health.nodes_to_check(inv, units, holds)
         present = group_nodes_present(self.core.host.fs, groups)
         return {g for g, ok in present.items() if not ok}
 
@@ -297,9 +262,9 @@ class DraPlugin:
         before = {d.name for d in self.devices}
         after = {d.name for d in devices}
         for name in sorted(after - before):
-            log.info("DRA device %s published (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):
-            log.info("DRA device %s withdrawn (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be withdrawn (%s)", name, snapshot.trigger)
         for h in changed:
             if h.held:
                 log.warning("DRA device %s (prepared) now %s: %s", h.device, h.health, h.message)
@@ -308,32 +273,96 @@ class DraPlugin:
             if not u.published and snapshot.trigger in ("start", "config"):
                 log.info("IOMMU group %d not published: %s", u.group, "; ".join(u.reasons))
 
+    async def _withdraw_held(self, inv: Inventory, units: list[DraUnit]) -> list[DraUnit]:
+        """Withdraw published groups whose ``/dev/vfio/<N>`` a process holds open while no
+        claim of ours is prepared on them (:func:`vfio_dp.model.serving.withdraw_held`)."""
+        ours = {d.iommu_group for r in self.claims.checkpoint.all().values() for d in r.devices}
+        nodes = {
+            u.group: f"/dev/vfio/{inv.groups[u.group].node}"
+            for u in units
+            if u.published and u.group not in ours and u.group in inv.groups
+        }
+        if not nodes:
+            return units
+        scan = await self.core.run(scan_holders, self.core.host.fs, nodes.values())
+        held = {g: scan.describe(n) for g, n in nodes.items() if scan.held(n)}
+        if scan.unreadable:
+            log.warning("%s", scan.describe(next(iter(nodes.values()))))
+        return withdraw_held(units, held)
+
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
 
+    # -- the claims' device status (KEP-4817) --------------------------------------------
+    def _statuses(self, rec: ClaimRecord) -> list[DeviceStatus]:
+        """Our entries for one prepared claim, from the health model. Blocking (reads the
+        bind records: who bound the group)."""
+        out: list[DeviceStatus] = []
+        owners = self.core.host.owners()
+        for d in rec.devices:
+            if d.admin_access or d.iommu_group is None or not d.addresses:
+                continue
+            h = self.health.states.get(d.device)
+            bound = owners.get(PciAddress.parse(d.addresses[0]))
+            out.append(
+                DeviceStatus(
+                    pool=d.pool,
+                    device=d.device,
+                    health=h.health if h else HEALTHY,
+                    message=h.message if h else "prepared: viable and on vfio-pci",
+                    since=health.rfc3339(h.since if h else time.time()),
+                    addresses=d.addresses,
+                    iommu_group=d.iommu_group,
+                    devnodes=("/dev/vfio/vfio", f"/dev/vfio/{d.iommu_group}"),
+                    bound_by=bound or "none (it was on vfio-pci already)",
+                )
+            )
+        return out
+
+    async def _write_status(
+        self, namespace: str, name: str, uid: str, rec: ClaimRecord | None
+    ) -> None:
+        """Write (``rec``) or remove (None) our entries of a claim's status; never raises."""
+
+        def job() -> None:
+            ours = self._statuses(rec) if rec is not None else []
+            self.status_writer.write(namespace, name, uid, ours)
+
+        try:
+            await asyncio.to_thread(job)
+        except (StatusError, OSError, ValueError) as e:
+            self.metrics.inc("vfio_dp_dra_claim_status_errors_total")
+            log.error("claim %s/%s: device status not written: %s", namespace, name, e)
+
+    def _status_changed(self, device: str) -> None:
+        """A held device changed health: rewrite the status of every claim holding it."""
+        for rec in self.claims.checkpoint.all().values():
+            if rec.state == PREPARED and any(d.device == device for d in rec.devices):
+                task = asyncio.create_task(
+                    self._write_status(rec.namespace, rec.name, rec.uid, rec)
+                )
+                self._status_tasks.add(task)
+                task.add_done_callback(self._status_tasks.discard)
+
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        return await self.claims.prepare(claims)
+        results = await self.claims.prepare(claims)
+        for c in claims:
+            r = results.get(c.uid)
+            rec = self.claims.checkpoint.get(c.uid)
+            if r is not None and not r.error and rec is not None and rec.state == PREPARED:
+                await self._write_status(c.namespace, c.name, c.uid, rec)
+        return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return await self.claims.unprepare(claims)
-
-
-async def serve(options: DraOptions, client: Any) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop."""
-    plugin = DraPlugin(options, client)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, plugin.request_stop)
-    loop.add_signal_handler(signal.SIGUSR1, plugin.core.kick, "SIGUSR1")
-    try:
-        await plugin.start()
-        await plugin.wait_stopped()
-    finally:
-        await plugin.stop()
-    return 0
+        errors = await self.claims.unprepare(claims)
+        for c in claims:
+            if errors.get(c.uid) == "":
+                await self._write_status(c.namespace, c.name, c.uid, None)
+        return errors
 
 
 def run(options: DraOptions, client: Any) -> int:
-    return asyncio.run(serve(options, client))
+    """Run until SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`); 0 on a clean stop."""
+    return asyncio.run(serve(DraPlugin(options, client)))

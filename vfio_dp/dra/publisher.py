@@ -76,11 +76,13 @@ def api_client(kubeconfig: str | None) -> Any:
 
     config: Any = kubernetes.config  # untyped module
     kind, path = client_config_source(kubeconfig, os.environ, os.path.expanduser("~"))
+    cfg = k8s.Configuration()
     try:
         if path is not None:
             # $KUBECONFIG may list several files (':'-separated), merged as kubectl does
-            return config.new_client_from_config(config_file=path)
-        config.load_incluster_config()
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
     except Exception as e:  # the loaders raise their own types
         where = {
             "flag": f"--kubeconfig {path}",
@@ -90,7 +92,11 @@ def api_client(kubeconfig: str | None) -> Any:
             "~/.kube/config found)",
         }[kind]
         raise ValueError(f"cannot load the Kubernetes client config from {where}: {e}") from e
-    return k8s.ApiClient()
+    # No silent retries inside urllib3 (three "Retrying (Retry(total=2 ...))" warnings per
+    # call while the API server is down): every caller has its own deadline and back-off,
+    # and says one line per failed attempt.
+    cfg.retries = 0
+    return k8s.ApiClient(cfg)
 
 
 class PublishError(Exception):
@@ -159,8 +165,7 @@ class SlicePublisher:
             try:
                 await loop.run_in_executor(self._executor, self.reconcile, devices)
             except PublishError as e:
-                if str(e) != self.problem:
-                    log.error("ResourceSlices not published: %s; retrying", e)
+                log.error("ResourceSlices not published: %s; next try in %.1f s", e, backoff)
                 self.problem = str(e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
@@ -222,6 +227,10 @@ class SlicePublisher:
             query=[("fieldSelector", f"spec.nodeName={self.node.name},spec.driver={self.driver}")],
         )
         return {s["metadata"]["name"]: s for s in answer.get("items") or []}
+
+    def list_current(self) -> dict[str, Slice]:
+        """This node's slices of our driver on the server, by name (blocking)."""
+        return self._list()
 
     def reconcile(self, devices: list[Device]) -> bool:
         """Make the server hold exactly ``devices`` for this node; True when it wrote.
@@ -362,5 +371,33 @@ def claim_reader(client: Any) -> Any:
 
     async def read(namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(get, namespace, name)
+
+    return read
+
+
+def class_reader(client: Any) -> Any:
+    """``await read(name)`` → the extended resource the DeviceClass ``name`` serves
+    (``spec.extendedResourceName``, else ``deviceclass.resource.kubernetes.io/<name>``), read
+    when asked — a class created after the plugin started is used at once. A missing class
+    raises :class:`LookupError`; any other API failure raises :class:`PublishError`."""
+    from vfio_dp.dra.deviceclasses import extended_resource_name
+
+    api = k8s.ResourceV1Api(client)
+
+    def get(name: str) -> str:
+        try:
+            resp = api.read_device_class(name, _preload_content=False)
+        except k8s.exceptions.ApiException as e:
+            if e.status == 404:
+                raise LookupError(f"DeviceClass {name} does not exist") from None
+            raise _api_error(f"reading DeviceClass {name}", e) from e
+        raw: Any = resp
+        data = json.loads(raw.data)
+        if not isinstance(data, dict):
+            raise LookupError(f"DeviceClass {name}: the API server sent no object")
+        return extended_resource_name(data)
+
+    async def read(name: str) -> str:
+        return await asyncio.to_thread(get, name)
 
     return read
