@@ -34,14 +34,11 @@ bench-detail:
 	$(PYTHON) bench/plugin_bench.py
 	$(PYTHON) bench/webhook_bench.py
 	$(PYTHON) bench/dra_bench.py
-<<<<<<< HEAD
 	$(PYTHON) bench/dra_prepare_bench.py
+	$(PYTHON) bench/dra_health_bench.py
 
 bench-tools:
 	$(PYTHON) bench/compare_tools.py
-=======
-	$(PYTHON) bench/dra_health_bench.py
->>>>>>> main
 
 # The container image as one OCI archive in dist/ (load it on nodes without a registry:
 # docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.

@@ -9,7 +9,6 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 - the scan of ``<root>/sys/bus/pci/devices`` and ``<root>/sys/kernel/iommu_groups`` through
   :class:`vfio_dp.host.Host` (never opens ``/dev/vfio/<N>``): in full at start, on config
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
-<<<<<<< HEAD
   PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1) and a front-end's own need
   (:meth:`NodeCore.rescan`). Every ``resync`` seconds the core first takes the cheap look of
   :func:`vfio_dp.host.changes.fingerprint` (a few directory listings, no per-device read):
@@ -19,13 +18,9 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   resync reconciles and scans, as below). With ``usage`` (the DRA plugin) an unchanged
   look still re-reads the host's use of the devices (global files, not per device) and tells
   the front-ends (they reconcile what they published);
-=======
-  PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1), a front-end's own need
-  (:meth:`NodeCore.rescan`) and every ``resync`` seconds;
 - one path per resource name on this node: a config under which the device plugin and the DRA
   plugin would both serve one name is refused (at start: the process exits naming the
   selectors; on reload: the previous config is kept);
->>>>>>> main
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
   process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
   recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
