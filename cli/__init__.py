@@ -13,4 +13,5 @@ __all__ = [
     "inventory_cmds",
     "main",
     "vm_cmds",
+    "webhook_cmd",
 ]

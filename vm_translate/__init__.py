@@ -38,4 +38,5 @@ __all__ = [
     "translate",
     "webhook",
     "webhook_certs",
+    "webhook_metrics",
 ]

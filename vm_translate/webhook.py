@@ -35,14 +35,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from vfio_dp.core.metrics import Metrics
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
@@ -55,6 +54,7 @@ from vm_translate.listener import (
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
 from vm_translate.tls import ReloadingContext
+from vm_translate.webhook_metrics import WebhookMetrics, review_result
 
 log = logging.getLogger(__name__)
 
@@ -188,35 +188,12 @@ async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckEr
         return e
 
 
-class WebhookMetrics(Metrics):
-    """The webhook's counters (the node processes' :class:`Metrics`, its own names)."""
-
-    HELP: ClassVar[dict[str, tuple[str, str]]] = {
-        "vfio_dp_webhook_reviews_total": (
-            "counter",
-            "AdmissionReviews answered, by result (allowed unchanged, patched, denied).",
-        ),
-        "vfio_dp_webhook_refused_total": (
-            "counter",
-            "Requests answered without a review, by HTTP status (400 not a review, 408 too "
-            "slow, 413 too big, 500 internal, 503 busy).",
-        ),
-    }
-
-
 async def mutate(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     response = await _mutate(request, state)
     if response.status != 200:
         state.metrics.inc("vfio_dp_webhook_refused_total", code=str(response.status))
     return response
-
-
-def _result(answer: Mapping[str, Any]) -> str:
-    r = answer.get("response") or {}
-    if not r.get("allowed"):
-        return "denied"
-    return "patched" if r.get("patch") else "allowed"
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -254,7 +231,7 @@ async def _mutate(request: web.Request, state: _State) -> web.Response:
         try:
             answer = decide(review_request, state.configs.config, nodes, warnings)
             text = json.dumps(answer)
-            state.metrics.inc("vfio_dp_webhook_reviews_total", result=_result(answer))
+            state.metrics.inc("vfio_dp_webhook_reviews_total", result=review_result(answer))
         except Exception as e:  # a bug, never the caller's fault: name the review, keep serving
             log.exception("internal error answering review uid %r", review_request["uid"][:100])
             return _error(500, f"internal error: {type(e).__name__}; see the webhook's log")
