@@ -5,6 +5,7 @@
 __all__ = [
     "certs_cmd",
     "common",
+    "completion_cmd",
     "deviceclass_cmd",
     "deviceplugin_cmd",
     "dra_cmd",

@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.common import (
+    MACHINE,
     F,
     envvar_for,
     fail,
     option,
     output_option,
     print_json,
+    print_names,
     print_table,
     root_option,
     run_guarded,
 )
-from cli.dra_cmd import DEFAULT_DRIVER
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.dra.health import GroupView
@@ -34,10 +36,16 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
 
 def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     from vfio_dp.model.address import parse_many
+    from vfio_dp.model.naming import dra_device_address
 
     if not addresses:
         fail("give at least one PCI address, e.g. 0000:65:00.0", 2)
-    return parse_many(addresses)
+    # the DRA device names `list` prints (pci-0000-3b-00-0) name the same function
+    given = [
+        str(a) if (a := dra_device_address(t)) is not None else t
+        for t in addresses
+    ]
+    return parse_many(given)
 
 
 def _host(root: str) -> Host:
@@ -134,7 +142,7 @@ def _view_json(v: GroupView | None) -> dict[str, object]:
 
 dra_driver_option = option(
     "--dra-driver",
-    default=DEFAULT_DRIVER,
+    default=DEFAULT_DRA_DRIVER,
     show_default=True,
     help="With --config: the DRA driver whose prepared claims (checkpoint) count.",
 )
@@ -153,8 +161,18 @@ dra_driver_option = option(
 )
 @_node_option
 @dra_driver_option
+@option("--driver", "driver", default=None, help="Only devices on this driver (e.g. vfio-pci).")
+@option("--class", "pci_class", default=None, help="Only this PCI class, e.g. 0200 or 020000.")
+@option("--vendor", default=None, help="Only this vendor ID, e.g. 10de.")
 def list_cmd(
-    root: str, output: str, config: str | None, node_name: str | None, dra_driver: str
+    root: str,
+    output: str,
+    config: str | None,
+    node_name: str | None,
+    dra_driver: str,
+    driver: str | None,
+    pci_class: str | None,
+    vendor: str | None,
 ) -> None:
     """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
     path would serve: the resource, the path serving it (devicePlugin, or dra through the
@@ -167,19 +185,28 @@ def list_cmd(
         names = host.names(inv)
         serving = _serving(inv, cfg)
         view = _dra_view(host, inv, cfg, dra_driver)
+        shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
+        if output == "name":
+            print_names([str(a) for a in shown])
+            return 0
         rows = [
             {
                 **device_json(d, serving[a], names),
                 **_view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
             }
-            for a, d in inv.devices.items()
+            for a, d in shown.items()
         ]
-        if output == "json":
-            print_json(rows)
+        if output in MACHINE:
+            print_json(rows, output)
             _report_operations(host)
             return 0
         headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
-        if config:
+        # the serving columns: with a config always; without one only where a device is
+        # served (what a process without --config would serve: devices on vfio-pci)
+        serve_cols = bool(config) or any(
+            serving[a].resource or serving[a].dra_device for a in shown
+        )
+        if serve_cols:
             headers += ["resource", "served by", "dra device", "dra health", "not served"]
         print_table(
             headers,
@@ -206,12 +233,13 @@ def list_cmd(
                             _dra_cell(view, d.iommu_group, serving[a].dra_device),
                             serving[a].not_served,
                         )
-                        if config
+                        if serve_cols
                         else ()
                     ),
                 )
-                for a, d in inv.devices.items()
+                for a, d in shown.items()
             ],
+            wide=output == "wide",
         )
         _report_operations(host)
         return 0
@@ -278,10 +306,13 @@ def groups_cmd(
             inv, status = host.groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
             click.echo(f"vfioctl: {e}", err=True)
-            if output == "json":
-                print_json([])
+            if output in MACHINE:
+                print_json([], output)
             return 0
         groups = list(inv.groups.values())
+        if output == "name":
+            print_names([g.number for g in groups])
+            return 0
         paths = group_paths(inv, cfg)
         splits = path_splits(inv, cfg)
         serving = _serving(inv, cfg)
@@ -292,7 +323,7 @@ def groups_cmd(
             if group is not None and name and s.served_by:
                 resources.setdefault(group, {})[name] = s.served_by
         view = _dra_view(host, inv, cfg, dra_driver)
-        if output == "json":
+        if output in MACHINE:
             print_json(
                 [
                     {
@@ -315,7 +346,8 @@ def groups_cmd(
                         **_view_json(view.get(g.number)),
                     }
                     for g in groups
-                ]
+                ],
+                output,
             )
             return 0
         kernel = {True: "viable", False: "not viable", None: None}
@@ -345,6 +377,7 @@ def groups_cmd(
                 )
                 for g in groups
             ],
+            wide=output == "wide",
         )
         return 0
 
@@ -359,7 +392,10 @@ def _dra_group_cell(view: dict[int, GroupView], group: int) -> str | None:
 
 
 def _report(result: BindResult, output: str, verb: str) -> None:
-    if output == "json":
+    if output == "name":
+        print_names([str(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]])
+        return
+    if output in MACHINE:
         print_json(
             {
                 "dry_run": result.dry_run,
@@ -453,7 +489,7 @@ def unbind_cmd(
             host = _host(root)
             with none_running(Root(root), "unbind --all refused"):
                 result = host.unbind_all(dry_run=dry_run)
-            if output != "json" and not (result.restored or result.already or result.steps):
+            if output not in MACHINE and not (result.restored or result.already or result.steps):
                 click.echo(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
@@ -484,12 +520,15 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
 
     def body() -> int:
         reports = _host(root).check(_parse(addresses))
-        if output == "json":
+        if output == "name":
+            print_names([r.address for r in reports if r.ready])
+        elif output in MACHINE:
             print_json(
                 [
                     {"address": str(r.address), "ready": r.ready, "reasons": list(r.reasons)}
                     for r in reports
-                ]
+                ],
+                output,
             )
         else:
             for r in reports:
@@ -499,3 +538,12 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)
+
+
+def _wanted(d: PciDevice, driver: str | None, pci_class: str | None, vendor: str | None) -> bool:
+    """``list``'s filters: driver name, class prefix (``0200`` or ``020000``), vendor ID."""
+    if driver is not None and d.driver != driver:
+        return False
+    if pci_class is not None and not d.class_code.startswith(pci_class.lower().removeprefix("0x")):
+        return False
+    return vendor is None or d.vendor == vendor.lower().removeprefix("0x")

@@ -26,6 +26,7 @@ LAZY_COMMANDS = {
     "webhook-certs": "cli.certs_cmd:webhook_certs",
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",
+    "completion": "cli.completion_cmd:completion",
 }
 
 

@@ -11,6 +11,7 @@ import sys
 import click
 
 from cli.common import option, run_guarded
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 _CONFIG_HELP = (
     "The daemon's YAML config (the same ConfigMap file), used to turn vendor:device into "
@@ -242,7 +243,7 @@ def webhook(
 @option(
     "--driver-name",
     default=None,
-    help="With --dra: the DRA driver (and DeviceClass) name. [default: vfio.dra.vfio-dp.io]",
+    help=f"With --dra: the DRA driver (and DeviceClass) name. [default: {DEFAULT_DRA_DRIVER}]",
 )
 @option(
     "--pci-class",
@@ -275,7 +276,6 @@ def translate(
 
         import yaml
 
-        from vfio_dp.model import naming
         from vm_translate.errors import SpecError, TranslateUsageError
         from vm_translate.inputs import load_config, load_objects, parse_pci_classes, read_text
         from vm_translate.to_dra import to_dra
@@ -295,7 +295,7 @@ def translate(
         for obj in objects:
             try:
                 if dra:
-                    moved = to_dra(obj, config, driver_name or naming.DEFAULT_DRA_DRIVER, classes)
+                    moved = to_dra(obj, config, driver_name or DEFAULT_DRA_DRIVER, classes)
                     for verdict in moved.verdicts:
                         click.echo(f"{moved.subject}: {verdict.describe()}", err=True)
                     out.extend(yaml.safe_dump(dict(o), sort_keys=False) for o in moved.objects)
@@ -402,6 +402,7 @@ def hostdev(
         from vfio_dp.model.address import PciAddress
         from vm_translate import hostdev as emitter
         from vm_translate.allocation import Layout
+        from vm_translate.entries import Entry
         from vm_translate.errors import TranslateUsageError
         from vm_translate.inputs import (
             dra_addresses,
@@ -411,7 +412,6 @@ def hostdev(
             load_objects,
             read_text,
         )
-        from vm_translate.spec import Entry
 
         if (spec_file is None) == (pod_annotation is None):
             raise TranslateUsageError("give SPEC_FILE or --pod-annotation (exactly one)")

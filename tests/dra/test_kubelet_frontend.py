@@ -404,6 +404,6 @@ async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
     f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
     with pytest.raises(SocketPathError) as e:
         await f.start()
-    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert f"cannot serve a socket at {registry}: it is not a directory" in str(e.value)
     assert "--kubelet-registry-dir" in str(e.value)
     assert not os.path.exists(f.service_socket)  # the service socket was taken down again

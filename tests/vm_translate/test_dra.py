@@ -18,8 +18,9 @@ from vfio_dp.model import dra_metadata
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vm_translate.allocation import assign
+from vm_translate.entries import ClaimEntry, DeviceEntry
 from vm_translate.errors import HostdevError, SpecError
-from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
+from vm_translate.spec import entries_of
 from vm_translate.translate import translate
 
 DRIVER = "vfio.example.com"

@@ -43,15 +43,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.metrics import Metrics, serve_http
+from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.sriov import Sriov
-from vfio_dp.host.state import BOUND_BY_DAEMON, BOUND_BY_DEVICE_PLUGIN
+from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, DRA, Config, load_config_bytes
+from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.serving import resource_path_conflicts
 
@@ -64,24 +65,6 @@ DEBOUNCE = 0.05
 FULL_SCAN_INTERVAL = 60.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class CoreOptions:
-    root: str = "/"
-    config_path: str | None = None
-    resync: float = 5.0
-    metrics_port: int = 9109  # 0 disables /metrics and /healthz
-    metrics_host: str = ""  # all interfaces
-    uevents: bool = True
-    #: the path this process serves (``bind: true`` applies to that path's selectors only)
-    path: str = DEVICE_PLUGIN
-    #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
-    usage: bool = False
-    #: this node's name: selectors with ``nodes`` apply only where it matches (None: never)
-    node_name: str | None = None
-    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
-    owner: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True)

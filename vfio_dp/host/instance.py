@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from vfio_dp.errors import DriverNameError, InstanceRunningError
 from vfio_dp.host.root import Root
-from vfio_dp.model.naming import dns_subdomain_problem
+from vfio_dp.model.naming import check_dra_driver_name
 
 RUN_DIR = ("run", "vfio_dp")
 DEVICE_PLUGIN = "device-plugin"
@@ -40,10 +40,9 @@ def lock_name(process: str, driver: str | None = None) -> str:
     """``device-plugin`` → ``device-plugin.lock``; the DRA plugin's is per driver name."""
     if process == DEVICE_PLUGIN:
         return DEVICE_PLUGIN + SUFFIX
-    why = "it is missing" if driver is None else dns_subdomain_problem(driver, 63)
-    if why is not None or driver is None:
-        raise DriverNameError(str(driver), why or "it is missing")
-    return f"dra-plugin.{driver}{SUFFIX}"
+    if driver is None:
+        raise DriverNameError("None", "it is missing")
+    return f"dra-plugin.{check_dra_driver_name(driver)}{SUFFIX}"
 
 
 def _describe(name: str) -> str:

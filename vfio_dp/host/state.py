@@ -54,7 +54,7 @@ from vfio_dp.errors import (
     PathEscapeError,
     StateWriteError,
 )
-from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.atomic import remove_at, replace_at
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
@@ -226,9 +226,7 @@ class StateStore:
         except FileNotFoundError:
             return
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=dfd)
-            os.fsync(dfd)
+            remove_at(dfd, (name,))
         finally:
             os.close(dfd)
 

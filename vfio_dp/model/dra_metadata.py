@@ -119,7 +119,7 @@ def _check(kind: str, value: str, ok: bool) -> str:
 
 def file_name(driver: str) -> str:
     """``<driver>-metadata.json``."""
-    return _check("driver", driver, naming.is_dns_subdomain(driver)) + FILE_SUFFIX
+    return _check("driver", driver, naming.dra_driver_name_problem(driver) is None) + FILE_SUFFIX
 
 
 def container_dir(claim_name: str, request: str, pod_claim_name: str | None = None) -> str:
