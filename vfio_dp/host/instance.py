@@ -4,8 +4,11 @@ Each long-running process of ours holds an exclusive ``flock`` on its own lock f
 whole life, under the root (the DaemonSet's ``/host`` is the host, so a pod and a shell on
 the node see the same file)::
 
-    <root>/run/vfio_dp/device-plugin.lock          vfioctl plugin
-    <root>/run/vfio_dp/dra-plugin.<driver>.lock    vfioctl dra-plugin --driver-name <driver>
+    <root>/run/vfio_dp/instances/device-plugin.lock          vfioctl plugin
+    <root>/run/vfio_dp/instances/dra-plugin.<driver>.lock    vfioctl dra-plugin --driver-name <driver>
+
+(a directory of their own: ``run/vfio_dp/<address>.lock`` are the per-device bind locks, which
+``unbind --all`` itself takes).
 
 The file holds the holder's pid (for messages only: the lock, not the file, says who runs).
 The kernel drops a ``flock`` when its process dies, SIGKILL included, so a crash leaves no
@@ -31,7 +34,7 @@ from vfio_dp.errors import DriverNameError, InstanceRunningError
 from vfio_dp.host.root import Root
 from vfio_dp.model.naming import check_dra_driver_name
 
-RUN_DIR = ("run", "vfio_dp")
+RUN_DIR = ("run", "vfio_dp", "instances")  # apart from the per-device bind locks
 DEVICE_PLUGIN = "device-plugin"
 SUFFIX = ".lock"
 

@@ -23,7 +23,6 @@ from vfio_dp.errors import AddressError, ConfigError
 from vfio_dp.model import config_yaml, naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import (
-    DEFAULT_CONFIG,
     DEFAULT_SELECTOR,
     DEVICE_PLUGIN,
     DRA,
@@ -79,24 +78,59 @@ def _quote_it(key: str, value: object, what: str) -> str:
     if not isinstance(value, int | float):
         return f"must be a {what} string, not a {type(value).__name__}"
     text = config_yaml.unquoted_text(value)
+    quoted = f'["{text}"]' if key == "addresses" else f'"{text}"'  # addresses is a list
     return (
         f"YAML reads the unquoted {text} as a number, not as the {what} {text}; "
-        f'quote it: {key}: "{text}"'
+        f"quote it: {key}: {quoted}"
     )
+
+
+def unknown_key(key: str, known: set[str]) -> str:
+    """``unknown key "vendorID"; did you mean "vendor"? (known: ...)``."""
+    import difflib
+
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.6)
+    hint = f'; did you mean "{lowered[close[0]]}"?' if close else ""
+    return f"unknown key{hint} (known: {', '.join(sorted(known))})"
 
 
 def parse_config(data: object, source: str = "<config>") -> Config:
     """Validate a decoded YAML/JSON document; raise :class:`ConfigError` listing EVERY problem."""
     problems: list[tuple[str, object, str]] = []
-    if data is None:
-        return DEFAULT_CONFIG
+    if data is None:  # an empty file is a mistake (a wrong mount, a half-made ConfigMap)
+        raise ConfigError(
+            source,
+            [
+                (
+                    "(top)",
+                    "",
+                    "the file is empty (or only comments): give `selectors:`; to serve what "
+                    "is already on vfio-pci, run without --config instead",
+                )
+            ],
+        )
     if not isinstance(data, Mapping):
         raise ConfigError(source, [("(top)", data, "must be a mapping with 'selectors'")])
     for key in data:
         if key not in _TOP_KEYS:
-            problems.append((str(key), data[key], f"unknown key; known: {sorted(_TOP_KEYS)}"))
+            problems.append((str(key), data[key], unknown_key(str(key), _TOP_KEYS)))
     domain = data.get("resourceDomain", naming.DEFAULT_DOMAIN)
-    if not isinstance(domain, str) or naming.resource_name_problem(f"{domain}/x"):
+    if (
+        isinstance(domain, str)
+        and domain != domain.lower()
+        and not naming.resource_name_problem(f"{domain.lower()}/x")
+    ):
+        problems.append(
+            (
+                "resourceDomain",
+                domain,
+                f"must be lowercase (a DNS subdomain; resource names are matched exactly): "
+                f"resourceDomain: {domain.lower()}",
+            )
+        )
+        domain = naming.DEFAULT_DOMAIN
+    elif not isinstance(domain, str) or naming.resource_name_problem(f"{domain}/x"):
         problems.append(("resourceDomain", domain, "must be a DNS subdomain, not kubernetes.io"))
         domain = naming.DEFAULT_DOMAIN
     raw_selectors = data.get("selectors")
@@ -154,9 +188,7 @@ def _parse_selector(
     before = len(problems)
     for key in raw:
         if key not in _SELECTOR_KEYS:
-            problems.append(
-                (f"{where}.{key}", raw[key], f"unknown key; known: {sorted(_SELECTOR_KEYS)}")
-            )
+            problems.append((f"{where}.{key}", raw[key], unknown_key(str(key), _SELECTOR_KEYS)))
     addresses: list[PciAddress] = []
     if "addresses" in raw:
         values = _as_list(raw["addresses"])
