@@ -10,6 +10,7 @@ __all__ = [
     "deviceplugin_cmd",
     "dra_cmd",
     "host_cmds",
+    "inventory_cmds",
     "main",
     "vm_cmds",
 ]

@@ -14,8 +14,8 @@ import click
 
 #: subcommand -> "module:attribute" of its click command, in help order
 LAZY_COMMANDS = {
-    "list": "cli.host_cmds:list_cmd",
-    "groups": "cli.host_cmds:groups_cmd",
+    "list": "cli.inventory_cmds:list_cmd",
+    "groups": "cli.inventory_cmds:groups_cmd",
     "bind": "cli.host_cmds:bind_cmd",
     "unbind": "cli.host_cmds:unbind_cmd",
     "check": "cli.host_cmds:check_cmd",

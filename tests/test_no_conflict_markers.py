@@ -18,7 +18,7 @@ def test_no_conflict_markers() -> None:
     bad = []
     for name in filter(None, files):
         path = REPO / name.decode()
-        if path.is_file() and path.stat().st_size < (1 << 20):
-            if MARKER.search(path.read_bytes()):
-                bad.append(name.decode())
+        small = path.is_file() and path.stat().st_size < (1 << 20)
+        if small and MARKER.search(path.read_bytes()):
+            bad.append(name.decode())
     assert bad == [], f"merge conflict markers left in {bad}"

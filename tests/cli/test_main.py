@@ -28,7 +28,7 @@ def test_help_lists_every_subcommand_in_order() -> None:
 def test_importing_the_group_imports_no_subcommand_module() -> None:
     code = (
         "import sys, cli.main\n"
-        "print([m for m in ('cli.host_cmds', 'cli.deviceplugin_cmd', 'cli.vm_cmds', 'vfio_dp.host')"
+        "print([m for m in ('cli.host_cmds', 'cli.inventory_cmds', 'cli.deviceplugin_cmd', 'cli.vm_cmds', 'vfio_dp.host')"
         " if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
