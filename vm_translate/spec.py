@@ -28,6 +28,7 @@ module reads the entries out of the objects and lists every problem with its pla
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,8 @@ POD_KIND = "Pod"
 #: addresses: generic host devices first, then GPUs.
 DEVICE_LISTS: tuple[tuple[str, Kind], ...] = (("hostDevices", "hostdevice"), ("gpus", "gpu"))
 
+#: a DRA entry's name (it becomes the alias ``ua-dra-<kind>-<name>`` unchanged)
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}")
 _ENTRY_KEYS = ("name", "vendor", "device", "resource", "count")
 
 
@@ -172,8 +175,41 @@ def vm_claims(raw: object, prefix: str) -> tuple[dict[str, VmClaim], list[Proble
         if name in out:
             problems.append(Problem(where, name, "resource claim names must be unique"))
             continue
+        bad = _claim_name_problems(where, name, claim, template)
+        if bad:
+            problems.extend(bad)
+            continue
         out[name] = VmClaim(name, claim, template)
     return out, problems
+
+
+def _claim_name_problems(
+    where: str, name: str, claim: str | None, template: str | None
+) -> list[Problem]:
+    """The names a claim's metadata path is built from (``<claims|templates>/<name>/``):
+    the pod-level name a DNS label, an object's name a DNS subdomain (what the API server
+    and virt-launcher accept; anything else can never be prepared or found)."""
+    out: list[Problem] = []
+    if not naming.is_dns_label(name):
+        out.append(
+            Problem(
+                f"{where}.name",
+                name[:100],
+                "must be a DNS label (at most 63 of a-z, 0-9 and '-', alphanumeric at both "
+                "ends): it names the claim in the pod and in its device-metadata path",
+            )
+        )
+    for key, value in (("resourceClaimName", claim), ("resourceClaimTemplateName", template)):
+        if value is not None and not naming.is_dns_subdomain(value):
+            out.append(
+                Problem(
+                    f"{where}.{key}",
+                    value[:100],
+                    "must be a Kubernetes object name (DNS subdomain: at most 253 of a-z, "
+                    "0-9, '-' and '.', alphanumeric at both ends)",
+                )
+            )
+    return out
 
 
 def resolve_vm_entries(
@@ -188,6 +224,7 @@ def resolve_vm_entries(
     out: list[Entry] = []
     problems: list[Problem] = []
     known = claims or {}
+    requests: dict[tuple[str, str], str] = {}  # (claim, request) → the entry that has it
     for e in entries:
         where = e.where(prefix)
         ok = True
@@ -196,7 +233,19 @@ def resolve_vm_entries(
             ok = False
         if e.has_claim:
             claim = _claim_entry(e, where, known, claims_where, problems)
-            if ok and claim is not None:
+            if claim is not None and (claim.claim_name, claim.request_name) in requests:
+                # a request's metadata names ONE device per entry: hostdev would refuse both
+                problems.append(
+                    Problem(
+                        where,
+                        claim.name,
+                        f"claim {claim.claim_name!r} request {claim.request_name!r} is "
+                        f"already the entry {requests[claim.claim_name, claim.request_name]!r}: "
+                        "one entry per request (give the claim a request per device)",
+                    )
+                )
+            elif ok and claim is not None:
+                requests[claim.claim_name, claim.request_name] = claim.name
                 out.append(claim)
             continue
         try:
@@ -243,6 +292,20 @@ def _claim_entry(
     if bad:
         return None
     assert isinstance(e.claim_name, str) and isinstance(e.request_name, str)
+    request_problem = naming.request_name_problem(e.request_name)
+    if request_problem is not None:
+        problems.append(Problem(f"{where}.requestName", e.request_name[:100], request_problem))
+        return None
+    if isinstance(e.name, str) and not _ENTRY_NAME.fullmatch(e.name):
+        problems.append(
+            Problem(
+                f"{where}.name",
+                e.name[:100],
+                "a DRA entry's name becomes the device alias ua-dra-<kind>-<name>: at most 63 "
+                "of A-Z, a-z, 0-9, '_' and '-'",
+            )
+        )
+        return None
     if e.claim_name not in known:
         listed = ", ".join(sorted(known)) or "none"
         problems.append(

@@ -217,6 +217,13 @@ def test_hostdev_reads_metadata_like_virt_launcher(tmp_path: Path) -> None:
         ({"a": '{"apiVersion": "metadata.resource.k8s.io/v1alpha1", "kind": "DeviceMetadata"'},
          "not a KEP-5304 device-metadata stream"),
         ({"a": metadata_text(["0000:zz:00.0"], "nic")}, "pciBusID"),
+        # issue 20 item 10: a clear error, never a RecursionError traceback
+        ({"a": "[" * 100_000 + "]" * 100_000}, "nested more than 32 levels deep"),
+        ({"a": '{"apiVersion": "metadata.resource.k8s.io/v1alpha1", "kind": "DeviceMetadata",'
+               '"requests": ' + "[" * 40 + "]" * 40 + "}"}, "nested more than 32 levels deep"),
+        # issue 20 item 12: the subrequest part is a DNS label too
+        ({"a": metadata_text(["0000:01:00.0"], "nic").replace('"nic"', '"nic/.."')},
+         "subrequest part '..' is not a DNS label"),
     ],
 )  # fmt: skip
 def test_hostdev_metadata_errors_name_claim_request_and_path(

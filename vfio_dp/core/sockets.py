@@ -89,13 +89,33 @@ def make_socket_dir(directory: str, flag: str) -> None:
         ) from e
 
 
-def make_room(path: str, flag: str) -> None:
+def _refuse_links(base: str, directory: str) -> None:
+    """Every directory below ``base`` down to ``directory`` is ours (``<plugins>/<driver>``):
+    a symlink there would put our socket wherever it points -- refused."""
+    rel = os.path.relpath(directory, base)
+    if rel == "." or rel.startswith(".."):
+        return
+    here = base
+    for part in rel.split(os.sep):
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            raise SocketPathError(
+                here,
+                f"is a symlink (to {os.readlink(here)}): our socket would be created wherever "
+                "it points",
+                "remove the link; the plugin makes this directory itself",
+            )
+
+
+def make_room(path: str, flag: str, base: str | None = None) -> None:
     """Check that ``path`` can take a new socket of ours; create its directory.
 
     Nothing there, or a socket (stale, or someone else's: the rename of
     :meth:`SocketServer.serve` replaces it atomically), is fine. Anything else, and a path
     too long for ``sun_path``, is a :class:`SocketPathError` naming the path and the fix;
-    nothing is ever deleted here. ``flag`` names the option that chose the directory.
+    nothing is ever deleted here. ``flag`` names the option that chose the directory;
+    ``base``, when given, is that directory: the ones between it and the socket are ours and
+    must not be symlinks (checked before and after they are made).
     """
     size = len(os.fsencode(path))
     if size > MAX_SOCKET_PATH:
@@ -104,7 +124,12 @@ def make_room(path: str, flag: str) -> None:
             f"is {size} bytes long, unix sockets allow {MAX_SOCKET_PATH}",
             f"choose a shorter {flag} or name",
         )
-    make_socket_dir(os.path.dirname(path) or ".", flag)
+    directory = os.path.dirname(path) or "."
+    if base is not None:
+        _refuse_links(base, directory)
+    make_socket_dir(directory, flag)
+    if base is not None:
+        _refuse_links(base, directory)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -143,9 +168,13 @@ class SocketServer:
         *,
         log: logging.Logger,
         label: str,
+        base: str | None = None,
     ) -> None:
+        """``base``: the operator's directory the socket's own directories are made in
+        (:func:`make_room`)."""
         self.path = path
         self.flag = flag
+        self.base = base
         self.new_server = new_server
         self.add_services = add_services
         self.log = log
@@ -157,7 +186,7 @@ class SocketServer:
     async def serve(self) -> None:
         """Serve ``path``: bind a hidden name beside it, start, rename it into place.
         :class:`SocketPathError` (nothing left behind) when the path cannot take it."""
-        make_room(self.path, self.flag)
+        make_room(self.path, self.flag, self.base)
         hidden = os.path.join(
             os.path.dirname(self.path), f".{os.getpid()}.{next(_hidden_serial)}.sock"
         )

@@ -186,10 +186,8 @@ def ours(view: ClaimView, driver: str, node: str, who: str) -> tuple[AllocationR
     if not mine:
         raise ClaimError(who, f"no device of driver {driver} is allocated to it")
     for r in mine:  # request names reach file paths: refuse before anything is touched
-        if not naming.is_dns_label(md.request_base(r.request)):
-            raise ClaimError(
-                who, f"request name {r.request[:80]!r} is not a DNS label", r.device[:80]
-            )
+        if (problem := naming.request_name_problem(r.request)) is not None:
+            raise ClaimError(who, problem, r.device[:80])
     requests = {md.request_base(r.request) for r in mine} | {r.request for r in mine}
     for cfg_driver, reqs in view.opaque_config:
         if cfg_driver != driver:

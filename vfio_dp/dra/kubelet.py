@@ -184,6 +184,7 @@ class KubeletFrontEnd:
             self._add_dra_services,
             log=log,
             label=driver_name,
+            base=plugins_dir,  # <plugins>/<driver> is ours: never a link elsewhere
         )
         self._registration = SocketServer(
             self.registration_socket,

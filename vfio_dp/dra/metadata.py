@@ -62,6 +62,9 @@ def build_claim(
     for req, pairs in devices_by_request.items():
         by_name: dict[str, list[md.MetadataDevice]] = {}
         for full, dev in pairs:
+            problem = naming.request_name_problem(full)
+            if problem is not None:  # it goes into the JSON the VM's pod reads
+                raise MetadataFormatError("<claim>", problem)
             by_name.setdefault(full, []).append(dev)
         meta = md.DeviceMetadata(
             name=claim_name,

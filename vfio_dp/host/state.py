@@ -215,7 +215,7 @@ class StateStore:
             dfd = self.root.open_dir(*parts, create=True)
             replace_at(dfd, name, data)
         except OSError as e:
-            raise StateWriteError(_write_failure(shown, e)) from e
+            raise StateWriteError(write_failure(shown, e)) from e
         finally:
             if dfd >= 0:
                 os.close(dfd)
@@ -398,7 +398,7 @@ class StateStore:
         try:
             dfd = self.root.open_dir(*LOCK_DIR, create=True)
         except OSError as e:
-            raise StateWriteError(_write_failure(self.lock_dir, e)) from e
+            raise StateWriteError(write_failure(self.lock_dir, e)) from e
         try:
             for addr in sorted(set(addresses)):
                 try:
@@ -409,7 +409,7 @@ class StateStore:
                         dir_fd=dfd,
                     )
                 except OSError as e:
-                    raise StateWriteError(_write_failure(f"{self.lock_dir}/{addr}.lock", e)) from e
+                    raise StateWriteError(write_failure(f"{self.lock_dir}/{addr}.lock", e)) from e
                 fds.append(fd)
                 deadline = time.monotonic() + timeout
                 while True:
@@ -433,7 +433,8 @@ class StateStore:
                 os.close(fd)
 
 
-def _write_failure(path: str, e: OSError) -> str:
+def write_failure(path: str, e: OSError) -> str:
+    """``cannot write <path>: <why>; <fix> and retry`` for a failed write of a state file."""
     why = e.strerror or str(e)
     fix = {
         errno.ENOSPC: "free space on that file system",

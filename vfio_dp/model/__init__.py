@@ -10,6 +10,7 @@ __all__ = [
     "config_yaml",
     "device",
     "dra_metadata",
+    "json_depth",
     "naming",
     "plan",
     "routes",

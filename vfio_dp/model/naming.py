@@ -154,6 +154,27 @@ def is_dns_label(text: str) -> bool:
     return len(text) <= 63 and _DNS_LABEL_RE.fullmatch(text) is not None
 
 
+def request_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a DRA request name, or None: ``<request>`` or
+    ``<request>/<subrequest>`` (a prioritized-list alternative), each part a DNS label --
+    ``gpu``, ``gpu/big``; never ``../x``, ``gpu/../../x``, ``gpu/``, ``a/b/c``."""
+    parts = name.split("/")
+    detail = ""
+    if len(parts) > 2:
+        detail = "more than one '/'"
+    else:
+        for part, what in zip(parts, ("request", "subrequest"), strict=False):
+            if not is_dns_label(part):
+                detail = f"{what} part {part[:80]!r} is not a DNS label"
+                break
+    if not detail:
+        return None
+    return (
+        f"request name {name[:80]!r} is not a DNS label, nor <request>/<subrequest> of two "
+        f"({detail}; a DNS label is at most 63 of a-z, 0-9 and '-', alphanumeric at both ends)"
+    )
+
+
 def is_dns_subdomain(text: str) -> bool:
     """A Kubernetes DNS subdomain: <= 253, dot-separated DNS labels (object names such as a
     ResourceClaim's)."""
