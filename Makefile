@@ -5,7 +5,7 @@ PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test lint bench image wheel
+.PHONY: setup demo test lint bench bench-detail bench-tools image wheel
 
 setup:
 	bash scripts/setup.sh
@@ -23,13 +23,22 @@ lint:
 	$(PYTHON) -m mypy
 	$(VENV)/bin/lint-imports
 
+# Every row of the performance table with its goal (met / NOT met); `bench/against.py REF`
+# compares the same rows with a git ref in one run. The per-area scripts print more detail;
+# bench-tools runs the QEMU guest comparison with driverctl and dpdk-devbind (minutes).
 bench:
+	$(PYTHON) bench/goals.py
+
+bench-detail:
 	$(PYTHON) bench/host_bench.py
 	$(PYTHON) bench/plugin_bench.py
 	$(PYTHON) bench/webhook_bench.py
-	$(PYTHON) bench/compare_tools.py
 	$(PYTHON) bench/dra_bench.py
+	$(PYTHON) bench/dra_prepare_bench.py
 	$(PYTHON) bench/dra_health_bench.py
+
+bench-tools:
+	$(PYTHON) bench/compare_tools.py
 
 # The container image as one OCI archive in dist/ (load it on nodes without a registry:
 # docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.

@@ -14,6 +14,7 @@ times :class:`vfio_dp.dra.prepare.ClaimPreparer` in-process (the gRPC hop is not
 ``--guest``: the same rows in the QEMU guest rig (real kernel 6.1, emulated Intel IOMMU, a
 topology of four lone e1000e NICs), binding for real -- e1000e's probe included.
 BENCH_RUNS (default 30 on the temp tree, 5 in the guest) rounds each; p50 and p99 in ms.
+``--json``: the temp-tree figures as one JSON object (for bench/rows.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# BENCH_CODE: the tree whose vfio_dp (and test helpers) to time (bench/against.py: a git ref)
+sys.path.insert(0, os.environ.get("BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
@@ -197,6 +199,14 @@ def main() -> None:
         tree = build(Path(d) / "root")
         host = Host(tree.root, kernel=SimulatedKernel(tree))
         rows = measure_all(host, d, runs, NICS, "0000:09:00.0")
+    if "--json" in sys.argv:
+        (_, nb, _), (_, on1, _), (_, b1, _), (_, on4, _), (_, b4, _) = rows
+        med = statistics.median
+        figures = {"prep_p50": med(nb) * 1000, "prep_p99": pct(nb, 0.99),
+                   "prep_on1": med(on1) * 1000, "bind_1": med(b1) * 1000,
+                   "prep_on4": med(on4) * 1000, "bind_4": med(b4) * 1000}  # fmt: skip
+        print(json.dumps(figures))
+        return
     print_table(
         f"DRA handler on a temp tree, {runs} rounds each (ms; in-process, no gRPC hop)", rows
     )

@@ -5,10 +5,13 @@
 __all__ = [
     "certs_cmd",
     "common",
+    "completion_cmd",
     "deviceclass_cmd",
     "deviceplugin_cmd",
     "dra_cmd",
     "host_cmds",
+    "inventory_cmds",
     "main",
     "vm_cmds",
+    "webhook_cmd",
 ]

@@ -7,6 +7,7 @@ for people or ``-o json`` for machines. Exit codes: 0 ok, 1 failure, 2 usage err
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -70,21 +71,153 @@ def root_option(f: F) -> F:
     )(f)
 
 
+#: ``-o`` values: a table for people (fitted to the terminal), ``wide`` (never cut), ``json``
+#: and ``yaml`` for machines, ``name`` (one identifier a line, for scripts), as kubectl does.
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+MACHINE = ("json", "yaml")
+
+
+def _no_headers(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    ctx.meta["vfioctl.no_headers"] = value
+
+
+def default_of(options: type, field: str) -> Any:
+    """The default of ``field`` in a front-end's options dataclass: a flag's default is the
+    library's, written once (e.g. ``default_of(DraOptions, "metrics_port")`` is 9110)."""
+    for f in dataclasses.fields(options):
+        if f.name == field:
+            return f.default
+    raise LookupError(f"{options.__name__} has no field {field!r}")
+
+
+def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F], F]:
+    """A directory flag of a front-end command (a path as the process sees it, never joined
+    with ``--root``), its default that of ``field`` in ``options`` (shown when there is one)."""
+    default = default_of(options, field)
+    return option(
+        flag,
+        default=default,
+        show_default=default is not None,
+        type=click.Path(file_okay=False),
+        help=help,
+    )
+
+
+def front_end_options(
+    options: type,
+    *,
+    node_help: str,
+    config_help: str,
+    resync_help: str,
+    metrics_help: str,
+    wait_help: str,
+) -> Callable[[F], F]:
+    """The flags every front-end command (``vfioctl plugin``, ``vfioctl dra-plugin``) shares,
+    with the defaults of its ``options`` dataclass: the node core's (``--node-name``, also
+    from ``NODE_NAME``; ``--config``, ``--root``, ``--resync``, ``--metrics-port``,
+    ``--metrics-host``), then ``--create-dirs`` (for
+    :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`) and
+    ``--log-level`` (for :func:`configure_logging`)."""
+    decorators = [
+        option(
+            "--node-name",
+            envvar=[envvar_for("--node-name"), "NODE_NAME"],
+            default=None,
+            help=node_help,
+        ),
+        option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            default=default_of(options, "config_path"),
+            help=config_help,
+        ),
+        root_option,
+        option(
+            "--resync",
+            default=default_of(options, "resync"),
+            show_default=True,
+            type=click.FloatRange(min=0.05),
+            help=resync_help,
+        ),
+        option(
+            "--metrics-port",
+            default=default_of(options, "metrics_port"),
+            show_default=True,
+            type=click.IntRange(0, 65535),
+            help=metrics_help,
+        ),
+        option(
+            "--metrics-host",
+            default=default_of(options, "metrics_host"),
+            help="Address for the metrics port (default: all interfaces).",
+        ),
+        option(
+            "--create-dirs",
+            is_flag=True,
+            help="Create missing kubelet directories instead of refusing them (a typo is "
+            "otherwise created and waited on forever).",
+        ),
+        option(
+            "--wait-for-other",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(0, 3600),
+            help=wait_help,
+        ),
+        option(
+            "--log-level",
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "warning", "error"]),
+        ),
+    ]
+
+    def apply(f: F) -> F:
+        for decorate in reversed(decorators):
+            f = decorate(f)
+        return f
+
+    return apply
+
+
+def configure_logging(level: str) -> None:
+    """Log lines of a long-running command: ``<time> <LEVEL> <logger>: <message>``."""
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
 def output_option(f: F) -> F:
+    f = option(
+        "--no-headers",
+        is_flag=True,
+        expose_value=False,
+        callback=_no_headers,
+        help="Tables without their header line (for scripts).",
+    )(f)
     return option(
         "-o",
         "--output",
-        type=click.Choice(["table", "json"]),
+        type=click.Choice(OUTPUTS),
         default="table",
         show_default=True,
-        help="table for people, json for machines.",
+        help="table (fits the terminal) or wide for people; json or yaml for machines; name "
+        "prints one identifier a line.",
     )(f)
 
 
-def print_json(value: object) -> None:
+def print_json(value: object, output: str = "json") -> None:
     """Indented for a terminal; compact (and C-encoded: 4,000 devices in milliseconds, not a
     tenth of a second) when piped to a program. ``json`` is imported here: text output
-    never pays for it."""
+    never pays for it. ``output="yaml"`` prints the same value as YAML."""
+    if output == "yaml":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(value, sort_keys=False, default_flow_style=False))
+        return
     import json
 
     if sys.stdout.isatty():
@@ -93,18 +226,53 @@ def print_json(value: object) -> None:
         sys.stdout.write(json.dumps(value) + "\n")
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Left-aligned columns; None prints as ``-``."""
+def print_names(names: Sequence[object]) -> None:
+    sys.stdout.write("".join(f"{n}\n" for n in names))
+
+
+def _fit(widths: list[int], total: int) -> list[int]:
+    """Shrink the widest columns until a row fits ``total`` characters (never below 12)."""
+    widths = list(widths)
+    while sum(widths) + 2 * (len(widths) - 1) > total:
+        i = max(range(len(widths)), key=lambda k: widths[k])
+        if widths[i] <= 12:
+            break
+        widths[i] -= 1
+    return widths
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, wide: bool = False
+) -> None:
+    """Left-aligned columns; None prints as ``-``. On a terminal, unless ``wide`` (``-o
+    wide``), the widest cells are cut with ``…`` so a line fits the terminal;
+    ``--no-headers`` leaves the header line out."""
+    import shutil
+
     cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    line = "  ".join(h.upper().ljust(widths[i]) for i, h in enumerate(headers))
-    out = [line.rstrip()]
+    if not wide and sys.stdout.isatty():
+        widths = _fit(widths, shutil.get_terminal_size((200, 24)).columns)
+
+    def cut(text: str, w: int) -> str:
+        return text if len(text) <= w else text[: w - 1] + "…"
+
+    out = []
+    ctx = click.get_current_context(silent=True)
+    if not (ctx is not None and ctx.meta.get("vfioctl.no_headers")):
+        out.append(
+            "  ".join(
+                cut(h.upper(), widths[i]).ljust(widths[i]) for i, h in enumerate(headers)
+            ).rstrip()
+        )
     for row in cells:
-        out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
-    sys.stdout.write("\n".join(out) + "\n")
+        out.append(
+            "  ".join(cut(c, widths[i]).ljust(widths[i]) for i, c in enumerate(row)).rstrip()
+        )
+    sys.stdout.write("\n".join(out) + ("\n" if out else ""))
 
 
 def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:

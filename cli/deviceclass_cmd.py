@@ -13,8 +13,7 @@ import sys
 import click
 
 from cli.common import option, run_guarded
-
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.model.naming.DEFAULT_DRA_DRIVER (light)
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 
 @click.command("deviceclasses")
@@ -27,7 +26,7 @@ DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.model.naming.DEFAULT_DRA_DRI
 )
 @option(
     "--driver-name",
-    default=DEFAULT_DRIVER,
+    default=DEFAULT_DRA_DRIVER,
     show_default=True,
     help="The DRA driver name (vfioctl dra-plugin --driver-name).",
 )
@@ -62,14 +61,11 @@ def deviceclasses(
         import re
 
         from vfio_dp.dra.deviceclasses import device_classes
-        from vfio_dp.errors import DriverNameError
         from vfio_dp.model import naming
         from vm_translate.errors import InputError
         from vm_translate.inputs import load_config
 
-        why = naming.dns_subdomain_problem(driver_name, naming.DRA_DRIVER_NAME_MAX)
-        if why:
-            raise DriverNameError(driver_name, why)
+        naming.check_dra_driver_name(driver_name)
         ids: list[tuple[str, str]] = []
         for value in devices:
             m = re.fullmatch(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})", value)

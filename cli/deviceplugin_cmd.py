@@ -1,7 +1,9 @@
 """``vfioctl plugin``: run the device-plugin daemon (what the DaemonSet runs).
 
-Thin: parses flags (each also from ``VFIOCTL_<FLAG>``), then hands over to
-:func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the command body.
+Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; the node core's flags and every
+default come from :func:`cli.common.front_end_options` and :mod:`vfio_dp.deviceplugin.options`),
+then hands over to :func:`vfio_dp.deviceplugin.app.run`. gRPC is imported only inside the
+command body.
 """
 
 from __future__ import annotations
@@ -9,88 +11,45 @@ from __future__ import annotations
 import click
 
 from cli.common import (
-    envvar_for,
+    configure_logging,
+    dir_option,
     existing_dir,
-    option,
-    root_option,
+    front_end_options,
     run_guarded,
     single_instance,
 )
+from vfio_dp.deviceplugin.options import Options
 
 
 @click.command("plugin")
-@option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="YAML selectors (a ConfigMap file; reloaded when it changes). "
-    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
-)
-@root_option
-@option(
+@dir_option(
     "--kubelet-dir",
-    default="/var/lib/kubelet/device-plugins",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
+    Options,
+    "kubelet_dir",
+    "The kubelet's device-plugin dir as this process sees it (never joined with --root).",
 )
-@option(
+@dir_option(
     "--cdi-dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
+    Options,
+    "cdi_dir",
+    "Also answer Allocate with CDI device names (cdi_devices), writing one CDI spec per "
     "advertised device here (the host's /var/run/cdi as this process sees it; never joined "
     "with --root). Needs kubelet >= 1.31 and a runtime with CDI on (containerd 1.7 with "
     "enable_cdi = true, default from 2.0; CRI-O >= 1.24). Envs and device nodes are "
     "unchanged. Default: off.",
 )
-@option(
-    "--resync",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
-)
-@option(
-    "--metrics-port",
-    default=9109,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
-)
-@option(
-    "--metrics-host",
-    default="",
-    help="Address for the metrics port (default: all interfaces).",
-)
-@option(
-    "--node-name",
-    envvar=[envvar_for("--node-name"), "NODE_NAME"],
-    default=None,
-    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+@front_end_options(
+    Options,
+    node_help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
     "from spec.nodeName. Without it such selectors are skipped.",
-)
-@option(
-    "--create-dirs",
-    is_flag=True,
-    help="Create missing kubelet directories instead of refusing them (a typo is otherwise "
-    "created and waited on forever).",
-)
-@option(
-    "--wait-for-other",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(0, 3600),
-    help="Seconds to wait for another instance of ours on this node to exit before failing.",
-)
-@option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
+    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
+    resync_help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
+    metrics_help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
+    wait_help="Seconds to wait for another instance of ours on this node to exit before failing.",
 )
 def plugin(
+    node_name: str | None,
     config_path: str | None,
     root: str,
     kubelet_dir: str,
@@ -98,7 +57,6 @@ def plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
-    node_name: str | None,
     create_dirs: bool,
     wait_for_other: float,
     log_level: str,
@@ -108,15 +66,10 @@ def plugin(
     Exits 0 on SIGTERM after sending every resource an empty list and removing its sockets;
     exits 2 with every problem listed when the config is invalid. Never unbinds anything.
     """
-    import logging
-
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level)
 
     def body() -> int:
-        from vfio_dp.deviceplugin.app import Options, run
+        from vfio_dp.deviceplugin.app import run
         from vfio_dp.host.root import Root
 
         Root(root)  # a missing --root is named first

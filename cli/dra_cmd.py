@@ -1,7 +1,9 @@
 """``vfioctl dra-plugin``: run the DRA kubelet plugin (what the DRA DaemonSet runs).
 
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; ``--node-name`` also from
-``NODE_NAME``), then hands over to :func:`vfio_dp.dra.driver.run`. gRPC and the Kubernetes
+``NODE_NAME``; the node core's flags and every default come from
+:func:`cli.common.front_end_options` and :mod:`vfio_dp.dra.options`), then hands over to
+:func:`vfio_dp.dra.driver.run`. gRPC and the Kubernetes
 client are imported only inside the command body: no other vfioctl command pays for them.
 """
 
@@ -10,32 +12,26 @@ from __future__ import annotations
 import click
 
 from cli.common import (
-    envvar_for,
+    configure_logging,
+    default_of,
+    dir_option,
     existing_dir,
+    front_end_options,
     option,
-    root_option,
     run_guarded,
     single_instance,
 )
-
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (not imported: light)
+from vfio_dp.dra.options import DraOptions
 
 
 @click.command("dra-plugin")
 @option(
     "--driver-name",
-    default=DEFAULT_DRIVER,
+    default=default_of(DraOptions, "driver_name"),
     show_default=True,
-    help="The DRA driver name: a lowercase DNS subdomain you own. It names the sockets, "
-    "the ResourceSlices' spec.driver, the attributes' domain and the DeviceClass "
-    "selector (device.driver).",
-)
-@option(
-    "--node-name",
-    envvar=[envvar_for("--node-name"), "NODE_NAME"],
-    default=None,
-    help="This node's name (the pool and the slices' nodeName); in a pod: NODE_NAME from "
-    "spec.nodeName.",
+    help="The DRA driver name: a lowercase DNS subdomain you own, at most 63 characters, "
+    "starting with a letter. It names the sockets, the ResourceSlices' spec.driver, the "
+    "attributes' domain, the claims' CDI kind and the DeviceClass selector (device.driver).",
 )
 @option(
     "--kubeconfig",
@@ -43,70 +39,35 @@ DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (n
     default=None,
     help="kubeconfig for the API server; absent: $KUBECONFIG, then ~/.kube/config, then the pod's service account (kubectl's order).",
 )
-@option(
+@dir_option(
     "--kubelet-registry-dir",
-    default="/var/lib/kubelet/plugins_registry",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="kubelet's plugin registry dir as this process sees it (never joined with --root).",
+    DraOptions,
+    "registry_dir",
+    "kubelet's plugin registry dir as this process sees it (never joined with --root).",
 )
-@option(
+@dir_option(
     "--kubelet-plugins-dir",
-    default="/var/lib/kubelet/plugins",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="kubelet's plugins dir (the service socket <dir>/<driver>/dra.sock; never joined "
+    DraOptions,
+    "plugins_dir",
+    "kubelet's plugins dir (the service socket <dir>/<driver>/dra.sock; never joined with --root).",
+)
+@dir_option(
+    "--cdi-dir",
+    DraOptions,
+    "cdi_dir",
+    "Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined "
     "with --root).",
 )
-@option(
-    "--cdi-dir",
-    default="/var/run/cdi",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where Prepare writes one CDI spec per claim (a path as the plugin sees it; never joined with --root).",
-)
-@option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="YAML selectors (reloaded when it changes); only path: dra selectors are "
+@front_end_options(
+    DraOptions,
+    node_help="This node's name (the pool and the slices' nodeName); in a pod: NODE_NAME from "
+    "spec.nodeName.",
+    config_help="YAML selectors (reloaded when it changes); only path: dra selectors are "
     "published. Default: every device already on vfio-pci.",
-)
-@root_option
-@option(
-    "--resync",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Seconds between full rescans of sysfs and checks of the published slices.",
-)
-@option(
-    "--metrics-port",
-    default=9110,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port for /metrics and /healthz; 0 disables both (the device plugin holds 9109).",
-)
-@option("--metrics-host", default="", help="Address for the metrics port (default: all).")
-@option(
-    "--create-dirs",
-    is_flag=True,
-    help="Create missing kubelet directories instead of refusing them (a typo is otherwise "
-    "created and waited on forever).",
-)
-@option(
-    "--wait-for-other",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(0, 3600),
-    help="Seconds to wait for another DRA plugin of ours for this driver to exit before failing.",
-)
-@option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    resync_help="Seconds between full rescans of sysfs and checks of the published slices.",
+    metrics_help="Port for /metrics and /healthz; 0 disables both (the device plugin holds 9109).",
+    wait_help="Seconds to wait for another DRA plugin of ours for this driver to exit before "
+    "failing.",
 )
 def dra_plugin(
     driver_name: str,
@@ -132,12 +93,7 @@ def dra_plugin(
     NodePrepareResources binds a `bind: onPrepare` group, writes one CDI spec and the KEP-5304
     device metadata per claim; NodeUnprepareResources gives back what the claim bound.
     """
-    import logging
-
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level)
 
     def body() -> int:
         from vfio_dp.errors import UsageError
@@ -146,7 +102,7 @@ def dra_plugin(
             raise UsageError(
                 "--node-name is required (or NODE_NAME, e.g. from the pod's spec.nodeName)"
             )
-        from vfio_dp.dra.driver import DraOptions, run
+        from vfio_dp.dra.driver import run
         from vfio_dp.dra.publisher import api_client
         from vfio_dp.host.root import Root
 

@@ -572,6 +572,7 @@ async def steps_8_to_12() -> None:
         api.seed(NODES, {"metadata": {"name": DRA_NODE}})
         client = api.client()
         stack.callback(client.close)
+        os.makedirs(DRA_PLUGINS, exist_ok=True)  # the kubelet makes it when it starts
         kubelet = KubeletDraStandin(DRA_REGISTRY, DRA_NODE, api_client=client)
         await kubelet.start()
         stack.push_async_callback(kubelet.stop)

@@ -66,8 +66,8 @@ def test_exception_trees() -> None:
     for mod, base in ((node, node.VfioError), (cluster, cluster.TranslateError)):
         classes = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, Exception)]
         assert classes and all(issubclass(c, base) for c in classes), mod.__name__
+    from vm_translate.errors import Unresolvable
     from vm_translate.patch import PatchError
-    from vm_translate.spec import Unresolvable
 
     assert issubclass(PatchError, cluster.TranslateError)
     assert issubclass(Unresolvable, cluster.TranslateError)

@@ -55,7 +55,7 @@ from tests.docs_pages import (
 )
 from tests.sysfs_tree import gpu_host
 from vfio_dp.model.config import Config, load_config_text
-from vm_translate.spec import resolve_device_name
+from vm_translate.entries import resolve_device_name
 from vm_translate.translate import translate
 
 #: the pages of docs/ the README must lead to (issue 19, item 6)

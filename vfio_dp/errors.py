@@ -270,21 +270,22 @@ class StaleAllocationError(PluginError):
         )
 
 
-class DriverNameError(UsageError, ValueError):
-    """A DRA driver name is not a lowercase DNS subdomain (it names sockets and slices)."""
+class DraError(VfioError):
+    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
+
+
+class DriverNameError(UsageError, DraError, ValueError):
+    """A DRA driver name we cannot use (:func:`vfio_dp.model.naming.dra_driver_name_problem`):
+    it names the sockets, the slices and the claims' CDI kind. A usage error (exit 2)."""
 
     def __init__(self, name: str, why: str) -> None:
         self.name = name
         self.why = why
         super().__init__(
             f"DRA driver name {name!r}: {why}; use a lowercase DNS subdomain you own, "
-            "e.g. vfio.example.com (labels of a-z, 0-9 and '-'; at most 63 characters in all, "
-            "the API server's limit for ResourceSlice spec.driver)"
+            "e.g. vfio.example.com (labels of a-z, 0-9 and '-', starting with a letter; at "
+            "most 63 characters in all, the API server's limit for ResourceSlice spec.driver)"
         )
-
-
-class DraError(VfioError):
-    """The DRA front-end cannot serve a claim (prepare, unprepare, its files)."""
 
 
 class MetadataFormatError(DraError, ValueError):

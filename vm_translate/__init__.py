@@ -1,7 +1,8 @@
 """vm_translate — the cluster and pod side of the VFIO passthrough toolkit.
 
-- :mod:`vm_translate.spec` / :mod:`vm_translate.translate` (pure): VM specs and annotated Pods
-  → resource names, JSONPatch and the mutated object.
+- :mod:`vm_translate.spec` / :mod:`vm_translate.entries` / :mod:`vm_translate.translate`
+  (pure): VM specs and annotated Pods → typed entries and resource names, JSONPatch and the
+  mutated object.
 - :mod:`vm_translate.review` (pure): AdmissionReview ``admission.k8s.io/v1`` in and out.
 - :mod:`vm_translate.webhook`: the aiohttp HTTPS shell around it (:mod:`vm_translate.tls` for
   certificates, :mod:`vm_translate.nodes` / :mod:`vm_translate.kube_adapter` for the optional
@@ -21,6 +22,7 @@ __all__ = [
     "allocation",
     "config_watch",
     "dra",
+    "entries",
     "errors",
     "hostdev",
     "inputs",
@@ -36,4 +38,5 @@ __all__ = [
     "translate",
     "webhook",
     "webhook_certs",
+    "webhook_metrics",
 ]

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from vfio_dp.errors import AddressError
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
+from vm_translate.entries import ClaimEntry, Entry
 from vm_translate.errors import HostdevError
-from vm_translate.spec import ClaimEntry, Entry
 
 MAX_SLOT = 0x1F
 

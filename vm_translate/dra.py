@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from vfio_dp.errors import AddressError, MetadataFormatError
 from vfio_dp.model import dra_metadata
 from vfio_dp.model.address import PciAddress
+from vm_translate.entries import ClaimEntry, VmClaim
 from vm_translate.errors import HostdevError
-from vm_translate.spec import ClaimEntry, VmClaim
 
 DEFAULT_BASE = dra_metadata.CONTAINER_BASE
 

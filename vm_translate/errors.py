@@ -50,16 +50,29 @@ class Problem:
     why: str
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.value!r}: {self.why}"
+        value = repr(self.value)
+        if len(value) > MAX_VALUE_SHOWN:
+            value = value[:MAX_VALUE_SHOWN] + f"... ({len(value)} characters)"
+        return f"{self.where}: {value}: {self.why}"
+
+
+#: how many problems a message lists (the rest are counted), and how much of each value
+MAX_PROBLEMS_SHOWN = 20
+MAX_VALUE_SHOWN = 200
 
 
 class SpecError(TranslateError):
-    """A VM / Pod spec asks for passthrough devices wrongly; ``problems`` lists EVERY problem."""
+    """A VM / Pod spec asks for passthrough devices wrongly; ``problems`` lists EVERY problem,
+    its message the first :data:`MAX_PROBLEMS_SHOWN` and how many more (a denial stays short
+    whatever the spec holds)."""
 
     def __init__(self, subject: str, problems: Sequence[Problem]) -> None:
         self.subject = subject
         self.problems = tuple(problems)
-        lines = [f"  {p}" for p in self.problems]
+        lines = [f"  {p}" for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        more = len(self.problems) - MAX_PROBLEMS_SHOWN
+        if more > 0:
+            lines.append(f"  ... and {more} more problem(s) of the same spec")
         super().__init__(f"{subject}: invalid passthrough request:\n" + "\n".join(lines))
 
 

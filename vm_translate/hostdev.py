@@ -29,8 +29,8 @@ from lxml import etree
 
 from vfio_dp.model.address import PciAddress
 from vm_translate.allocation import GuestAddress, Hostdev, Layout, assign, place_multifunction
+from vm_translate.entries import Entry
 from vm_translate.errors import DomainXmlError
-from vm_translate.spec import Entry
 
 
 def _parser() -> etree.XMLParser:

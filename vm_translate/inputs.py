@@ -16,11 +16,9 @@ from typing import Any
 from vfio_dp.host import files
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import MAX_CONFIG_BYTES, Config, load_config_bytes
+from vm_translate.entries import ClaimEntry, DeviceEntry, Entry
 from vm_translate.errors import HostdevError, InputError, SpecError
 from vm_translate.spec import (
-    ClaimEntry,
-    DeviceEntry,
-    Entry,
     claims_path,
     describe,
     devices_path,

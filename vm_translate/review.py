@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NotRequired, Required, TypedDict
 
 from vfio_dp.model.config import Config
+from vfio_dp.model.json_depth import nesting_depth
 from vm_translate.errors import ReviewError, SpecError
 from vm_translate.nodes import NodeResources, capacity_problems
 from vm_translate.spec import POD_KIND
@@ -118,27 +119,6 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if obj is None and request.get("operation") in ("CREATE", "UPDATE"):
         raise ReviewError(f"request.object is missing for {request['operation']}")
     return request  # type: ignore[return-value]  # shape checked above
-
-
-def nesting_depth(value: object, limit: int) -> int:
-    """Levels of arrays/objects in parsed JSON (a scalar is 0), counted without recursion;
-    stops counting past ``limit`` (returns ``limit + 1``)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            children: Iterable[object] = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            continue
-        d += 1
-        if d > limit:
-            return limit + 1
-        deepest = max(deepest, d)
-        stack.extend((c, d) for c in children if isinstance(c, (dict, list)))
-    return deepest
 
 
 def _kind_of(request: AdmissionRequest, obj: Mapping[str, Any]) -> str:

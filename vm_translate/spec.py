@@ -1,4 +1,4 @@
-"""Passthrough entries as VM spec authors write them, resolved to resource names (pure).
+"""Reading passthrough entries out of VMs, VMIs and annotated Pods (pure).
 
 Two sources, one typed result (:class:`DeviceEntry`):
 
@@ -20,11 +20,9 @@ A DRA entry (``claimName`` + ``requestName``, no ``deviceName``) is a :class:`Cl
 its device comes from the claim, so nothing is resolved here; the claim must be one of the
 object's ``resourceClaims``. An entry naming both ``deviceName`` and ``claimName`` is refused.
 
-A ``vendor:device`` pair becomes a resource name through the daemon's own configuration
-(:meth:`vfio_dp.model.config.Config.resources_for_ids`), so custom names and domains agree;
-a pair with several candidates is rejected naming them. Names in the configured domain must
-be names the configuration can advertise (a case slip is corrected to the canonical name);
-names of other domains (``nvidia.com/...``) pass untouched.
+A ``deviceName`` / ``resource`` value becomes a resource name through
+:func:`vm_translate.entries.resolve_device_name` (the typed entries live there too); this
+module reads the entries out of the objects and lists every problem with its place.
 """
 
 from __future__ import annotations
@@ -37,7 +35,16 @@ from typing import Any
 
 from vfio_dp.model import naming
 from vfio_dp.model.config import Config
-from vm_translate.alias import Kind, alias_for, dra_alias_for
+from vm_translate.alias import Kind
+from vm_translate.entries import (
+    ClaimEntry,
+    DeviceEntry,
+    Entry,
+    VmClaim,
+    alias_conflicts,
+    resolve_device_name,
+    resolve_ids,
+)
 from vm_translate.errors import Problem, Unresolvable
 
 PASSTHROUGH_ANNOTATION = "devices.kubevirt.io/passthrough"
@@ -52,131 +59,9 @@ POD_KIND = "Pod"
 #: addresses: generic host devices first, then GPUs.
 DEVICE_LISTS: tuple[tuple[str, Kind], ...] = (("hostDevices", "hostdevice"), ("gpus", "gpu"))
 
-_PAIR = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})")
-_DEFAULT_SHORT = re.compile(r"([0-9a-fA-F]{4})_([0-9a-fA-F]{4})")
+#: a DRA entry's name (it becomes the alias ``ua-dra-<kind>-<name>`` unchanged)
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}")
 _ENTRY_KEYS = ("name", "vendor", "device", "resource", "count")
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceEntry:
-    """One requested passthrough entry, its resource name resolved.
-
-    ``count`` > 1 only comes from the Pod annotation; KubeVirt lists one entry per device.
-    """
-
-    name: str
-    resource: str
-    kind: Kind = "hostdevice"
-    count: int = 1
-
-    def aliases(self) -> list[str]:
-        """``ua-<kind>-<name>``, or ``ua-<kind>-<name>-<i>`` (i = 0..count-1) when count > 1."""
-        if self.count == 1:
-            return [alias_for(self.kind, self.name)]
-        return [alias_for(self.kind, self.name, i) for i in range(self.count)]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimEntry:
-    """One DRA entry (``claimName``/``requestName``): one device of a claim's request.
-
-    ``claim_name`` is the VMI-level claim name (an entry of ``spec.resourceClaims``), not the
-    ResourceClaim object's name; :mod:`vm_translate.dra` resolves it to the metadata path.
-    """
-
-    name: str
-    claim_name: str
-    request_name: str
-    kind: Kind = "hostdevice"
-
-    def aliases(self) -> list[str]:
-        """``ua-dra-<kind>-<name>``, as virt-launcher names DRA host devices and GPUs."""
-        return [dra_alias_for(self.kind, self.name)]
-
-
-#: Any resolved entry of a VM spec or annotation.
-Entry = DeviceEntry | ClaimEntry
-
-
-@dataclass(frozen=True, slots=True)
-class VmClaim:
-    """One ``spec.resourceClaims[]`` entry of a VMI: a claim by name or from a template."""
-
-    name: str
-    resource_claim_name: str | None = None
-    resource_claim_template_name: str | None = None
-
-
-def resolve_device_name(value: object, config: Config) -> str:
-    """The resource name a ``deviceName`` / ``resource`` value stands for.
-
-    ``10DE:1eb8`` → ``devices.kubevirt.io/10de_1eb8`` (or the configured custom name);
-    ``devices.kubevirt.io/10DE_1EB8`` → ``devices.kubevirt.io/10de_1eb8``;
-    ``nvidia.com/TU104GL_Tesla_T4`` → unchanged. Raises :class:`Unresolvable`.
-    """
-    domain = config.resource_domain
-    example = f"a resource name like {domain}/10de_1eb8 or a vendor:device pair like 10de:1eb8"
-    if not isinstance(value, str) or not value:
-        raise Unresolvable(f"must be {example}")
-    if ":" in value:
-        m = _PAIR.fullmatch(value)
-        if not m:
-            raise Unresolvable(
-                "is not a vendor:device pair: each ID is exactly 4 hex digits, e.g. 10de:1eb8 "
-                "(see `lspci -nn`)"
-            )
-        return _resolve_ids(m.group(1), m.group(2), config)
-    if "/" not in value:
-        qualified = naming.qualify(value, domain)
-        canonical = _known_name(qualified, config)
-        if canonical is None:
-            raise Unresolvable(f"is neither {example}; resource names carry a domain")
-        return canonical
-    why = naming.resource_name_problem(value)
-    if why:
-        raise Unresolvable(f"is not a valid resource name: {why}")
-    if value.partition("/")[0] != domain:
-        return value  # another provider's resource (nvidia.com/...): not ours to judge
-    canonical = _known_name(value, config)
-    if canonical is None:
-        known = ", ".join(config.resource_names) or "none by explicit name"
-        raise Unresolvable(
-            f"unknown resource: the vfio_dp configuration advertises {known}, plus "
-            f"{domain}/<vendor>_<device> for devices it selects by ID; fix the name, use "
-            "vendor:device, or add a selector to the ConfigMap"
-        )
-    return canonical
-
-
-def _resolve_ids(vendor: str, device: str, config: Config) -> str:
-    pair = f"{vendor.lower()}:{device.lower()}"
-    candidates = config.resources_for_ids(vendor, device)
-    if not candidates:
-        raise Unresolvable(
-            f"no selector of the vfio_dp configuration takes {pair}, so no node advertises it; "
-            "add a selector for it to the ConfigMap or name the resource directly"
-        )
-    if len(candidates) > 1:
-        raise Unresolvable(
-            f"{pair} is ambiguous: it may be advertised as any of {', '.join(candidates)}; "
-            "name one of them instead of the pair"
-        )
-    return candidates[0]
-
-
-def _known_name(name: str, config: Config) -> str | None:
-    """The canonical spelling of ``name`` if the configuration can advertise it, else None."""
-    folded = name.lower()
-    for explicit in config.resource_names:
-        if explicit.lower() == folded:
-            return explicit
-    domain, _, short = name.partition("/")
-    m = _DEFAULT_SHORT.fullmatch(short)
-    if m and domain == config.resource_domain:
-        default = naming.default_resource_name(m.group(1), m.group(2), domain)
-        if default in config.resources_for_ids(m.group(1), m.group(2)):
-            return default
-    return None
 
 
 # --------------------------------------------------------------------------- KubeVirt VMs
@@ -290,8 +175,41 @@ def vm_claims(raw: object, prefix: str) -> tuple[dict[str, VmClaim], list[Proble
         if name in out:
             problems.append(Problem(where, name, "resource claim names must be unique"))
             continue
+        bad = _claim_name_problems(where, name, claim, template)
+        if bad:
+            problems.extend(bad)
+            continue
         out[name] = VmClaim(name, claim, template)
     return out, problems
+
+
+def _claim_name_problems(
+    where: str, name: str, claim: str | None, template: str | None
+) -> list[Problem]:
+    """The names a claim's metadata path is built from (``<claims|templates>/<name>/``):
+    the pod-level name a DNS label, an object's name a DNS subdomain (what the API server
+    and virt-launcher accept; anything else can never be prepared or found)."""
+    out: list[Problem] = []
+    if not naming.is_dns_label(name):
+        out.append(
+            Problem(
+                f"{where}.name",
+                name[:100],
+                "must be a DNS label (at most 63 of a-z, 0-9 and '-', alphanumeric at both "
+                "ends): it names the claim in the pod and in its device-metadata path",
+            )
+        )
+    for key, value in (("resourceClaimName", claim), ("resourceClaimTemplateName", template)):
+        if value is not None and not naming.is_dns_subdomain(value):
+            out.append(
+                Problem(
+                    f"{where}.{key}",
+                    value[:100],
+                    "must be a Kubernetes object name (DNS subdomain: at most 253 of a-z, "
+                    "0-9, '-' and '.', alphanumeric at both ends)",
+                )
+            )
+    return out
 
 
 def resolve_vm_entries(
@@ -306,6 +224,7 @@ def resolve_vm_entries(
     out: list[Entry] = []
     problems: list[Problem] = []
     known = claims or {}
+    requests: dict[tuple[str, str], str] = {}  # (claim, request) → the entry that has it
     for e in entries:
         where = e.where(prefix)
         ok = True
@@ -314,7 +233,19 @@ def resolve_vm_entries(
             ok = False
         if e.has_claim:
             claim = _claim_entry(e, where, known, claims_where, problems)
-            if ok and claim is not None:
+            if claim is not None and (claim.claim_name, claim.request_name) in requests:
+                # a request's metadata names ONE device per entry: hostdev would refuse both
+                problems.append(
+                    Problem(
+                        where,
+                        claim.name,
+                        f"claim {claim.claim_name!r} request {claim.request_name!r} is "
+                        f"already the entry {requests[claim.claim_name, claim.request_name]!r}: "
+                        "one entry per request (give the claim a request per device)",
+                    )
+                )
+            elif ok and claim is not None:
+                requests[claim.claim_name, claim.request_name] = claim.name
                 out.append(claim)
             continue
         try:
@@ -361,6 +292,20 @@ def _claim_entry(
     if bad:
         return None
     assert isinstance(e.claim_name, str) and isinstance(e.request_name, str)
+    request_problem = naming.request_name_problem(e.request_name)
+    if request_problem is not None:
+        problems.append(Problem(f"{where}.requestName", e.request_name[:100], request_problem))
+        return None
+    if isinstance(e.name, str) and not _ENTRY_NAME.fullmatch(e.name):
+        problems.append(
+            Problem(
+                f"{where}.name",
+                e.name[:100],
+                "a DRA entry's name becomes the device alias ua-dra-<kind>-<name>: at most 63 "
+                "of A-Z, a-z, 0-9, '_' and '-'",
+            )
+        )
+        return None
     if e.claim_name not in known:
         listed = ", ".join(sorted(known)) or "none"
         problems.append(
@@ -375,27 +320,6 @@ def _claim_entry(
         return None
     assert isinstance(e.name, str)
     return ClaimEntry(e.name, e.claim_name, e.request_name, e.kind)
-
-
-def alias_conflicts(entries: Sequence[Entry], where: str) -> list[Problem]:
-    """Entries whose (sanitized) aliases collide — libvirt refuses the same alias twice."""
-    seen: dict[str, str] = {}
-    problems: list[Problem] = []
-    for e in entries:
-        for alias in e.aliases():
-            if alias in seen:
-                problems.append(
-                    Problem(
-                        where,
-                        e.name,
-                        f"name gives libvirt alias {alias!r}, already used by entry "
-                        f"{seen[alias]!r}; names must stay distinct once characters outside "
-                        "[a-zA-Z0-9_-] become '-'; rename one",
-                    )
-                )
-            else:
-                seen[alias] = e.name
-    return problems
 
 
 # --------------------------------------------------------------------------- Pod annotation
@@ -482,7 +406,7 @@ def _parse_annotation_entry(
         if not bad:
             assert isinstance(vendor, str) and isinstance(device, str)
             try:
-                resource = _resolve_ids(vendor, device, config)
+                resource = resolve_ids(vendor, device, config)
             except Unresolvable as why:
                 problems.append(Problem(where, f"{vendor}:{device}", str(why)))
     elif "resource" in raw:

@@ -53,13 +53,13 @@ from typing import Any
 from vfio_dp.model import naming
 from vfio_dp.model.config import DEVICE_PLUGIN, DRA, Config
 from vfio_dp.model.routes import ANY, Route, routes_for_ids, routes_for_name
+from vm_translate.entries import resolve_device_name
 from vm_translate.errors import Problem, SpecError, Unresolvable
 from vm_translate.spec import (
     claims_path,
     describe,
     devices_path,
     dig,
-    resolve_device_name,
     vm_entries,
     vm_object_entries,
 )
@@ -162,7 +162,7 @@ def to_dra(
                 )
             ],
         )
-    why = naming.dns_subdomain_problem(driver)
+    why = naming.dra_driver_name_problem(driver)
     if why:
         raise SpecError(subject, [Problem("--driver-name", driver, why)])
     prefix = ".".join(path)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfio_dp.model.config import Config
+from vm_translate.entries import DeviceEntry
 from vm_translate.errors import Problem, SpecError
 from vm_translate.patch import JsonPatchOp, apply_patch, pointer
 from vm_translate.spec import (
@@ -37,7 +38,6 @@ from vm_translate.spec import (
     CONTAINER_ANNOTATION,
     PASSTHROUGH_ANNOTATION,
     POD_KIND,
-    DeviceEntry,
     describe,
     devices_path,
     dig,

@@ -8,6 +8,8 @@ Routes (HTTPS only)::
                     body over max_body_bytes → 413; body not received in read_timeout → 408
                     large bodies beyond body_budget_bytes being received at once → 503
     GET  /healthz   200 "ok"
+    GET  /metrics   Prometheus text: reviews answered by result (allowed, patched, denied),
+                    requests refused by HTTP status (400, 408, 413, 500, 503)
 
 Bounds (each a :class:`WebhookSettings` field and a ``vfioctl webhook`` flag): open
 connections and TLS handshake time (:mod:`vm_translate.listener`); headers and idle
@@ -52,6 +54,7 @@ from vm_translate.listener import (
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
 from vm_translate.tls import ReloadingContext
+from vm_translate.webhook_metrics import WebhookMetrics, review_result
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,7 @@ class _State:
     nodes: NodeCache | None
     budget: _BodyBudget
     listener: Listener | None = field(default=None)
+    metrics: WebhookMetrics = field(default_factory=lambda: WebhookMetrics())
 
 
 _STATE: web.AppKey[_State] = web.AppKey("vfio_dp_webhook", _State)
@@ -186,6 +190,19 @@ async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckEr
 
 async def mutate(request: web.Request) -> web.Response:
     state = request.app[_STATE]
+    response = await _mutate(request, state)
+    if response.status != 200:
+        state.metrics.inc("vfio_dp_webhook_refused_total", code=str(response.status))
+    return response
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        text=request.app[_STATE].metrics.render(), content_type="text/plain", charset="utf-8"
+    )
+
+
+async def _mutate(request: web.Request, state: _State) -> web.Response:
     listener = state.listener
     with listener.busy(request.protocol) if listener else contextlib.nullcontext():
         body = await _receive(request, state)
@@ -214,6 +231,7 @@ async def mutate(request: web.Request) -> web.Response:
         try:
             answer = decide(review_request, state.configs.config, nodes, warnings)
             text = json.dumps(answer)
+            state.metrics.inc("vfio_dp_webhook_reviews_total", result=review_result(answer))
         except Exception as e:  # a bug, never the caller's fault: name the review, keep serving
             log.exception("internal error answering review uid %r", review_request["uid"][:100])
             return _error(500, f"internal error: {type(e).__name__}; see the webhook's log")
@@ -234,6 +252,7 @@ def make_app(
     app[_STATE] = _State(configs, settings, cache, _BodyBudget(settings.body_budget_bytes))
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

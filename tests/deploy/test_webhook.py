@@ -30,7 +30,7 @@ PLURALS = {
 
 @pytest.fixture(scope="module")
 def webhook_cmd() -> click.Command:
-    return command("cli.vm_cmds", "webhook")
+    return command("cli.webhook_cmd", "webhook")
 
 
 def _webhook(objs: list[Obj]) -> tuple[Obj, Obj, Obj]:

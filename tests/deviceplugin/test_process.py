@@ -164,7 +164,7 @@ def test_a_second_instance_waits_for_the_first_then_fails_naming_it(
     """Two `vfioctl plugin` on one node would delete each other's sockets forever: the
     second one waits (bounded, saying for whom) and fails; after the first exits it serves."""
     first = spawn(tree, kdir)
-    lock = tree.root / "run/vfio_dp/device-plugin.lock"
+    lock = tree.root / "run/vfio_dp/instances/device-plugin.lock"
     try:
         wait_until(
             lambda: lock.exists() and lock.read_text().strip() == str(first.pid),

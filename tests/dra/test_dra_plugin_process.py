@@ -22,7 +22,7 @@ from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.test_grpcurl_dra import _near_python
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra.driver import DEFAULT_DRIVER
+from vfio_dp.model.naming import DEFAULT_DRA_DRIVER as DEFAULT_DRIVER
 
 GRACE = 4.0  # kubelet's 30 s, shortened (long enough for a loaded 2-CPU machine)
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"

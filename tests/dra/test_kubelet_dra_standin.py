@@ -235,7 +235,7 @@ async def test_a_registered_driver_whose_service_socket_is_gone_loses_its_slices
         await front.start()
         await k.wait_for("connected", lambda k: k.usable(DRIVER))
         apiserver.seed(SLICES, a_slice("mine"))
-        await front._close(front._service)  # the DRAPlugin server dies, registration stays
+        await front._service.close()  # the DRAPlugin server dies, registration stays
         await k.wait_for("disconnected", lambda k: not k.usable(DRIVER), timeout=5)
         assert DRIVER in k.plugins  # still registered
         await k.wait_for("wipe", lambda k: len(k.wipes) == 2, timeout=5)

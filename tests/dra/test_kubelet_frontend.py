@@ -284,6 +284,26 @@ async def test_a_socket_path_that_is_not_a_socket_is_a_clear_error(
     assert not os.path.exists(f.registration_socket) or which == "registration"
 
 
+@pytest.mark.parametrize("target", ["absolute", "relative"])
+async def test_a_symlinked_driver_directory_is_refused(
+    kdirs: tuple[str, str], handler: RecordingHandler, target: str
+) -> None:
+    """``<plugins>/<driver>`` is the plugin's own directory: a link elsewhere is refused and
+    nothing is created where it points (issue 20 item 5)."""
+    registry, plugins = kdirs
+    elsewhere = os.path.join(os.path.dirname(plugins), "elsewhere")
+    os.mkdir(elsewhere)
+    link = os.path.join(plugins, DRIVER)
+    os.symlink(elsewhere if target == "absolute" else "../elsewhere", link)
+    f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
+    with pytest.raises(SocketPathError) as e:
+        await f.start()
+    assert link in str(e.value) and "is a symlink" in str(e.value)
+    assert "remove the link" in str(e.value)
+    assert os.listdir(elsewhere) == []
+    assert not os.path.exists(f.registration_socket)
+
+
 async def test_a_path_too_long_for_a_unix_socket_is_a_clear_error(
     handler: RecordingHandler,
 ) -> None:
@@ -404,6 +424,6 @@ async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
     f = KubeletFrontEnd(DRIVER, registry, plugins, handler)
     with pytest.raises(SocketPathError) as e:
         await f.start()
-    assert f"needs the directory {registry}, which cannot be created" in str(e.value)
+    assert f"cannot serve a socket at {registry}: it is not a directory" in str(e.value)
     assert "--kubelet-registry-dir" in str(e.value)
     assert not os.path.exists(f.service_socket)  # the service socket was taken down again

@@ -68,7 +68,7 @@ def test_a_killed_holder_leaves_no_stale_lock_and_a_waiter_takes_over(root: Path
     first.communicate(timeout=10)
     lock = InstanceLock(Root(str(root)), name)
     lock.acquire(0)
-    assert (root / "run/vfio_dp" / name).read_text() == f"{os.getpid()}\n"
+    assert (root / "run/vfio_dp/instances" / name).read_text() == f"{os.getpid()}\n"
     lock.release()
     # a holder that exits on its own: the waiter takes over within its bound
     second = _holder(root, name, seconds=0.5)
@@ -127,3 +127,27 @@ def test_the_lock_never_leaves_the_root(root: Path, tmp_path_factory: pytest.Tem
     with pytest.raises(PathEscapeError):
         InstanceLock(Root(str(root)), lock_name(DEVICE_PLUGIN)).acquire(0)
     assert list(outside.iterdir()) == []
+
+
+def test_unbind_all_under_the_shared_locks_takes_its_own_device_locks(tmp_path: Path) -> None:
+    """The per-device bind locks (run/vfio_dp/<address>.lock) are not instance locks: a real
+    `unbind --all` (in the guest it timed out after 10 s on its own shared lock) finishes."""
+    from tests.kernel_sim import SimulatedKernel
+    from tests.sysfs_tree import Dev, SysfsTree
+    from vfio_dp.host import Host
+    from vfio_dp.model.address import PciAddress
+
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:65:00.0", "8086", "10d3", "020000", driver="e1000e", group=7,
+              native_driver="e1000e"))  # fmt: skip
+    host = Host(str(tmp_path), kernel=SimulatedKernel(t))
+    host.bind([PciAddress.parse("0000:65:00.0")])  # leaves run/vfio_dp/0000:65:00.0.lock
+    assert (tmp_path / "run/vfio_dp/0000:65:00.0.lock").exists()
+    ran = InstanceLock(Root(str(tmp_path)), lock_name(DEVICE_PLUGIN))
+    ran.acquire(0)  # a daemon ran here since boot, and stopped
+    ran.release()
+    with none_running(Root(str(tmp_path)), "unbind --all refused"):
+        result = host.unbind_all()
+    # before the instance locks had their own directory, this waited 10 s on our own shared
+    # lock of the device's bind lock and failed with LockTimeoutError
+    assert [str(a) for a, _ in result.restored] == ["0000:65:00.0"]

@@ -112,8 +112,23 @@ def test_bad_yaml(text: str) -> None:
         load_config_text(text, "x.yaml")
 
 
-def test_empty_file_is_default() -> None:
-    assert load_config_text("", "x.yaml") == DEFAULT_CONFIG
+def test_an_empty_file_is_an_error_not_the_default() -> None:
+    for text in ("", "# only a comment\n"):
+        with pytest.raises(ConfigError, match=r"the file is empty .* run without --config"):
+            load_config_text(text, "x.yaml")
+
+
+def test_mistakes_get_the_fix_that_applies() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config_text(
+            "resourceDomain: Example.COM\nselectors:\n"
+            "  - vendorID: '10de'\n  - addresses: [0000]\n    sriov: pf\n",
+            "x.yaml",
+        )
+    text = str(e.value)
+    assert 'unknown key; did you mean "vendor"?' in text
+    assert "must be lowercase" in text and "resourceDomain: example.com" in text
+    assert 'quote it: addresses: ["0000"]' in text
 
 
 # --- hostile and mistaken files: refused fast, with a bounded message that says the fix ---------
@@ -203,7 +218,7 @@ def test_not_utf8_names_the_file_and_the_byte() -> None:
         ("vendor: [8086, '10de']", 'quote it: vendor: "8086"'),
         ("vendor: true", 'write the hex ID quoted, e.g. vendor: "8086"'),
         ("device: no", 'write the hex ID quoted, e.g. device: "8086"'),
-        ("addresses: [0000:05:00.0]", 'quote it: addresses: "0000:05:00.0"'),
+        ("addresses: [0000:05:00.0]", 'quote it: addresses: ["0000:05:00.0"]'),
     ],
 )
 def test_unquoted_ids_are_refused_with_the_fix_never_read_as_other_ids(

@@ -18,8 +18,9 @@ from vfio_dp.model import dra_metadata
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vm_translate.allocation import assign
+from vm_translate.entries import ClaimEntry, DeviceEntry
 from vm_translate.errors import HostdevError, SpecError
-from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
+from vm_translate.spec import entries_of
 from vm_translate.translate import translate
 
 DRIVER = "vfio.example.com"
@@ -216,6 +217,13 @@ def test_hostdev_reads_metadata_like_virt_launcher(tmp_path: Path) -> None:
         ({"a": '{"apiVersion": "metadata.resource.k8s.io/v1alpha1", "kind": "DeviceMetadata"'},
          "not a KEP-5304 device-metadata stream"),
         ({"a": metadata_text(["0000:zz:00.0"], "nic")}, "pciBusID"),
+        # issue 20 item 10: a clear error, never a RecursionError traceback
+        ({"a": "[" * 100_000 + "]" * 100_000}, "nested more than 32 levels deep"),
+        ({"a": '{"apiVersion": "metadata.resource.k8s.io/v1alpha1", "kind": "DeviceMetadata",'
+               '"requests": ' + "[" * 40 + "]" * 40 + "}"}, "nested more than 32 levels deep"),
+        # issue 20 item 12: the subrequest part is a DNS label too
+        ({"a": metadata_text(["0000:01:00.0"], "nic").replace('"nic"', '"nic/.."')},
+         "subrequest part '..' is not a DNS label"),
     ],
 )  # fmt: skip
 def test_hostdev_metadata_errors_name_claim_request_and_path(

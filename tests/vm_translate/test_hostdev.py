@@ -26,8 +26,9 @@ from vfio_dp.model.config import Config
 from vm_translate import hostdev
 from vm_translate.alias import alias_for, is_user_alias, sanitize
 from vm_translate.allocation import Hostdev, Layout, assign, place_multifunction
+from vm_translate.entries import DeviceEntry
 from vm_translate.errors import DomainXmlError, HostdevError, LibvirtError
-from vm_translate.spec import DeviceEntry, entries_of
+from vm_translate.spec import entries_of
 
 DATA = Path(__file__).parent / "data"
 GPU = "devices.kubevirt.io/10de_1eb8"

@@ -205,6 +205,30 @@ def test_a_resource_name_too_long_for_an_attribute_is_refused_with_the_fix() -> 
     assert "resourceName" not in exprs[0] and '.deviceID == "10d3"' in exprs[0]
 
 
+@pytest.mark.parametrize(
+    "driver",
+    ["d" * 55 + ".example", "d" * 56 + ".example", "x" * 200 + ".com", "9vfio.example.com", "Not_DNS"],
+)
+def test_to_dra_refuses_exactly_the_driver_names_the_plugin_refuses(driver: str) -> None:
+    """One rule (vfio_dp.model.naming): a name the DRA plugin cannot run under (64+ characters
+    for ResourceSlice spec.driver, no CDI vendor) is no --driver-name for translate either."""
+    from vfio_dp.errors import DriverNameError
+    from vfio_dp.model import naming
+
+    try:
+        naming.check_dra_driver_name(driver)
+        plugin_refuses = False
+    except DriverNameError:
+        plugin_refuses = True
+    obj = vmi(("nic", "8086:10d3"))
+    if plugin_refuses:
+        with pytest.raises(SpecError, match="--driver-name"):
+            to_dra(obj, Config(any_path=True), driver)
+    else:
+        assert to_dra(obj, Config(any_path=True), driver).template is not None
+    assert plugin_refuses == (len(driver) > 63 or not driver[0].islower() or "_" in driver)
+
+
 def test_translate_dra_command_says_per_entry_which_path_and_why(tmp_path: Path) -> None:
     (tmp_path / "vmi.yaml").write_text(
         yaml.safe_dump(vmi(("gpu", "10de:1eb8"), ("nic", "8086:10d3")))

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from vfio_dp.model.config import DEFAULT_CONFIG, Config
+from vm_translate.entries import resolve_device_name
 from vm_translate.errors import SpecError
 from vm_translate.patch import apply_patch, pointer, split_pointer
-from vm_translate.spec import APPLIED_ANNOTATION, resolve_device_name
+from vm_translate.spec import APPLIED_ANNOTATION
 from vm_translate.translate import translate
 
 GPU = "devices.kubevirt.io/10de_1eb8"

@@ -97,6 +97,27 @@ async def test_healthz(server: Running) -> None:
         assert r.status == 200 and await r.text() == "ok"
 
 
+async def test_metrics_count_each_answer(server: Running) -> None:
+    """GET /metrics (over the same TLS): reviews by result, refusals by status."""
+    bad = json.loads(json.dumps(VMI))
+    bad["spec"]["domain"]["devices"]["hostDevices"][0]["deviceName"] = "10de:zz"
+    plain = {**VMI, "spec": {"domain": {"devices": {"disks": []}}}}
+    for obj in (VMI, VMI, bad, plain):
+        assert (await post(server, json.dumps(review(obj)).encode()))[0] == 200
+    assert (await post(server, b"{{{"))[0] == 400
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/metrics", ssl=server.client_ctx) as r,
+    ):
+        assert r.status == 200
+        text = await r.text()
+    assert 'vfio_dp_webhook_reviews_total{result="patched"} 2' in text
+    assert 'vfio_dp_webhook_reviews_total{result="denied"} 1' in text
+    assert 'vfio_dp_webhook_reviews_total{result="allowed"} 1' in text
+    assert 'vfio_dp_webhook_refused_total{code="400"} 1' in text
+    assert "# TYPE vfio_dp_webhook_reviews_total counter" in text
+
+
 async def test_vmi_review_gets_patch(server: Running) -> None:
     status, answer = await post(server, json.dumps(review(VMI)).encode())
     assert status == 200

@@ -9,8 +9,15 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 - the scan of ``<root>/sys/bus/pci/devices`` and ``<root>/sys/kernel/iommu_groups`` through
   :class:`vfio_dp.host.Host` (never opens ``/dev/vfio/<N>``): in full at start, on config
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
-  PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1), a front-end's own need
-  (:meth:`NodeCore.rescan`) and every ``resync`` seconds;
+  PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1) and a front-end's own need
+  (:meth:`NodeCore.rescan`). Every ``resync`` seconds the core first takes the cheap look of
+  :func:`vfio_dp.host.changes.fingerprint` (a few directory listings, no per-device read):
+  it scans only when that differs from the look taken with the last scan -- so a driver or
+  group link changed or a VFIO node gone without a uevent is seen within one period, and an
+  idle daemon costs a few listings per period (with ``numVfs`` selectors or VFs it made, every
+  resync reconciles and scans, as below). With ``usage`` (the DRA plugin) an unchanged
+  look still re-reads the host's use of the devices (global files, not per device) and tells
+  the front-ends (they reconcile what they published);
 - one path per resource name on this node: a config under which the device plugin and the DRA
   plugin would both serve one name is refused (at start: the process exits naming the
   selectors; on reload: the previous config is kept);
@@ -43,15 +50,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.metrics import Metrics, serve_http
+from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
+from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.sriov import Sriov
-from vfio_dp.host.state import BOUND_BY_DAEMON, BOUND_BY_DEVICE_PLUGIN
+from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, DRA, Config, load_config_bytes
+from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.serving import resource_path_conflicts
 
@@ -60,28 +69,11 @@ log = logging.getLogger("vfio_dp.core")
 WATCH_INTERVAL = 0.25
 DEBOUNCE = 0.05
 #: A full scan (every attribute of every device) at most this often; other rescans re-read
-#: only what changes while a device is present (Host.refresh: ~2 syscalls per device).
-FULL_SCAN_INTERVAL = 60.0
+#: only what changes while a device is present (Host.refresh: ~2 syscalls per device), and a
+#: resync whose cheap look (host.changes.fingerprint) finds nothing changed reads nothing else.
+FULL_SCAN_INTERVAL = 600.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class CoreOptions:
-    root: str = "/"
-    config_path: str | None = None
-    resync: float = 5.0
-    metrics_port: int = 9109  # 0 disables /metrics and /healthz
-    metrics_host: str = ""  # all interfaces
-    uevents: bool = True
-    #: the path this process serves (``bind: true`` applies to that path's selectors only)
-    path: str = DEVICE_PLUGIN
-    #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
-    usage: bool = False
-    #: this node's name: selectors with ``nodes`` apply only where it matches (None: never)
-    node_name: str | None = None
-    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
-    owner: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +120,9 @@ class NodeCore:
         self._http: asyncio.Server | None = None
         self._last_scan = 0.0
         self._last_full_scan = 0.0
+        #: the cheap look taken just before the scan that made ``inventory`` (None: take
+        #: no shortcut at the next resync)
+        self._fingerprint: Fingerprint | None = None
         self.started = False
         self.stopping = False
 
@@ -215,14 +210,20 @@ class NodeCore:
 
     # -- scanning ----------------------------------------------------------------------
     async def rescan(
-        self, trigger: str, *, bind_all: bool = False, bind_only: set[PciAddress] | None = None
+        self,
+        trigger: str,
+        *,
+        bind_all: bool = False,
+        bind_only: set[PciAddress] | None = None,
+        full: bool = False,
     ) -> Snapshot:
-        """Scan ``<root>/sys``, bind new ``bind: true`` devices, tell the observers."""
+        """Scan ``<root>/sys`` (``full``: every attribute of every device), bind new
+        ``bind: true`` devices, tell the observers."""
         async with self._scan_lock:
             made: list[PciAddress] = []
             if self.config.wanted_vfs() or self.sriov.store.recorded():
                 made = await self._reconcile_sriov()
-            inv = await self._scan(trigger)
+            inv = await self._scan(trigger, full)
             self.metrics.inc("vfio_dp_scans_total", trigger=trigger.split()[0])
             if trigger == "start":  # before binding anything
                 self._refuse_path_conflicts(inv, self.config)
@@ -232,18 +233,53 @@ class NodeCore:
                 fresh |= bind_only
             fresh |= set(made)  # a VF made again at an address seen before is new too
             if fresh and await self._bind(inv, fresh):
+                self._fingerprint = None  # our own bind changed links: scan at the next resync
                 inv = await self._rescan_after_bind(inv)
-            self.inventory = inv
-            snapshot = Snapshot(inv, self.config, trigger)
-            for obs in list(self.observers):
-                try:
-                    await obs.inventory_changed(snapshot)
-                except Exception:
-                    if not self.started:
-                        raise  # at start: the process does not come up half-served
-                    log.exception("%s failed to take the new inventory", type(obs).__name__)
-            self._last_scan = time.monotonic()
-            return snapshot
+            return await self._tell(inv, trigger)
+
+    async def _tell(self, inv: Inventory, trigger: str) -> Snapshot:
+        """Take ``inv`` as the current view and tell the observers (under the scan lock)."""
+        self.inventory = inv
+        snapshot = Snapshot(inv, self.config, trigger)
+        for obs in list(self.observers):
+            try:
+                await obs.inventory_changed(snapshot)
+            except Exception:
+                if not self.started:
+                    raise  # at start: the process does not come up half-served
+                log.exception("%s failed to take the new inventory", type(obs).__name__)
+        self._last_scan = time.monotonic()
+        return snapshot
+
+    async def resync(self) -> None:
+        """The periodic resync: the cheap look first; a rescan only when it differs from the
+        look taken with the last scan, or when the full scan is due (see the module
+        docstring)."""
+        if (
+            self.inventory is None
+            or self._fingerprint is None
+            or time.monotonic() - self._last_full_scan >= FULL_SCAN_INTERVAL
+            or self.config.wanted_vfs()  # SR-IOV: VF counts are reconciled at every resync
+            or self.sriov.store.recorded()
+        ):
+            await self.rescan("resync")
+            return
+        look = await self.run(fingerprint, self.host.fs)
+        if look != self._fingerprint:
+            self.metrics.inc("vfio_dp_resync_checks_total", result="changed")
+            # a device came, went or was re-made, or a group came or went (a device's group
+            # may differ): read every device in full
+            devices_or_groups = (look[0], look[2]) != (self._fingerprint[0], self._fingerprint[2])
+            await self.rescan("resync", full=devices_or_groups)
+            return
+        self.metrics.inc("vfio_dp_resync_checks_total", result="unchanged")
+        if not self.options.usage:
+            self._last_scan = time.monotonic()  # checked: the view is current
+            return
+        async with self._scan_lock:
+            if self.inventory is not None:
+                inv = await self.run(with_usage, self.host.fs, self.inventory)
+                await self._tell(inv, "resync")
 
     def _refuse_path_conflicts(self, inv: Inventory, config: Config) -> None:
         """Raise :class:`PathConflictError` when a resource name would be served by both
@@ -279,23 +315,35 @@ class NodeCore:
             return await self.run(self.host.scan, usage=True)
         return await self.run(self.host.refresh, inv)
 
-    async def _scan(self, trigger: str) -> Inventory:
+    async def _scan(self, trigger: str, full: bool = False) -> Inventory:
         """Full scan at start, on config changes and every FULL_SCAN_INTERVAL (always, with
         ``usage``); otherwise a refresh of the previous inventory (new devices read in full,
         known ones only for driver/override/cdev) — what keeps a uevent → front-end update
         well under 1 s on thousands of devices, and Allocate latency low while a scan runs."""
         now = time.monotonic()
         full = (
-            self.options.usage
+            full
+            or self.options.usage
             or self.inventory is None
             or trigger.startswith(("start", "config"))
             or now - self._last_full_scan >= FULL_SCAN_INTERVAL
         )
-        if full or self.inventory is None:
-            inv = await self.run(self.host.scan, usage=self.options.usage)
+        previous = self.inventory
+        if full or previous is None:
+            look, inv = await self.run(
+                self._look_and, lambda: self.host.scan(usage=self.options.usage)
+            )
             self._last_full_scan = now
-            return inv
-        return await self.run(self.host.refresh, self.inventory)
+        else:
+            look, inv = await self.run(self._look_and, lambda: self.host.refresh(previous))
+        self._fingerprint = look
+        return inv
+
+    def _look_and(self, scan: Callable[[], Inventory]) -> tuple[Fingerprint, Inventory]:
+        """The cheap look, then the scan (in this order: a change during the scan differs
+        from the look, so the next resync scans again)."""
+        look = fingerprint(self.host.fs)
+        return look, scan()
 
     async def _bind(self, inv: Inventory, candidates: set[PciAddress]) -> bool:
         """``bind: true``: move matched devices not on vfio-pci (with their group) to vfio-pci."""
@@ -329,7 +377,10 @@ class NodeCore:
                 trigger = "resync"
             self._dirty.clear()
             try:
-                await self.rescan(trigger)
+                if trigger == "resync":
+                    await self.resync()
+                else:
+                    await self.rescan(trigger)
             except Exception:  # keep serving the last good view
                 log.exception("scan after %s failed; keeping the previous device lists", trigger)
 

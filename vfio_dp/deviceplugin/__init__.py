@@ -5,7 +5,7 @@ unit, health, NUMA, conflicts) and ``allocation`` (Allocate, GetPreferredAllocat
 PreStartContainer against the record); ``allocation_store`` keeps that record on disk
 (``var/lib/vfio_dp/allocations.json``, written atomically through the root).
 Modules: ``app`` (lifecycle: sockets per resource, registration, kubelet-restart detection,
-the core's observer), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
+the core's observer), ``options`` (``vfioctl plugin``'s options), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
 (protobuf ↔ typed values, nothing else). Scanning, config
 reload, uevents, ``bind: true`` and metrics live in :mod:`vfio_dp.core`. Generated protobuf code lives in ``_pb`` and is imported only here
 (import-linter contract); never imports :mod:`vfio_dp.dra`.
@@ -14,4 +14,12 @@ Import-light: nothing heavy is imported by this ``__init__``.
 
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
-__all__ = ["allocation", "allocation_store", "app", "cdi", "listing", "servicer"]
+__all__ = [
+    "allocation",
+    "allocation_store",
+    "app",
+    "cdi",
+    "listing",
+    "options",
+    "servicer",
+]

@@ -18,8 +18,11 @@ Flow:
 
 1. The core loads the config and scans; this front-end lists only the devices of
    ``path: devicePlugin`` selectors (all of vfio-pci without a config).
-2. Per resource: start a ``grpc.aio`` server on its socket FIRST, then ``Register`` (the
-   kubelet dials back inside ``Register``); wait and retry while ``kubelet.sock`` is absent.
+2. Per resource: start a ``grpc.aio`` server on its socket FIRST
+   (:class:`vfio_dp.core.sockets.SocketServer`, the serving helper both front-ends share:
+   a stale socket is replaced atomically, anything else at the path is refused with the
+   fix), then ``Register`` (the kubelet dials back inside ``Register``); wait and retry
+   while ``kubelet.sock`` is absent.
    All servers share this one event loop: a ListAndWatch stream costs a coroutine, not a
    thread.
 3. After every scan of the core (uevent, SIGUSR1, resync, config reload) and before each
@@ -28,22 +31,20 @@ Flow:
    stream, and withdraws dropped resources (empty list, socket removed).
 4. Every 0.25 s: our socket gone or replaced, or ``kubelet.sock`` re-created → the kubelet
    restarted: serve again and re-register (well within 2 s).
-5. SIGTERM/SIGINT: every stream gets an empty list and ends, sockets are removed, exit 0.
+5. SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`): every stream gets an empty list and
+   ends, sockets are removed, exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
-import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.node import NodeCore, Snapshot
+from vfio_dp.core.sockets import make_socket_dir
 from vfio_dp.deviceplugin import servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
@@ -56,12 +57,12 @@ from vfio_dp.deviceplugin.allocation import (
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
 from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
+from vfio_dp.deviceplugin.options import Options
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
-from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model import cdi, naming
-from vfio_dp.model.config import DEVICE_PLUGIN, Config
+from vfio_dp.model.config import Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
@@ -69,102 +70,39 @@ KUBELET_SOCKET = "kubelet.sock"
 WATCH_INTERVAL = 0.25
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    root: str = "/"
-    kubelet_dir: str = "/var/lib/kubelet/device-plugins"
-    config_path: str | None = None
-    resync: float = 5.0
-    metrics_port: int = 9109  # 0 disables /metrics and /healthz
-    metrics_host: str = ""  # all interfaces
-    uevents: bool = True
-    cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
-    node_name: str | None = None  # for selectors limited to nodes (``nodes:``)
-
-    def core(self) -> CoreOptions:
-        return CoreOptions(
-            root=self.root,
-            config_path=self.config_path,
-            resync=self.resync,
-            metrics_port=self.metrics_port,
-            metrics_host=self.metrics_host,
-            uevents=self.uevents,
-            path=DEVICE_PLUGIN,
-            node_name=self.node_name,
-            owner=BOUND_BY_DEVICE_PLUGIN,
-        )
-
-
 def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """What the kubelet sees of a list: (ID, health, NUMA nodes)."""
     return tuple((str(u.id), u.health, u.numa_nodes) for u in units)
 
 
-def ensure_socket_dir(directory: str) -> None:
-    """Make ``directory`` (where our sockets go); :class:`SocketPathError` if impossible."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        raise SocketPathError(
-            directory, "is not a directory", "give a directory (--kubelet-dir)"
-        ) from e
-    except OSError as e:
-        raise SocketPathError(
-            directory, f"cannot be created ({e.strerror})", "check --kubelet-dir"
-        ) from e
-
-
-def clear_stale_socket(path: str) -> None:
-    """Remove an earlier run's socket at ``path``; refuse (:class:`SocketPathError`, naming
-    the path and the fix) when something else is there — a directory left where the socket
-    goes, a regular file: never deletes what is not a socket."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "is not a socket"
-    fix = f"remove it (rm -r {path})" if stat.S_ISDIR(st.st_mode) else f"remove it (rm {path})"
-    raise SocketPathError(path, kind, fix)
-
-
 class Endpoint:
     """One resource: its socket, its gRPC server, its device feed, its registration."""
 
-    def __init__(self, resource: str, kubelet_dir: str) -> None:
+    def __init__(self, resource: str, kubelet_dir: str, core: servicer.Core) -> None:
         self.resource = resource
         self.name = naming.socket_name(resource)
         self.path = os.path.join(kubelet_dir, self.name)
         self.feed = servicer.Feed()
-        self.server: Any = None
-        self.socket_id: FileId | None = None
+        self.socket = servicer.socket_server(resource, self.feed, core, self.path)
         self.kubelet_id: FileId | None = None  # kubelet.sock we registered with
         self.registering: asyncio.Task[None] | None = None
 
 
-class Daemon:
+class Daemon(FrontEnd):
     """The device-plugin front-end over a :class:`NodeCore` (its own, or one given)."""
 
     def __init__(
         self, options: Options, host: Host | None = None, core: NodeCore | None = None
     ) -> None:
+        super().__init__(core or NodeCore(options.core(), host), log)
         self.options = options
-        self.core = core or NodeCore(options.core(), host)
         self.core.subscribe(self)
-        self.host = self.core.host
-        self.metrics = self.core.metrics
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.fs)
         self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
-        self._stop = asyncio.Event()
         self._persist = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
 
     @property
     def config(self) -> Config:
@@ -176,30 +114,17 @@ class Daemon:
 
         Raises :class:`SocketPathError` when ``--kubelet-dir`` or a socket path in it is
         unusable (checked before anything is bound)."""
-        ensure_socket_dir(self.options.kubelet_dir)
+        make_socket_dir(self.options.kubelet_dir, "--kubelet-dir")
         self.store.load()
         log.info("device-plugin front-end: kubelet dir %s", self.options.kubelet_dir)
         await self.core.start()
-        self._tasks = [
-            asyncio.create_task(self._watch_loop(), name="watch kubelet"),
-            asyncio.create_task(self._persist_loop(), name="persist"),
-        ]
+        self.repeat(WATCH_INTERVAL, self._check_kubelet, "watch kubelet")
+        self.spawn(self._persist_loop(), "persist")
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-    async def stop(self) -> None:
-        """Empty list to every stream, stop the servers, remove our sockets. Unbinds nothing."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.core.begin_stop()
+    async def withdraw(self) -> None:
+        """At stop: empty list to every stream, stop the servers, remove our sockets, write
+        the allocation record."""
         log.info("stopping: withdrawing %d resources", len(self.endpoints))
-        for t in self._tasks:
-            t.cancel()
         for ep in self.endpoints.values():
             if ep.registering:
                 ep.registering.cancel()
@@ -208,24 +133,10 @@ class Daemon:
         )
         self.endpoints.clear()
         self._flush_record()
-        await self.core.close()
-        log.info("stopped")
 
     async def _close(self, ep: Endpoint) -> None:
         await ep.feed.publish((), closing=True)
-        if ep.server is not None:
-            await ep.server.stop(1.0)
-        if file_id(ep.path) == ep.socket_id:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(ep.path)
-
-    def health(self) -> str | None:
-        """None when serving and the last scan is recent (``/healthz``), else why not."""
-        return self.core.health()
-
-    def kick(self, reason: str) -> None:
-        """Rescan soon (a uevent, SIGUSR1)."""
-        self.core.kick(reason)
+        await ep.socket.close(1.0)
 
     # -- the core's observer -----------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -234,7 +145,7 @@ class Daemon:
         if snapshot.trigger == "config" and not self._stopping:
             keep = set(listing.resources) | set(snapshot.config.resource_names)
             for name in sorted(set(self.endpoints) - keep):
-                await self._withdraw(name)
+                await self._withdraw_resource(name)
         await self._apply(listing)
 
     async def rescan(self, trigger: str) -> Listing:
@@ -284,19 +195,13 @@ class Daemon:
 
     # -- serving and registering -------------------------------------------------------
     async def _open(self, resource: str) -> Endpoint:
-        ep = Endpoint(resource, self.options.kubelet_dir)
-        await self._serve(ep)
+        ep = Endpoint(resource, self.options.kubelet_dir, self)
+        await ep.socket.serve()
+        self._start_registering(ep)
         self.endpoints[resource] = ep
         return ep
 
-    async def _serve(self, ep: Endpoint) -> None:
-        """Start ``ep``'s server on its socket, then register in the background."""
-        ensure_socket_dir(self.options.kubelet_dir)
-        clear_stale_socket(ep.path)
-        ep.server = servicer.make_server(ep.resource, ep.feed, self, ep.path)
-        await ep.server.start()
-        ep.socket_id = file_id(ep.path)
-        log.info("%s: serving on %s", ep.resource, ep.path)
+    def _start_registering(self, ep: Endpoint) -> None:
         ep.registering = asyncio.create_task(self._register(ep), name=f"register {ep.name}")
 
     async def _register(self, ep: Endpoint) -> None:
@@ -331,21 +236,15 @@ class Daemon:
             return
 
     async def _reserve(self, ep: Endpoint, why: str) -> None:
-        log.warning("%s: %s: serving and registering again", ep.resource, why)
+        """Serve ``ep`` again and register again (a path that refuses the socket is logged
+        once and tried again at the next check)."""
         if ep.registering:
             ep.registering.cancel()
-        if ep.server is not None:
-            await ep.server.stop(0)
-            ep.server = None
-        try:
-            await self._serve(ep)
-        except SocketPathError as e:
-            ep.socket_id = file_id(ep.path)  # retried when the path changes again
-            log.error("%s: not served: %s", ep.resource, e)
-            return
-        await ep.feed.publish(ep.feed.units)
+        if await ep.socket.restore(why):
+            self._start_registering(ep)
+            await ep.feed.publish(ep.feed.units)
 
-    async def _withdraw(self, resource: str) -> None:
+    async def _withdraw_resource(self, resource: str) -> None:
         ep = self.endpoints.pop(resource)
         if ep.registering:
             ep.registering.cancel()
@@ -399,20 +298,12 @@ class Daemon:
                 await asyncio.sleep(1.0)
                 self._persist.set()
 
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self._check_kubelet()
-            except Exception:
-                log.exception("watch loop")
-
     async def _check_kubelet(self) -> None:
         kid = file_id(self.kubelet_socket)
         for ep in list(self.endpoints.values()):
-            own = file_id(ep.path)
-            if own != ep.socket_id:
-                await self._reserve(ep, f"socket {ep.path} was removed (kubelet restart?)")
+            what = ep.socket.changed()
+            if what is not None:
+                await self._reserve(ep, f"{ep.path} {what} (kubelet restart?)")
             elif (
                 kid is not None
                 and ep.kubelet_id is not None
@@ -473,20 +364,7 @@ class Daemon:
         log.info("%s: PreStartContainer %s verified", resource, list(ids))
 
 
-async def serve(options: Options) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop. Raises ConfigError on a bad config."""
-    daemon = Daemon(options)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGUSR1, daemon.kick, "SIGUSR1")
-    try:
-        await daemon.start()
-        await daemon.wait_stopped()
-    finally:
-        await daemon.stop()
-    return 0
-
-
 def run(options: Options) -> int:
-    return asyncio.run(serve(options))
+    """Run until SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`); 0 on a clean stop.
+    Raises ConfigError on a bad config."""
+    return asyncio.run(serve(Daemon(options)))

@@ -13,13 +13,12 @@ daemon restarts still resolves its CDI name); the next start's first sync prunes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping
 
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.host.atomic import remove_durably, write_atomic
 from vfio_dp.model import cdi
 
 log = logging.getLogger("vfio_dp.deviceplugin")
@@ -69,17 +68,8 @@ class SpecDir:
     def sync(self, specs: Mapping[str, Mapping[str, object]]) -> tuple[list[str], list[str]]:
         """Make our part of the directory exactly ``specs``: (paths written, paths removed)."""
         written = self.write(specs)
-        removed = []
-        for name in sorted(self.owned() - set(specs)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(name))
-                removed.append(self.path(name))
-        if removed:
-            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)  # the removals survive a crash too
-            finally:
-                os.close(dfd)
+        gone = sorted(self.owned() - set(specs))
+        removed = [self.path(n) for n in remove_durably(self.directory, *gone)] if gone else []
         for p in written:
             log.info("CDI spec %s written", p)
         for p in removed:

@@ -37,7 +37,7 @@ from vfio_dp.errors import no_iommu_group
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
-from vfio_dp.model.serving import path_splits
+from vfio_dp.model.serving import Chosen, ResourceNames, choose, path_splits
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -84,23 +84,18 @@ class Listing:
         return None
 
 
-def _resource_of(
-    dev: PciDevice, config: Config, previous: Listing | None
-) -> tuple[str | None, bool]:
-    """(resource, sticky) for one endpoint."""
-    name = config.resource_for(dev, DEVICE_PLUGIN)
-    if name is not None:
-        return name, False
+def _sticky_resource(dev: PciDevice, config: Config, previous: Listing | None) -> str | None:
+    """The resource an endpoint no selector gives the device-plugin path keeps, if any."""
     if previous is None or dev.on_vfio:
-        return None, False
+        return None
     before = previous.membership.get(dev.address)
     if before is None:
-        return None, False
+        return None
     # It was listed and left vfio-pci: keep it if the config still gives it that resource
     # were it on vfio-pci (a ``drivers: [vfio-pci]`` selector no longer matches it now).
     if config.resource_for(replace(dev, driver=VFIO_PCI), DEVICE_PLUGIN) == before:
-        return before, True
-    return None, False
+        return before
+    return None
 
 
 def _not_on_vfio(dev: PciDevice, sticky: bool) -> str:
@@ -113,48 +108,54 @@ def _not_on_vfio(dev: PciDevice, sticky: bool) -> str:
 
 
 def compute_listing(
-    inventory: Inventory, config: Config, previous: Listing | None = None
+    inventory: Inventory,
+    config: Config,
+    previous: Listing | None = None,
+    chosen: Chosen | None = None,
 ) -> Listing:
-    """Every resource's units from one inventory (see the module docstring for the rules)."""
+    """Every resource's units from one inventory (see the module docstring for the rules).
+    Linear in the devices: one selector match each (``chosen``, when the caller has it)."""
+    chosen = choose(inventory, config) if chosen is None else chosen
+    names = ResourceNames(config)
     claimed: dict[PciAddress, str] = {}
     sticky: set[PciAddress] = set()
-    for addr in sorted(inventory.devices):
-        dev = inventory.devices[addr]
-        if dev.is_bridge:
-            continue
-        name, is_sticky = _resource_of(dev, config, previous)
-        if name is None:
-            continue
-        claimed[addr] = name
-        if is_sticky:
-            sticky.add(addr)
-
     # (resource, group) → endpoints; devices without a group are their own unit.
-    buckets: dict[tuple[str, int | None, PciAddress | None], list[PciAddress]] = defaultdict(list)
+    buckets: dict[tuple[str, int | None, PciAddress | None], list[PciDevice]] = {}
     group_claims: dict[int, set[str]] = defaultdict(set)
-    for addr, name in claimed.items():
-        g = inventory.devices[addr].iommu_group
-        if g is None:
-            buckets[(name, None, addr)].append(addr)
+    for dev, sel in chosen:
+        if sel is not None and config.selector_serves(sel, DEVICE_PLUGIN):
+            name = names(sel, dev)
         else:
-            buckets[(name, g, None)].append(addr)
+            kept = _sticky_resource(dev, config, previous)
+            if kept is None:
+                continue
+            name = kept
+            sticky.add(dev.address)
+        claimed[dev.address] = name
+        g = dev.iommu_group
+        key = (name, None, dev.address) if g is None else (name, g, None)
+        members = buckets.get(key)
+        if members is None:
+            buckets[key] = [dev]
+        else:
+            members.append(dev)
+        if g is not None:
             group_claims[g].add(name)
     conflicts = {g: tuple(sorted(rs)) for g, rs in group_claims.items() if len(rs) > 1}
-    splits = path_splits(inventory, config)
+    splits = path_splits(inventory, config, chosen)
 
     resources: dict[str, list[Unit]] = defaultdict(list)
-    for (name, g, _), members in buckets.items():
+    for (name, g, _), devs in buckets.items():
         reasons: list[str] = []
-        for addr in members:
-            dev = inventory.devices[addr]
+        for dev in devs:
             if not dev.on_vfio:
-                reasons.append(_not_on_vfio(dev, addr in sticky))
+                reasons.append(_not_on_vfio(dev, dev.address in sticky))
         if g is None:
-            reasons.append(no_iommu_group(str(members[0])))
+            reasons.append(no_iommu_group(str(devs[0].address)))
         else:
             group = inventory.groups.get(g)
             if group is None:
-                reasons.append(f"IOMMU group {g} of {members[0]} is missing from sysfs")
+                reasons.append(f"IOMMU group {g} of {devs[0].address} is missing from sysfs")
             elif not group.viable:
                 reasons.extend(f"IOMMU group {g} is not viable: {p.reason}" for p in group.problems)
             if g in conflicts:
@@ -169,14 +170,13 @@ def compute_listing(
                 )
             if g in splits:
                 reasons.append(splits[g])
-        numa = sorted(
-            {n for a in members if (n := inventory.devices[a].numa_node) is not None and n >= 0}
-        )
+        numa = sorted({n for d in devs if (n := d.numa_node) is not None and n >= 0})
+        addrs = [d.address for d in devs]  # address order: the first is the lowest
         resources[name].append(
             Unit(
-                id=min(members),
+                id=addrs[0],
                 resource=name,
-                members=tuple(primary_first(members)),
+                members=tuple(addrs if len(addrs) == 1 else primary_first(addrs)),
                 group=g,
                 reasons=tuple(reasons),
                 numa_nodes=tuple(numa),
@@ -185,12 +185,15 @@ def compute_listing(
     return Listing(
         inventory=inventory,
         resources={
-            name: tuple(sorted(units, key=lambda u: u.id))
-            for name, units in sorted(resources.items())
+            name: tuple(sorted(units, key=_unit_id)) for name, units in sorted(resources.items())
         },
         membership=claimed,
         conflicts=conflicts,
     )
+
+
+def _unit_id(u: Unit) -> PciAddress:
+    return u.id
 
 
 def changes(previous: Listing | None, current: Listing) -> list[str]:

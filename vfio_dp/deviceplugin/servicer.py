@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from vfio_dp.core.sockets import SocketServer
 from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vfio_dp.deviceplugin.allocation import ContainerAllocation
 from vfio_dp.deviceplugin.listing import Unit
@@ -138,14 +139,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
         return api_pb2.PreStartContainerResponse()
 
 
-def make_server(resource: str, feed: Feed, core: Core, socket_path: str) -> Any:
-    """A ``grpc.aio`` server for one resource bound to ``unix:<socket_path>`` (not started)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    api_pb2_grpc.add_DevicePluginServicer_to_server(
-        DevicePluginServicer(resource, feed, core), server
+def socket_server(resource: str, feed: Feed, core: Core, socket_path: str) -> SocketServer:
+    """One resource's socket (``<kubelet-dir>/vfio_dp-<resource>.sock``) and the
+    ``v1beta1.DevicePlugin`` server on it (not yet serving: :meth:`SocketServer.serve`)."""
+
+    def add_services(server: Any) -> None:
+        api_pb2_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginServicer(resource, feed, core), server
+        )
+
+    return SocketServer(
+        socket_path, "--kubelet-dir", grpc.aio.server, add_services, log=log, label=resource
     )
-    server.add_insecure_port("unix:" + socket_path)
-    return server
 
 
 async def register(

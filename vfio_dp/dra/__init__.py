@@ -3,7 +3,7 @@
 Modules: ``slices`` (pure: the node core's inventory → ResourceSlice objects), ``publisher``
 (the Kubernetes client shell that keeps this node's slices published), ``kubelet`` (the gRPC
 shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``driver`` (the DRA process's lifecycle:
-core + publisher + kubelet shell), and the claim path, which loads no grpc: ``claims`` (pure:
+core + publisher + kubelet shell), ``options`` (``vfioctl dra-plugin``'s options), and the claim path, which loads no grpc: ``claims`` (pure:
 kubelet's claim types, the ResourceClaim as read, its checks), ``resolve`` (pure: results →
 IOMMU groups, the checks on them), ``edits`` (the CDI edits and metadata of a claim, built
 purely, then written), ``prepare`` (the kubelet's Handler: NodePrepareResources as a recipe
@@ -35,6 +35,7 @@ __all__ = [
     "health_stream",
     "kubelet",
     "metadata",
+    "options",
     "prepare",
     "publisher",
     "reconcile",

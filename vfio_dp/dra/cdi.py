@@ -28,8 +28,8 @@ import json
 import os
 from collections.abc import Sequence
 
-from vfio_dp.errors import CdiError, DraError
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.errors import DraError
+from vfio_dp.host.atomic import remove_durably, write_atomic
 from vfio_dp.model import cdi as cdi_format
 from vfio_dp.model import naming
 from vfio_dp.model.cdi import CDI_CLASS, CDI_VERSION, CdiDevice, Mount
@@ -47,33 +47,26 @@ __all__ = [
     "kind",
     "metadata_device_name",
     "read_spec",
-    "remove_durably",
     "remove_spec",
     "spec_path",
     "write_spec",
 ]
 
-_UID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-
 
 def check_uid(uid: str) -> str:
-    """A claim UID safe in a file and CDI device name (Kubernetes UIDs are UUIDs), else
+    """A claim UID safe in a file and CDI device name (:func:`naming.claim_uid_problem`), else
     :class:`DraError`: the UID comes from the kubelet and reaches a path."""
-    if not uid or len(uid) > 128 or not _UID_CHARS.issuperset(uid) or uid.strip(".") == "":
-        raise DraError(f"claim UID {uid!r} is not a Kubernetes UID (expected a UUID)")
+    why = naming.claim_uid_problem(uid)
+    if why is not None:
+        raise DraError(f"claim UID {uid!r} {why}")
     return uid
 
 
 def check_driver(driver: str) -> str:
-    """A driver name that is both a DNS subdomain (Kubernetes) and a CDI vendor (which must
-    start with a letter), else :class:`DraError`."""
-    if not naming.is_dns_subdomain(driver):
-        raise DraError(f"driver name {driver!r} is not a lowercase DNS subdomain")
-    try:
-        cdi_format.check_vendor(driver)
-    except CdiError as e:
-        raise DraError(f"driver name {driver!r} cannot be a CDI vendor: {e}") from None
-    return driver
+    """A usable DRA driver name (:func:`naming.check_dra_driver_name`: a DNS subdomain of at most
+    63 characters that is also a CDI vendor), else :class:`~vfio_dp.errors.DriverNameError`
+    (a :class:`DraError`)."""
+    return naming.check_dra_driver_name(driver)
 
 
 def kind(driver: str) -> str:
@@ -113,23 +106,9 @@ def write_spec(cdi_dir: str, driver: str, claim_uid: str, devices: Sequence[CdiD
     return path
 
 
-def remove_durably(path: str) -> bool:
-    """Unlink ``path`` and fsync its directory; False when it was not there."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return True
-
-
 def remove_spec(cdi_dir: str, driver: str, claim_uid: str) -> bool:
     """Remove the claim's spec; False when there was none."""
-    return remove_durably(spec_path(cdi_dir, driver, claim_uid))
+    return bool(remove_durably(*os.path.split(spec_path(cdi_dir, driver, claim_uid))))
 
 
 def read_spec(cdi_dir: str, driver: str, claim_uid: str) -> dict[str, object] | None:

@@ -20,9 +20,14 @@ the hardware (:meth:`Checkpoint.untrusted`, :meth:`Checkpoint.mark_verified`).
 
 Who bound a device is NOT here: it is in the bind record (``bound_by``), the one source of
 truth the restore follows; the checkpoint only says what each claim was answered.
-A checkpoint that cannot be parsed is moved aside (``.corrupt-<time>``), reported, and the
+The file is read and written only through the root (:meth:`vfio_dp.host.root.Root.open_dir`,
+like the bind records): a ``var/lib/vfio_dp`` that links out of ``--root`` is refused
+(:class:`~vfio_dp.errors.PathEscapeError`), nothing is written there. It is opened
+non-blocking and must be a regular file: a FIFO, directory, device or symlink at its path is
+moved aside like a checkpoint that cannot be parsed (``.corrupt-<time>``), reported, and the
 plugin starts empty: the bind records and the files on disk still let reconcile undo what
-claims bound.
+claims bound. One record that does not parse (an address from another boot that is not an
+address) is skipped, reported, and kept in the file as it was (:attr:`Checkpoint.bad`).
 """
 
 from __future__ import annotations
@@ -36,10 +41,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from vfio_dp.dra import cdi
-from vfio_dp.errors import DraError
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.errors import DraError, PathEscapeError
+from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.host import read_boot_id
 from vfio_dp.host.root import Root
+from vfio_dp.host.state import write_failure
+from vfio_dp.model.address import PciAddress
 
 if TYPE_CHECKING:
     from vfio_dp.host import Host
@@ -123,7 +131,7 @@ def _device_from_json(d: object) -> DeviceRecord:
         pool=str(d["pool"]),
         device=str(d["device"]),
         iommu_group=group,
-        addresses=_strs(d["addresses"], "addresses"),
+        addresses=tuple(str(PciAddress.parse(a)) for a in _strs(d["addresses"], "addresses")),
         ids=_strs(d.get("ids", []), "ids"),
         admin_access=bool(d.get("adminAccess", False)),
         cdi_device_ids=_strs(d.get("cdiDeviceIds", []), "cdiDeviceIds"),
@@ -163,68 +171,102 @@ class Checkpoint:
     """The claims this plugin prepared, kept in memory and on disk; thread-safe."""
 
     def __init__(self, root: Root, driver: str) -> None:
-        self._setup(root.path(*STATE_DIR, file_name(driver)), read_boot_id(root), driver)
+        self._setup(root, read_boot_id(root), driver)
 
     @classmethod
     def for_host(cls, host: Host, driver: str) -> Checkpoint:
         """The checkpoint of ``driver`` under ``host``'s root, stamped with its boot ID."""
         self = cls.__new__(cls)
-        self._setup(host.state_file(file_name(driver)), host.boot_id(), driver)
+        self._setup(host.fs, host.boot_id(), driver)
         return self
 
-    def _setup(self, path: str, boot_id: str, driver: str) -> None:
-        self.path = path
+    def _setup(self, root: Root, boot_id: str, driver: str) -> None:
+        self.root = root
+        self.name = file_name(driver)
+        self.path = root.path(*STATE_DIR, self.name)
         self.driver = cdi.check_driver(driver)
         self.boot_id = boot_id
         self._lock = threading.Lock()
         self._claims: dict[str, ClaimRecord] = {}
+        self._bad: dict[str, tuple[str, object]] = {}  # key → (why, the record as read)
         self.problems: list[str] = []  # what load() had to set aside, for the log
 
     def load(self) -> dict[str, ClaimRecord]:
-        """Read the file (absent: empty). An unreadable one is moved aside and reported in
-        :attr:`problems`; the plugin starts empty rather than refusing to start."""
+        """Read the file (absent: empty), through the root (:meth:`Root.open_dir`: a state
+        directory that links out of the root raises :class:`PathEscapeError`). A file that
+        cannot be parsed, or that is not a regular file (a FIFO, a directory, a link), is
+        moved aside and reported in :attr:`problems` -- never opened blocking; the plugin
+        starts empty rather than refusing to start. One record that does not parse is
+        skipped and reported (:attr:`bad`), kept in the file as it was."""
+        dfd = _state_dir(self.root, create=False)
+        if dfd is None:
+            return self._set({}, {})
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(_MAX_BYTES + 1)
-        except FileNotFoundError:
-            raw = None
-        except OSError as e:
-            raise DraError(f"cannot read the DRA checkpoint {self.path}: {e.strerror or e}") from e
-        claims: dict[str, ClaimRecord] = {}
-        if raw is not None:
             try:
-                if len(raw) > _MAX_BYTES:
-                    raise ValueError(f"larger than {_MAX_BYTES} bytes")
-                data = json.loads(raw)
-                if not isinstance(data, dict) or data.get("version") != VERSION:
-                    raise ValueError(f"not a version-{VERSION} checkpoint")
-                body = data.get("claims")
-                if not isinstance(body, dict):
-                    raise TypeError("claims must be an object")
-                for uid, c in body.items():
-                    rec = _claim_from_json(c)
-                    if rec.uid != uid:
-                        raise ValueError(f"claim keyed {uid!r} says uid {rec.uid!r}")
-                    claims[uid] = rec
+                raw = read_regular(self.name, _MAX_BYTES, dir_fd=dfd, nofollow=True)
+            except FileNotFoundError:
+                return self._set({}, {})
+            except NotRegularFileError as e:
+                self._aside(dfd, f"not a regular file: {e}")
+                return self._set({}, {})
+            except OSError as e:
+                raise DraError(
+                    f"cannot read the DRA checkpoint {self.path}: {e.strerror or e}"
+                ) from e
+            try:
+                claims, bad = _parse(raw)
             except (ValueError, TypeError, KeyError, DraError) as e:
-                aside = f"{self.path}.corrupt-{int(time.time())}"
-                os.replace(self.path, aside)
-                self.problems.append(
-                    f"unreadable DRA checkpoint moved to {aside} ({e}); starting empty -- "
-                    "reconcile still restores devices claims bound (their bind records say so)"
-                )
-                claims = {}
+                self._aside(dfd, str(e))
+                return self._set({}, {})
+        finally:
+            os.close(dfd)
+        for key, why in bad.items():
+            self.problems.append(_bad_message(self.path, key, why[0]))
+        return self._set(claims, bad)
+
+    def _set(
+        self, claims: dict[str, ClaimRecord], bad: dict[str, tuple[str, object]]
+    ) -> dict[str, ClaimRecord]:
         with self._lock:
             self._claims = claims
+            self._bad = bad
             return dict(claims)
 
+    def _aside(self, dfd: int, why: str) -> None:
+        aside = f"{self.name}.corrupt-{int(time.time())}"
+        try:
+            os.rename(self.name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            raise DraError(
+                f"the DRA checkpoint {self.path} is unusable ({why}) and cannot be moved "
+                f"aside: {e.strerror or e}; remove it and restart the plugin"
+            ) from e
+        self.problems.append(
+            f"unreadable DRA checkpoint moved to {self.root.path(*STATE_DIR, aside)} ({why}); "
+            "starting empty -- reconcile still restores devices claims bound (their bind "
+            "records say so)"
+        )
+
+    @property
+    def bad(self) -> dict[str, str]:
+        """Records :meth:`load` could not parse: their key → why (kept on disk as they were
+        until kubelet prepares or unprepares that UID again)."""
+        with self._lock:
+            return {k: why for k, (why, _) in self._bad.items()}
+
     def _save(self) -> None:
-        body = {
-            "version": VERSION,
-            "driver": self.driver,
-            "claims": {u: _claim_to_json(c) for u, c in sorted(self._claims.items())},
-        }
-        write_atomic(self.path, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
+        claims: dict[str, object] = {k: raw for k, (_, raw) in self._bad.items()}
+        claims.update({u: _claim_to_json(c) for u, c in self._claims.items()})
+        body = {"version": VERSION, "driver": self.driver, "claims": dict(sorted(claims.items()))}
+        data = (json.dumps(body, indent=1, sort_keys=True) + "\n").encode()
+        dfd = _state_dir(self.root, create=True)
+        assert dfd is not None
+        try:
+            replace_at(dfd, self.name, data)
+        except OSError as e:
+            raise DraError(write_failure(self.path, e)) from e
+        finally:
+            os.close(dfd)
 
     def get(self, uid: str) -> ClaimRecord | None:
         with self._lock:
@@ -240,6 +282,7 @@ class Checkpoint:
         stamped = replace(record, boot_id=self.boot_id)
         with self._lock:
             previous = self._claims.get(record.uid)
+            bad = self._bad.pop(record.uid, None)  # prepared again: the bad record is replaced
             self._claims[record.uid] = stamped
             try:
                 self._save()
@@ -248,6 +291,8 @@ class Checkpoint:
                     del self._claims[record.uid]
                 else:
                     self._claims[record.uid] = previous
+                if bad is not None:
+                    self._bad[record.uid] = bad
                 raise
         return stamped
 
@@ -255,14 +300,18 @@ class Checkpoint:
         """Forget a claim durably; False when it was not there."""
         with self._lock:
             previous = self._claims.pop(uid, None)
-            if previous is None:
+            bad = self._bad.pop(uid, None)  # kubelet unprepared it: the bad record goes too
+            if previous is None and bad is None:
                 return False
             try:
                 self._save()
             except BaseException:
-                self._claims[uid] = previous
+                if previous is not None:
+                    self._claims[uid] = previous
+                if bad is not None:
+                    self._bad[uid] = bad
                 raise
-        return True
+        return previous is not None
 
     def trusted(self, record: ClaimRecord) -> bool:
         """Prepared or verified in this boot (and the kernel told us which boot this is)."""
@@ -282,20 +331,74 @@ class Checkpoint:
 
 def peek(host: Host, driver: str) -> tuple[list[ClaimRecord], str | None]:
     """The checkpointed claims, read-only (``vfioctl``: never moves a bad file aside, never
-    writes): (records, None), or ([], why) when the file cannot be read or parsed."""
+    writes): (records, None), or (records, why) when the file or some of its records cannot
+    be read or parsed."""
     path = host.state_file(file_name(driver))
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_BYTES + 1)
+        dfd = _state_dir(host.fs, create=False)
+        if dfd is None:
+            return [], None
+        try:
+            raw = read_regular(file_name(driver), _MAX_BYTES, dir_fd=dfd, nofollow=True)
+        finally:
+            os.close(dfd)
     except FileNotFoundError:
         return [], None
-    except OSError as e:
-        return [], f"cannot read the DRA checkpoint {path}: {e.strerror or e}"
+    except (OSError, PathEscapeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return [], f"cannot read the DRA checkpoint {path}: {why}"
     try:
-        data = json.loads(raw)
-        body = data.get("claims") if isinstance(data, dict) else None
-        if not isinstance(body, dict) or len(raw) > _MAX_BYTES:
-            raise ValueError("not a DRA checkpoint")
-        return [_claim_from_json(c) for c in body.values()], None
+        claims, bad = _parse(raw)
     except (ValueError, TypeError, KeyError, AttributeError, DraError) as e:
         return [], f"the DRA checkpoint {path} is unreadable ({e})"
+    problem = "; ".join(_bad_message(path, k, why) for k, (why, _) in bad.items()) or None
+    return list(claims.values()), problem
+
+
+def _state_dir(root: Root, *, create: bool) -> int | None:
+    """A directory fd of ``<root>/var/lib/vfio_dp`` opened inside the root (None: absent and
+    not ``create``); a link out of the root raises :class:`PathEscapeError`."""
+    try:
+        return root.open_dir(*STATE_DIR, create=create)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as e:
+        if create:
+            raise DraError(write_failure(root.path(*STATE_DIR), e)) from e
+        raise DraError(
+            f"cannot open the DRA state directory {root.path(*STATE_DIR)}: {e.strerror or e}"
+        ) from e
+
+
+def _parse(raw: bytes) -> tuple[dict[str, ClaimRecord], dict[str, tuple[str, object]]]:
+    """(records by UID, {key: (why, raw record)} of those that do not parse); a file that is
+    not a checkpoint at all raises."""
+    if len(raw) > _MAX_BYTES:
+        raise ValueError(f"larger than {_MAX_BYTES} bytes")
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"not a version-{VERSION} checkpoint")
+    body = data.get("claims")
+    if not isinstance(body, dict):
+        raise TypeError("claims must be an object")
+    claims: dict[str, ClaimRecord] = {}
+    bad: dict[str, tuple[str, object]] = {}
+    for uid, c in body.items():
+        try:
+            rec = _claim_from_json(c)
+            if rec.uid != uid:
+                raise ValueError(f"claim keyed {uid!r} says uid {rec.uid!r}")
+        except (ValueError, TypeError, KeyError, DraError) as e:
+            bad[uid] = (f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e), c)
+            continue
+        claims[uid] = rec
+    return claims, bad
+
+
+def _bad_message(path: str, key: str, why: str) -> str:
+    return (
+        f"DRA checkpoint {path}: record {key[:100]!r} skipped ({why}); kept as it is -- "
+        "kubelet preparing or unpreparing that claim again replaces it"
+    )

@@ -269,10 +269,8 @@ def ours(view: ClaimView, driver: str, node: str, who: str) -> tuple[AllocationR
     if not mine:
         raise ClaimError(who, f"no device of driver {driver} is allocated to it")
     for r in mine:  # request names reach file paths: refuse before anything is touched
-        if not naming.is_dns_label(md.request_base(r.request)):
-            raise ClaimError(
-                who, f"request name {r.request[:80]!r} is not a DNS label", r.device[:80]
-            )
+        if (problem := naming.request_name_problem(r.request)) is not None:
+            raise ClaimError(who, problem, r.device[:80])
     seen: set[tuple[str, str]] = set()
     for r in mine:  # one device is one IOMMU group: it cannot be handed over twice
         if (r.pool, r.device) in seen:

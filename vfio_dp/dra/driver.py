@@ -32,20 +32,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HEALTHY, HealthModel, assess
-from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra import health
 from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
 from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
 from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.kubelet import KubeletFrontEnd
+from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import (
     PublishError,
@@ -58,19 +58,15 @@ from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.holders import scan_holders
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
 
-DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
 WATCH_INTERVAL = 0.25
-MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
 #: a held group's new health is confirmed by a second scan this soon (debounce, < 1 s)
 CONFIRM_DELAY = 0.2
 
@@ -81,47 +77,14 @@ def health_timeout(resync: float) -> int:
     return max(1, math.ceil(3 * resync))
 
 
-@dataclass(frozen=True, slots=True)
-class DraOptions:
-    node_name: str
-    driver_name: str = DEFAULT_DRIVER
-    registry_dir: str = "/var/lib/kubelet/plugins_registry"
-    plugins_dir: str = "/var/lib/kubelet/plugins"
-    cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
-    config_path: str | None = None
-    root: str = "/"
-    resync: float = 5.0
-    metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
-    metrics_host: str = ""
-    uevents: bool = True
+class DraPlugin(FrontEnd):
+    """The DRA front-end over its own :class:`NodeCore`."""
 
-    def core(self) -> CoreOptions:
-        return CoreOptions(
-            root=self.root,
-            config_path=self.config_path,
-            resync=self.resync,
-            metrics_port=self.metrics_port,
-            metrics_host=self.metrics_host,
-            uevents=self.uevents,
-            path=DRA,
-            usage=True,
-            node_name=self.node_name,
-            owner=BOUND_BY_DRA_PLUGIN,
-        )
-
-
-class DraPlugin:
     def __init__(self, options: DraOptions, client: Any, host: Host | None = None) -> None:
         if not options.node_name:
             raise UsageError(
                 "the DRA plugin needs its node's name: --node-name, or NODE_NAME from the "
                 "pod's spec.nodeName (fieldRef)"
-            )
-        if len(options.driver_name) > MAX_DRIVER_NAME:
-            raise UsageError(
-                f"DRA driver name {options.driver_name!r} is {len(options.driver_name)} "
-                f"characters; ResourceSlice spec.driver allows at most {MAX_DRIVER_NAME}: "
-                "choose a shorter DNS subdomain"
             )
         self.options = options
         self.health = HealthModel()
@@ -133,9 +96,8 @@ class DraPlugin:
             self,
             health=self.health_stream,
         )
-        self.core = NodeCore(options.core(), host)
+        super().__init__(NodeCore(options.core(), host), log)
         self.core.subscribe(self)
-        self.metrics = self.core.metrics
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
@@ -160,10 +122,6 @@ class DraPlugin:
         )
         self.status_writer = ClaimStatusWriter(client, options.driver_name)
         self._status_tasks: set[asyncio.Task[None]] = set()
-        self._stop = asyncio.Event()
-        self._watch: asyncio.Task[None] | None = None
-        self._reconcile: asyncio.Task[None] | None = None
-        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -183,43 +141,21 @@ class DraPlugin:
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
-        self._watch = asyncio.create_task(self._watch_loop(), name="watch kubelet sockets")
-        self._reconcile = asyncio.create_task(self._reconcile_loop(), name="reconcile claims")
+        self.repeat(WATCH_INTERVAL, self.kubelet.check, "kubelet socket watch")
+        self.repeat(self.options.resync, self._reconcile_once, "reconcile claims")
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
-    async def stop(self) -> None:
-        """Remove both sockets, stop scanning and publishing (the slices stay)."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.core.begin_stop()
+    async def withdraw(self) -> None:
+        """At stop: no health confirmation pending, kubelet's health streams ended, both
+        sockets removed, claim-status writes under way finished, publishing stopped (the
+        slices stay)."""
         if self._confirm is not None:
             self._confirm.cancel()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._reconcile is not None:
-            self._reconcile.cancel()
         self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
         if self._status_tasks:  # status writes under way finish (each has its own timeouts)
             await asyncio.wait(set(self._status_tasks), timeout=15)
         self.api_pool.shutdown(wait=False, cancel_futures=True)
         await self.publisher.stop()
-        await self.core.close()
-        log.info("stopped")
-
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self.kubelet.check()
-            except Exception:
-                log.exception("kubelet socket watch")
 
     async def _reconcile_once(self) -> None:
         try:
@@ -229,11 +165,6 @@ class DraPlugin:
             return
         for line in report.unprepared:
             log.info("claim unprepared by reconcile: %s", line)
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.resync)
-            await self._reconcile_once()
 
     def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
@@ -339,9 +270,9 @@ class DraPlugin:
         before = {d.name for d in self.devices}
         after = {d.name for d in devices}
         for name in sorted(after - before):
-            log.info("DRA device %s published (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):
-            log.info("DRA device %s withdrawn (%s)", name, snapshot.trigger)
+            log.info("DRA device %s to be withdrawn (%s)", name, snapshot.trigger)
         for h in changed:
             if h.held:
                 log.warning("DRA device %s (prepared) now %s: %s", h.device, h.health, h.message)
@@ -440,20 +371,6 @@ class DraPlugin:
         return errors
 
 
-async def serve(options: DraOptions, client: Any) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop."""
-    plugin = DraPlugin(options, client)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, plugin.request_stop)
-    loop.add_signal_handler(signal.SIGUSR1, plugin.core.kick, "SIGUSR1")
-    try:
-        await plugin.start()
-        await plugin.wait_stopped()
-    finally:
-        await plugin.stop()
-    return 0
-
-
 def run(options: DraOptions, client: Any) -> int:
-    return asyncio.run(serve(options, client))
+    """Run until SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`); 0 on a clean stop."""
+    return asyncio.run(serve(DraPlugin(options, client)))

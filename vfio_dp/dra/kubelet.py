@@ -30,25 +30,24 @@ Invariants:
 - what is echoed from a request into an error message is clipped (:func:`_clip`);
 - a handler call runs to completion even when kubelet's deadline cancels the RPC, so a retry
   finds finished work instead of a half-done bind;
-- a stale socket at start is replaced; anything else at a socket path (a directory, a regular
-  file, a symlink) is a :class:`~vfio_dp.errors.SocketPathError` naming the path and the fix;
-  :meth:`KubeletFrontEnd.check` re-creates a socket removed or replaced from under us;
-  :meth:`KubeletFrontEnd.stop` removes only sockets that are still ours.
+- both sockets are served by :class:`vfio_dp.core.sockets.SocketServer`, the one helper of both
+  front-ends: a stale socket at start is replaced atomically; anything else at a socket path
+  (a directory, a regular file, a symlink) is a :class:`~vfio_dp.errors.SocketPathError` naming
+  the path and the fix; :meth:`KubeletFrontEnd.check` re-creates a socket removed or replaced
+  from under us; :meth:`KubeletFrontEnd.stop` removes only sockets that are still ours.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import re
-import stat
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
+from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
@@ -57,25 +56,21 @@ from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.dra.claims import ClaimRef, ClaimResult, Handler
 from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
-from vfio_dp.errors import DriverNameError, SocketPathError
-from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import naming
 
+#: seconds the DRA service gives running calls and streams when the plugin stops
+STOP_GRACE = 3.0
+
 log = logging.getLogger("vfio_dp.dra")
+
+T = TypeVar("T")
 
 PLUGIN_TYPE = "DRAPlugin"  # kubernetes/kubelet pkg/apis/pluginregistration/v1/constants.go
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # v1 first: kubelet takes the first
 SERVICE_SOCKET = "dra.sock"
 REGISTRATION_SUFFIX = "-reg.sock"
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
-MAX_MESSAGE = 1 << 20  # a pod's claims for one driver fit many times over
-MAX_CONCURRENT_RPCS = 64
 MAX_ECHO = 80  # characters of a client-supplied string quoted back in an error
 MAX_ERROR = 4096  # characters of one per-claim error sent to kubelet
-MAX_UID = 128  # Kubernetes UIDs are 36-character UUIDs
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*")
 
 
 def _clip(text: str, limit: int = MAX_ECHO) -> str:
@@ -91,68 +86,13 @@ def _describe(claim: ClaimRef) -> str:
 
 def claim_problem(claim: ClaimRef) -> str | None:
     """Why kubelet's claim identity is unusable, or None. The handler builds paths from it."""
-    if not claim.uid:
-        return "uid is empty"
-    if len(claim.uid) > MAX_UID or not _UID.fullmatch(claim.uid):
-        return f"uid is not a Kubernetes UID (at most {MAX_UID} of [A-Za-z0-9-_.])"
-    if len(claim.namespace) > 63 or not _DNS_LABEL.fullmatch(claim.namespace):
+    if (why := naming.claim_uid_problem(claim.uid)) is not None:
+        return f"uid {why}"
+    if not naming.is_dns_label(claim.namespace):
         return "namespace is not a DNS label"
-    if naming.dns_subdomain_problem(claim.name) is not None:
+    if not naming.is_dns_subdomain(claim.name):
         return "name is not a DNS subdomain"
     return None
-
-
-def _file_id(path: str) -> FileId | None:
-    """The socket file itself (never what a link there points at)."""
-    return file_id(path, follow=False)
-
-
-def _make_room(path: str, flag: str) -> None:
-    """Check that ``path`` can take a new socket: create its directory; a socket there is stale.
-
-    Refuses (``SocketPathError``) anything that is not a socket, and a path too long for
-    ``sun_path``; ``flag`` names the option that chose the directory, for the fix.
-    """
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise SocketPathError(
-            path,
-            f"is {len(os.fsencode(path))} bytes long, unix sockets allow {MAX_SOCKET_PATH}",
-            f"choose a shorter {flag} or driver name",
-        )
-    parent = os.path.dirname(path)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise SocketPathError(
-            path,
-            f"needs the directory {parent}, which cannot be created: {e.strerror or e}",
-            f"make {parent} a writable directory or choose another {flag}",
-        ) from e
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise SocketPathError(
-            path, f"cannot be inspected: {e.strerror or e}", "check the permissions"
-        ) from e
-    if not stat.S_ISSOCK(st.st_mode):
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "a symlink"
-            if stat.S_ISLNK(st.st_mode)
-            else "a regular file"
-            if stat.S_ISREG(st.st_mode)
-            else "a special file"
-        )
-        raise SocketPathError(
-            path,
-            f"is {kind}, not a stale socket",
-            f"remove it (rm -r {path}) or choose another {flag}",
-        )
-    # a socket: stale (an earlier run) or someone else's at our path; the rename in
-    # KubeletFrontEnd._serve replaces it atomically
 
 
 class _DraServicer:
@@ -219,17 +159,6 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
         return reg_pb2.RegistrationStatusResponse()
 
 
-class _Served:
-    """One socket and the gRPC server on it."""
-
-    def __init__(self, path: str, flag: str) -> None:
-        self.path = path
-        self.flag = flag
-        self.server: Any = None
-        self.file_id: FileId | None = None
-        self.problem = ""  # why the last re-create failed (logged once per change)
-
-
 class KubeletFrontEnd:
     """Serves DRAPlugin v1 + v1beta1 and the registration socket for one driver."""
 
@@ -242,30 +171,51 @@ class KubeletFrontEnd:
         health: HealthStream | None = None,
     ) -> None:
         """``health``: also serve ``DRAResourceHealth`` (v1, v1alpha1) on ``dra.sock``."""
-        why = naming.dns_subdomain_problem(driver_name, naming.DRA_DRIVER_NAME_MAX)
-        if why is not None:
-            raise DriverNameError(driver_name, why)
-        self.driver_name = driver_name
+        self.driver_name = naming.check_dra_driver_name(driver_name)
         self.handler = handler
         self.health = health
         self.supported_versions = SUPPORTED_VERSIONS + (SERVICE_NAMES if health else ())
         self.service_socket = os.path.join(plugins_dir, driver_name, SERVICE_SOCKET)
         self.registration_socket = os.path.join(registry_dir, driver_name + REGISTRATION_SUFFIX)
-        self._service = _Served(self.service_socket, "--kubelet-plugins-dir")
-        self._registration = _Served(self.registration_socket, "--kubelet-registry-dir")
+        self._service = SocketServer(
+            self.service_socket,
+            "--kubelet-plugins-dir",
+            grpc.aio.server,
+            self._add_dra_services,
+            log=log,
+            label=driver_name,
+            base=plugins_dir,  # <plugins>/<driver> is ours: never a link elsewhere
+        )
+        self._registration = SocketServer(
+            self.registration_socket,
+            "--kubelet-registry-dir",
+            grpc.aio.server,
+            lambda server: reg_grpc.add_RegistrationServicer_to_server(
+                _RegistrationServicer(self), server
+            ),
+            log=log,
+            label=driver_name,
+        )
         self.registered = False
         self.registration_error = ""
         self._running: set[asyncio.Task[Any]] = set()
-        self._serial = 0
+
+    def _add_dra_services(self, server: Any) -> None:
+        v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, v1_pb2, "v1"), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(
+            _DraServicer(self, v1beta1_pb2, "v1beta1"), server
+        )
+        if self.health is not None:
+            self.health.add_to_server(server)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Serve ``dra.sock`` first, then ``<driver>-reg.sock`` (kubelet dials in at once)."""
-        await self._serve(self._service)
+        await self._service.serve()
         try:
-            await self._serve(self._registration)
+            await self._registration.serve()
         except BaseException:
-            await self._close(self._service)
+            await self._service.close()
             raise
 
     async def check(self) -> None:
@@ -275,28 +225,23 @@ class KubeletFrontEnd:
         again at the next check; it never raises.
         """
         for served in (self._service, self._registration):
-            if served.server is not None and _file_id(served.path) == served.file_id:
+            what = served.changed()
+            if what is None:
                 continue
             if served is self._registration:
                 self.registered = False  # kubelet will dial the new socket and register again
-            what = "is gone" if _file_id(served.path) is None else "was replaced"
-            try:
-                await self._close(served)
-                await self._serve(served)
-            except SocketPathError as e:
-                if str(e) != served.problem:
-                    log.error("%s: %s %s: %s", self.driver_name, served.path, what, e)
-                    served.problem = str(e)
-                continue
-            served.problem = ""
-            log.warning("%s: %s %s: serving it again", self.driver_name, served.path, what)
+            await served.restore(f"{served.path} {what}")
 
     async def stop(self, *, drain: float = 60.0) -> None:
         """Stop both servers and remove both sockets (only if they are still ours); then wait
         up to ``drain`` seconds for handler calls still running (a bind is finished, never
         abandoned half-way)."""
-        await self._close(self._registration)
-        await self._close(self._service)
+        await self._registration.close()
+        # the health streams were told to end just before (the plugin closes them first):
+        # give them, and a call in flight, time to answer rather than be cancelled -- a
+        # loaded node took more than half a second, and grpc logged the cancellation as a
+        # traceback. stop() returns as soon as they are done.
+        await self._service.close(grace=STOP_GRACE)
         self.registered = False
         if self._running:
             log.info("%s: waiting for %d running call(s)", self.driver_name, len(self._running))
@@ -308,75 +253,6 @@ class KubeletFrontEnd:
                     len(pending),
                     drain,
                 )
-
-    async def _serve(self, served: _Served) -> None:
-        """Serve ``served.path``: bind a hidden name beside it, then rename it into place.
-
-        gRPC unlinks the path it bound when its server stops; binding ``.<pid>.<n>.sock`` and
-        renaming means that unlink hits a name nobody uses, never a socket someone else put
-        at our path meanwhile. The rename also replaces a stale socket atomically. kubelet's
-        watcher ignores names starting with ``.``.
-        """
-        _make_room(served.path, served.flag)
-        self._serial += 1
-        hidden = os.path.join(os.path.dirname(served.path), f".{os.getpid()}.{self._serial}.sock")
-        if len(os.fsencode(hidden)) > MAX_SOCKET_PATH:
-            raise SocketPathError(
-                served.path,
-                f"is in a directory too long for a unix socket ({MAX_SOCKET_PATH} bytes)",
-                f"choose a shorter {served.flag}",
-            )
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(hidden)  # our own leftover (pid reused after a crash)
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE),
-                ("grpc.max_send_message_length", MAX_MESSAGE),
-            ],
-            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
-        )
-        if served is self._service:
-            v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, v1_pb2, "v1"), server)
-            v1beta1_grpc.add_DRAPluginServicer_to_server(
-                _DraServicer(self, v1beta1_pb2, "v1beta1"), server
-            )
-            if self.health is not None:
-                self.health.add_to_server(server)
-        else:
-            reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
-        try:
-            port = server.add_insecure_port("unix:" + hidden)
-        except RuntimeError as e:
-            port, why = 0, f"cannot be bound: {e}"
-        else:
-            why = "cannot be bound (gRPC refused it)"
-        if port == 0:
-            await server.stop(None)
-            raise SocketPathError(served.path, why, "check the directory's permissions")
-        await server.start()
-        try:
-            os.rename(hidden, served.path)
-        except OSError as e:
-            await server.stop(None)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(hidden)
-            raise SocketPathError(
-                served.path,
-                f"cannot be put in place: {e.strerror or e}",
-                f"remove it (rm -r {served.path}) or choose another {served.flag}",
-            ) from e
-        served.server = server
-        served.file_id = _file_id(served.path)
-        log.info("%s: serving %s", self.driver_name, served.path)
-
-    async def _close(self, served: _Served) -> None:
-        server, served.server = served.server, None
-        if server is not None:
-            await server.stop(0.5)
-        if served.file_id is not None and _file_id(served.path) == served.file_id:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(served.path)
-        served.file_id = None
 
     # -- requests ------------------------------------------------------------------------
     def _split(
@@ -413,79 +289,63 @@ class KubeletFrontEnd:
             raise
 
     async def _prepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, ClaimResult]:
-        valid, invalid, by_uid = self._split(claims)
-        results: dict[str, ClaimResult] = {uid: ClaimResult(error=e) for uid, e in invalid.items()}
-        answered: Mapping[str, ClaimResult] = {}
+        results, errors = await self._answer(
+            claims, version, "prepare", self.handler.prepare, ClaimResult, lambda r: bool(r.error)
+        )
+        return {**{uid: ClaimResult(error=e) for uid, e in errors.items()}, **results}
+
+    async def _unprepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, str]:
+        results, errors = await self._answer(
+            claims, version, "unprepare", self.handler.unprepare, str, bool
+        )
+        return {**errors, **results}
+
+    async def _answer(
+        self,
+        claims: Sequence[ClaimRef],
+        version: str,
+        verb: str,
+        call: Callable[[list[ClaimRef]], Awaitable[Mapping[str, T]]],
+        kind: type[T],
+        failed: Callable[[T], bool],
+    ) -> tuple[dict[str, T], dict[str, str]]:
+        """Hand the valid claims to the handler's ``verb``: (its answers by uid, the shell's
+        own error for every other claim — malformed, left out, or the handler raised)."""
+        rpc = f"{version} Node{verb.capitalize()}Resources"
+        valid, errors, by_uid = self._split(claims)
+        answered: Mapping[str, object] = {}
         failure = ""
         if valid:
             try:
-                answered = await self._call(
-                    f"{version} NodePrepareResources", self.handler.prepare(valid)
-                )
+                answered = await self._call(rpc, call(valid))
             except Exception as e:  # the handler's bug must not become a gRPC UNKNOWN
-                log.exception("%s: prepare failed", self.driver_name)
+                log.exception("%s: %s failed", self.driver_name, verb)
                 failure = f"{type(e).__name__}: {e}"
+        results: dict[str, T] = {}
         for claim in valid:
             result = answered.get(claim.uid)
             if failure:
-                result = ClaimResult(
-                    error=f"driver {self.driver_name}: preparing {_describe(claim)} failed: {failure}"
+                errors[claim.uid] = (
+                    f"driver {self.driver_name}: {verb[:-1]}ing {_describe(claim)} failed: "
+                    f"{failure}"
                 )
-            elif not isinstance(result, ClaimResult):
-                result = ClaimResult(
-                    error=f"driver {self.driver_name}: no result for {_describe(claim)} "
-                    "(a driver bug); kubelet will retry"
-                )
-            results[claim.uid] = result
-        extra = set(answered) - set(by_uid)
-        if extra:
-            log.warning(
-                "%s: prepare answered %d claims not asked for", self.driver_name, len(extra)
-            )
-        log.info(
-            "%s: %s NodePrepareResources: %d claims, %d failed",
-            self.driver_name,
-            version,
-            len(results),
-            sum(1 for r in results.values() if r.error),
-        )
-        return results
-
-    async def _unprepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, str]:
-        valid, invalid, by_uid = self._split(claims)
-        errors: dict[str, str] = dict(invalid)
-        answered: Mapping[str, str] = {}
-        failure = ""
-        if valid:
-            try:
-                answered = await self._call(
-                    f"{version} NodeUnprepareResources", self.handler.unprepare(valid)
-                )
-            except Exception as e:
-                log.exception("%s: unprepare failed", self.driver_name)
-                failure = f"{type(e).__name__}: {e}"
-        for claim in valid:
-            error = answered.get(claim.uid)
-            if failure:
-                error = (
-                    f"driver {self.driver_name}: unpreparing {_describe(claim)} failed: {failure}"
-                )
-            elif not isinstance(error, str):
-                error = (
+            elif isinstance(result, kind):
+                results[claim.uid] = result
+            else:
+                errors[claim.uid] = (
                     f"driver {self.driver_name}: no result for {_describe(claim)} "
                     "(a driver bug); kubelet will retry"
                 )
-            errors[claim.uid] = error
         extra = set(answered) - set(by_uid)
         if extra:
             log.warning(
-                "%s: unprepare answered %d claims not asked for", self.driver_name, len(extra)
+                "%s: %s answered %d claims not asked for", self.driver_name, verb, len(extra)
             )
         log.info(
-            "%s: %s NodeUnprepareResources: %d claims, %d failed",
+            "%s: %s: %d claims, %d failed",
             self.driver_name,
-            version,
-            len(errors),
-            sum(1 for e in errors.values() if e),
+            rpc,
+            len(errors) + len(results),
+            len(errors) + sum(1 for r in results.values() if failed(r)),
         )
-        return errors
+        return results, errors

@@ -14,13 +14,12 @@ bind-mounts each file read-only at the container path KubeVirt >= 1.8.3 reads
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 
 from vfio_dp.dra import cdi
 from vfio_dp.errors import MetadataFormatError
-from vfio_dp.host.atomic import write_atomic
+from vfio_dp.host.atomic import remove_tree_durably, write_atomic
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming
 
@@ -63,6 +62,9 @@ def build_claim(
     for req, pairs in devices_by_request.items():
         by_name: dict[str, list[md.MetadataDevice]] = {}
         for full, dev in pairs:
+            problem = naming.request_name_problem(full)
+            if problem is not None:  # it goes into the JSON the VM's pod reads
+                raise MetadataFormatError("<claim>", problem)
             by_name.setdefault(full, []).append(dev)
         meta = md.DeviceMetadata(
             name=claim_name,
@@ -118,28 +120,7 @@ def remove_claim(plugins_dir: str, driver: str, claim_uid: str) -> bool:
     Walks without following symlinks: only regular files and directories we created go.
     """
     top = os.path.join(claims_dir(plugins_dir, driver), cdi.check_uid(claim_uid))
-    if not os.path.lexists(top):
-        return False
-    if os.path.islink(top) or not os.path.isdir(top):
-        os.unlink(top)
-        return True
-    for dirpath, dirnames, filenames in os.walk(top, topdown=False, followlinks=False):
-        for name in filenames:
-            os.unlink(os.path.join(dirpath, name))
-        for name in dirnames:
-            p = os.path.join(dirpath, name)
-            if os.path.islink(p):
-                os.unlink(p)
-            else:
-                os.rmdir(p)
-    os.rmdir(top)
-    with contextlib.suppress(OSError):
-        dfd = os.open(os.path.dirname(top), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return True
+    return remove_tree_durably(top)
 
 
 def read(path: str) -> md.DeviceMetadata:

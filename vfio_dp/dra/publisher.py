@@ -80,11 +80,13 @@ def api_client(kubeconfig: str | None) -> Any:
 
     config: Any = kubernetes.config  # untyped module
     kind, path = client_config_source(kubeconfig, os.environ, os.path.expanduser("~"))
+    cfg = k8s.Configuration()
     try:
         if path is not None:
             # $KUBECONFIG may list several files (':'-separated), merged as kubectl does
-            return config.new_client_from_config(config_file=path)
-        config.load_incluster_config()
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
     except Exception as e:  # the loaders raise their own types
         where = {
             "flag": f"--kubeconfig {path}",
@@ -94,7 +96,11 @@ def api_client(kubeconfig: str | None) -> Any:
             "~/.kube/config found)",
         }[kind]
         raise ValueError(f"cannot load the Kubernetes client config from {where}: {e}") from e
-    return k8s.ApiClient()
+    # No silent retries inside urllib3 (three "Retrying (Retry(total=2 ...))" warnings per
+    # call while the API server is down): every caller has its own deadline and back-off,
+    # and says one line per failed attempt.
+    cfg.retries = 0
+    return k8s.ApiClient(cfg)
 
 
 class PublishError(Exception):
@@ -163,8 +169,7 @@ class SlicePublisher:
             try:
                 await loop.run_in_executor(self._executor, self.reconcile, devices)
             except PublishError as e:
-                if str(e) != self.problem:
-                    log.error("ResourceSlices not published: %s; retrying", e)
+                log.error("ResourceSlices not published: %s; next try in %.1f s", e, backoff)
                 self.problem = str(e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)

@@ -10,7 +10,8 @@ retried every resync, logged and counted (``vfio_dp_dra_held_groups``).
 :meth:`Reconciler.reconcile` (at start and every resync) releases each checkpointed claim
 whose ResourceClaim is gone, has another UID, or is no longer allocated on this node -- and
 any device a claim bound that no checkpoint knows (a crash before the checkpoint). It never
-acts on a claim it could not read. After a reboot (boot ID changed) each checkpointed claim
+acts on a claim it could not read, nor on a checkpoint record that does not parse (reported
+every time, kept: :attr:`Checkpoint.bad`); one claim's failure never stops the others. After a reboot (boot ID changed) each checkpointed claim
 is re-verified against the hardware (:meth:`Reconciler.reverify`); one whose devices moved or
 changed loses its CDI spec until kubelet prepares it again.
 """
@@ -98,9 +99,18 @@ class Reconciler:
     async def reconcile(self) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot."""
         report = ReconcileReport()
+        bad = self.checkpoint.bad
+        for key, problem in sorted(bad.items()):  # never acted on: nobody knows what it held
+            report.errors.append(
+                f"checkpoint record {key[:100]!r} skipped: {problem} (kept; its devices and files "
+                "stay until kubelet prepares or unprepares that claim again)"
+            )
         for rec in await asyncio.to_thread(self.checkpoint.untrusted):
             async with self.lock(rec.uid):
-                await asyncio.to_thread(self.reverify, rec, report)
+                try:
+                    await asyncio.to_thread(self.reverify, rec, report)
+                except (VfioError, OSError, ValueError) as e:
+                    report.errors.append(f"claim {rec.ref}: cannot re-verify it, kept: {e}")
         for uid, rec in sorted(self.checkpoint.all().items()):
             obj: dict[str, Any] | None = None
             try:
@@ -120,7 +130,7 @@ class Reconciler:
         # was written, or a checkpoint set aside as corrupt)
         owners = await asyncio.to_thread(self.host.owners)
         claimed = {u for o in owners.values() if (u := claim_of(o)) is not None}
-        for uid in sorted(claimed - set(self.checkpoint.all())):
+        for uid in sorted(claimed - set(self.checkpoint.all()) - set(bad)):
             await self._release(uid, f"(uid {uid}, not checkpointed)", "unknown", report)
         self.metric("vfio_dp_dra_held_groups", float(len(report.kept)))
         for line in report.kept:
@@ -136,7 +146,7 @@ class Reconciler:
             except Held as e:
                 report.kept.append(f"{e} ({why})")
                 return
-            except VfioError as e:
+            except (VfioError, OSError) as e:  # this claim only: the others are still settled
                 report.errors.append(f"claim {ref}: {e}")
                 return
         report.unprepared.append(f"{ref}: {why}")

@@ -1,17 +1,27 @@
-"""The one atomic file writer: every persisted record (the original-driver records of
-:mod:`vfio_dp.host.state`, the daemon's allocation record) is written whole or not at all.
+"""The one atomic file writer and the one durable remove: every persisted record (the
+original-driver records and journal of :mod:`vfio_dp.host.state`, the device plugin's
+allocation record, CDI specs, DRA device metadata) is written whole or not at all, and what
+is removed stays removed after a crash.
 
-The sequence: a temp file in the same directory (``O_EXCL | O_NOFOLLOW``: never through a
-planted link), every byte written, ``fsync``; ``rename`` over the old file; ``fsync`` of the
+Write: a temp file in the same directory (``O_EXCL | O_NOFOLLOW``: never through a planted
+link), every byte written, ``fsync``; ``rename`` over the old file; ``fsync`` of the
 directory so the rename itself survives a crash. A reader sees the old file or the new one,
 never a torn one; a failure removes the temp file and raises the :class:`OSError`.
+
+Remove: ``unlink`` (never following a link), then ``fsync`` of the directory. A name already
+gone is no error, yet the directory is still synced: a retry after a failed ``fsync`` makes
+the earlier unlink durable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
+from collections.abc import Iterable
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def replace_at(dir_fd: int, name: str, data: bytes) -> None:
@@ -43,8 +53,77 @@ def write_atomic(path: str, data: bytes) -> None:
     """:func:`replace_at` for ``path`` (its directory is created when missing)."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
-    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dfd = os.open(directory or ".", _DIR_FLAGS)
     try:
         replace_at(dfd, name, data)
     finally:
         os.close(dfd)
+
+
+def remove_at(dir_fd: int, names: Iterable[str]) -> list[str]:
+    """Unlink ``names`` in the open directory ``dir_fd``, then ``fsync`` it once (when any
+    name was given). Returns the names that were there."""
+    asked = False
+    removed = []
+    for name in names:
+        asked = True
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
+        removed.append(name)
+    if asked:
+        os.fsync(dir_fd)
+    return removed
+
+
+def remove_durably(directory: str, *names: str) -> list[str]:
+    """:func:`remove_at` in ``directory``: the names that were there (none when the directory
+    itself is missing)."""
+    try:
+        dfd = os.open(directory or ".", _DIR_FLAGS)
+    except FileNotFoundError:
+        return []
+    try:
+        return remove_at(dfd, names)
+    finally:
+        os.close(dfd)
+
+
+def remove_tree_durably(path: str) -> bool:
+    """Remove ``path`` — a file, a symlink (never what it points at) or a directory with
+    everything below it (walked without following links) — then ``fsync`` its parent.
+    False when nothing was there."""
+    directory, name = os.path.split(path)
+    try:
+        dfd = os.open(directory or ".", _DIR_FLAGS)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.fsync(dfd)
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            _empty_dir(path)
+            os.rmdir(name, dir_fd=dfd)
+        else:
+            os.unlink(name, dir_fd=dfd)
+        os.fsync(dfd)
+        return True
+    finally:
+        os.close(dfd)
+
+
+def _empty_dir(top: str) -> None:
+    """Delete what is below ``top``, deepest first; a link is removed, never followed."""
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False, followlinks=False):
+        for name in filenames:
+            os.unlink(os.path.join(dirpath, name))
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                os.unlink(p)
+            else:
+                os.rmdir(p)

@@ -15,6 +15,7 @@ naming it:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -40,11 +41,20 @@ class NotRegularFileError(OSError):
     """The path is a FIFO, socket, device or directory: nothing was read from it."""
 
 
-def read_regular(path: str, limit: int, *, dir_fd: int | None = None) -> bytes:
+def read_regular(
+    path: str, limit: int, *, dir_fd: int | None = None, nofollow: bool = False
+) -> bytes:
     """At most ``limit`` + 1 bytes of the regular file ``path`` (one more than allowed, so a
     caller can tell "too big"). Opened non-blocking and checked with ``fstat`` first: a FIFO or
-    device raises :class:`NotRegularFileError` instead of hanging. Other ``OSError``s pass."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
+    device raises :class:`NotRegularFileError` instead of hanging (with ``nofollow``, so does
+    a symlink at ``path``). Other ``OSError``s pass."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0), dir_fd=dir_fd)
+    except OSError as e:
+        if nofollow and e.errno == errno.ELOOP:
+            raise NotRegularFileError(f"{path} is a symbolic link") from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -4,8 +4,11 @@ Each long-running process of ours holds an exclusive ``flock`` on its own lock f
 whole life, under the root (the DaemonSet's ``/host`` is the host, so a pod and a shell on
 the node see the same file)::
 
-    <root>/run/vfio_dp/device-plugin.lock          vfioctl plugin
-    <root>/run/vfio_dp/dra-plugin.<driver>.lock    vfioctl dra-plugin --driver-name <driver>
+    <root>/run/vfio_dp/instances/device-plugin.lock          vfioctl plugin
+    <root>/run/vfio_dp/instances/dra-plugin.<driver>.lock    vfioctl dra-plugin --driver-name <driver>
+
+(a directory of their own: ``run/vfio_dp/<address>.lock`` are the per-device bind locks, which
+``unbind --all`` itself takes).
 
 The file holds the holder's pid (for messages only: the lock, not the file, says who runs).
 The kernel drops a ``flock`` when its process dies, SIGKILL included, so a crash leaves no
@@ -29,9 +32,9 @@ from dataclasses import dataclass
 
 from vfio_dp.errors import DriverNameError, InstanceRunningError
 from vfio_dp.host.root import Root
-from vfio_dp.model.naming import dns_subdomain_problem
+from vfio_dp.model.naming import check_dra_driver_name
 
-RUN_DIR = ("run", "vfio_dp")
+RUN_DIR = ("run", "vfio_dp", "instances")  # apart from the per-device bind locks
 DEVICE_PLUGIN = "device-plugin"
 SUFFIX = ".lock"
 
@@ -40,10 +43,9 @@ def lock_name(process: str, driver: str | None = None) -> str:
     """``device-plugin`` → ``device-plugin.lock``; the DRA plugin's is per driver name."""
     if process == DEVICE_PLUGIN:
         return DEVICE_PLUGIN + SUFFIX
-    why = "it is missing" if driver is None else dns_subdomain_problem(driver, 63)
-    if why is not None or driver is None:
-        raise DriverNameError(str(driver), why or "it is missing")
-    return f"dra-plugin.{driver}{SUFFIX}"
+    if driver is None:
+        raise DriverNameError("None", "it is missing")
+    return f"dra-plugin.{check_dra_driver_name(driver)}{SUFFIX}"
 
 
 def _describe(name: str) -> str:

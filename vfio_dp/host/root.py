@@ -58,33 +58,7 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
     if _openat2_fn is None:
         with _openat2_lock:
             if _openat2_fn is None:
-                import ctypes  # only for a root other than "/" (a pod's /host, a test tree)
-
-                class OpenHow(ctypes.Structure):
-                    _fields_ = [
-                        ("flags", ctypes.c_uint64),
-                        ("mode", ctypes.c_uint64),
-                        ("resolve", ctypes.c_uint64),
-                    ]
-
-                libc = ctypes.CDLL(None, use_errno=True)
-                syscall = libc.syscall
-                syscall.restype = ctypes.c_long
-
-                def call(dfd: int, path: str, fl: int, md: int) -> tuple[int, int]:
-                    creates = fl & os.O_CREAT or fl & os.O_TMPFILE == os.O_TMPFILE
-                    md = md if creates else 0  # a mode without O_CREAT is EINVAL
-                    how = OpenHow(fl | os.O_CLOEXEC, md, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-                    fd = syscall(
-                        _SYS_OPENAT2,
-                        ctypes.c_int(dfd),
-                        os.fsencode(path),
-                        ctypes.byref(how),
-                        ctypes.c_size_t(ctypes.sizeof(how)),
-                    )
-                    return int(fd), ctypes.get_errno()
-
-                _openat2_fn = call
+                _openat2_fn = _make_openat2()
     fd: int
     err: int
     for _ in range(_EAGAIN_RETRIES):
@@ -103,6 +77,50 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
         _openat2_ok = False  # no openat2 here (old kernel, seccomp): walk from now on
         return None
     raise OSError(err, os.strerror(err), rel)
+
+
+def _make_openat2() -> Any:
+    """The ``openat2`` caller: ``call(dirfd, path, flags, mode) -> (fd, errno)``. Built once
+    (ctypes is imported only for a root other than "/": a pod's /host, a test tree), with the
+    argument types declared and one ``open_how`` per (flags, mode) kept: a big host's scan
+    opens thousands of device directories with the same flags."""
+    import ctypes
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = [
+            ("flags", ctypes.c_uint64),
+            ("mode", ctypes.c_uint64),
+            ("resolve", ctypes.c_uint64),
+        ]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
+    size = ctypes.sizeof(OpenHow)
+    hows: dict[tuple[int, int], tuple[Any, int]] = {}
+    get_errno = ctypes.get_errno
+
+    def call(dfd: int, path: str, fl: int, md: int) -> tuple[int, int]:
+        how = hows.get((fl, md))
+        if how is None:
+            creates = fl & os.O_CREAT or fl & os.O_TMPFILE == os.O_TMPFILE
+            st = OpenHow(
+                fl | os.O_CLOEXEC,
+                md if creates else 0,  # a mode without O_CREAT is EINVAL
+                _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS,
+            )
+            how = hows[(fl, md)] = (st, ctypes.addressof(st))
+        fd = syscall(_SYS_OPENAT2, dfd, os.fsencode(path), how[1], size)
+        return fd, (get_errno() if fd < 0 else 0)
+
+    return call
 
 
 def openat2_available() -> bool | None:
@@ -212,17 +230,23 @@ class Root:
         rel = self._relative(path)
         if not rel:
             return os.open(self.base, flags | os.O_CLOEXEC, mode)
+        return self.open_relative(rel, flags, mode, path)
+
+    def open_relative(self, rel: str, flags: int, mode: int = 0o600, shown: str = "") -> int:
+        """:meth:`open` of ``<root>/<rel>`` (``rel`` built from validated components, no
+        leading slash; ``shown``: the path named in errors), for callers that open many
+        paths under one directory. Never called with the root ``/`` (nothing to confine)."""
         if not self.walk_only:
             try:
                 fd = _openat2(self._root_fd(), rel, flags, mode)
             except OSError as e:
                 if e.errno != errno.EXDEV:
-                    e.filename = path
+                    e.filename = shown or f"{self.prefix}/{rel}"
                     raise
                 fd = None  # leaves the root: the walk names the link that does it
             if fd is not None:
                 return fd
-        return self._walk(rel, flags, mode, path)
+        return self._walk(rel, flags, mode, shown or f"{self.prefix}/{rel}")
 
     def _walk(self, rel: str, flags: int, mode: int, shown: str) -> int:
         """Resolve ``rel`` one component at a time with directory fds (the fallback)."""

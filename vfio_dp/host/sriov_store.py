@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
-from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.atomic import remove_at, replace_at
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import SriovRecord
@@ -142,9 +142,7 @@ class SriovStore:
         except FileNotFoundError:
             return
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=dfd)
-            os.fsync(dfd)
+            remove_at(dfd, (name,))
         finally:
             os.close(dfd)
 

@@ -54,7 +54,7 @@ from vfio_dp.errors import (
     PathEscapeError,
     StateWriteError,
 )
-from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.atomic import remove_at, replace_at
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
@@ -215,7 +215,7 @@ class StateStore:
             dfd = self.root.open_dir(*parts, create=True)
             replace_at(dfd, name, data)
         except OSError as e:
-            raise StateWriteError(_write_failure(shown, e)) from e
+            raise StateWriteError(write_failure(shown, e)) from e
         finally:
             if dfd >= 0:
                 os.close(dfd)
@@ -226,9 +226,7 @@ class StateStore:
         except FileNotFoundError:
             return
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=dfd)
-            os.fsync(dfd)
+            remove_at(dfd, (name,))
         finally:
             os.close(dfd)
 
@@ -400,7 +398,7 @@ class StateStore:
         try:
             dfd = self.root.open_dir(*LOCK_DIR, create=True)
         except OSError as e:
-            raise StateWriteError(_write_failure(self.lock_dir, e)) from e
+            raise StateWriteError(write_failure(self.lock_dir, e)) from e
         try:
             for addr in sorted(set(addresses)):
                 try:
@@ -411,7 +409,7 @@ class StateStore:
                         dir_fd=dfd,
                     )
                 except OSError as e:
-                    raise StateWriteError(_write_failure(f"{self.lock_dir}/{addr}.lock", e)) from e
+                    raise StateWriteError(write_failure(f"{self.lock_dir}/{addr}.lock", e)) from e
                 fds.append(fd)
                 deadline = time.monotonic() + timeout
                 while True:
@@ -435,7 +433,8 @@ class StateStore:
                 os.close(fd)
 
 
-def _write_failure(path: str, e: OSError) -> str:
+def write_failure(path: str, e: OSError) -> str:
+    """``cannot write <path>: <why>; <fix> and retry`` for a failed write of a state file."""
     why = e.strerror or str(e)
     fix = {
         errno.ENOSPC: "free space on that file system",

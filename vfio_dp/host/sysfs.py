@@ -98,23 +98,67 @@ def pci_devices_dir(root: Root) -> str:
 
 def list_addresses(root: Root) -> list[PciAddress]:
     """Every ``<root>/sys/bus/pci/devices/<bdf>`` entry, sorted; odd names are ignored."""
+    return list(_named_addresses(root).values())
+
+
+def _named_addresses(root: Root) -> dict[str, PciAddress]:
+    """:func:`list_addresses` keyed by the entries' names (in address order)."""
     try:
         names = os.listdir(pci_devices_dir(root))
     except FileNotFoundError:
-        return []
-    out = []
+        return {}
+    out = {}
     # full lowercase addresses are fixed-width hex: string order is address order
     for name in sorted(names):
-        try:
-            out.append(PciAddress.parse(name))
-        except AddressError:
-            continue
+        addr = _canonical(name)
+        if addr is None:
+            try:
+                addr = PciAddress.parse(name)
+            except AddressError:
+                continue
+        out[name] = addr
     return out
 
 
+_LOWER_HEX = frozenset("0123456789abcdef")
+
+
+def _canonical(name: str) -> PciAddress | None:
+    """``dddd:bb:ss.f`` exactly as the kernel names devices (lowercase), made without the
+    general parser (a big host lists thousands); None for any other shape. The range
+    checks (slot <= 1f, function <= 7) are :class:`PciAddress`'s own."""
+    if (
+        len(name) != 12
+        or name[4] != ":"
+        or name[7] != ":"
+        or name[10] != "."
+        or not _LOWER_HEX.issuperset(name[:4] + name[5:7] + name[8:10] + name[11])
+    ):
+        return None
+    try:
+        return PciAddress(
+            int(name[:4], 16), int(name[5:7], 16), int(name[8:10], 16), int(name[11], 16)
+        )
+    except AddressError:
+        return None
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+
+
 def _read_at(dfd: int, name: str) -> str | None:
-    # sysfs attributes and uevent are at most one page
-    return read_text(name, dir_fd=dfd, size=4096)
+    """:func:`read_text` of a file in the directory ``dfd`` (sysfs attributes and uevent are
+    at most one page), written out: the scan reads three per device."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _link_at(dfd: int, name: str) -> str | None:
@@ -135,11 +179,12 @@ class _DevicesDir:
     own dir fd (one path walk per device instead of one per file).
     """
 
-    __slots__ = ("fd", "path", "root")
+    __slots__ = ("fd", "path", "rel", "root")
 
     def __init__(self, root: Root) -> None:
         self.root = root
         self.path = pci_devices_dir(root)
+        self.rel = self.path[len(root.prefix) + 1 :] + "/"  # sys/bus/pci/devices/
         self.fd = root.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
 
     def close(self) -> None:
@@ -149,7 +194,7 @@ class _DevicesDir:
         """A dir fd for ``<name>`` (a validated address string), None if gone or escaping."""
         try:
             if self.root.prefix:
-                return self.root.open(f"{self.path}/{name}", os.O_RDONLY | os.O_DIRECTORY)
+                return self.root.open_relative(self.rel + name, os.O_RDONLY | os.O_DIRECTORY)
             return os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
         except (OSError, PathEscapeError):
             return None
@@ -285,7 +330,7 @@ def refresh_devices(
         old = previous.get(addr)
         return _refresh_at(dfd, old) if old else _read_device_at(dfd, addr, known)
 
-    return _read_each(root, list_addresses(root), read)
+    return _read_each(root, _named_addresses(root), read)
 
 
 def _refresh_at(dfd: int, old: PciDevice) -> PciDevice | None:
@@ -327,26 +372,27 @@ def read_devices(
     across that many processes (:mod:`vfio_dp.host.parallel_scan`); never from a process
     with other threads: the daemon reads in one process.
     """
-    addrs = list_addresses(root) if addresses is None else list(addresses)
+    named = _named_addresses(root) if addresses is None else {str(a): a for a in addresses}
     if workers > 1:
         from vfio_dp.host.parallel_scan import read_split
 
+        addrs = list(named.values())
         return read_split(addrs, lambda run: read_devices(root, run), processes=workers)
-    return _read_each(root, addrs, _read_device_at)
+    return _read_each(root, named, _read_device_at)
 
 
 def _read_each(
     root: Root,
-    addresses: Iterable[PciAddress],
+    known: dict[str, PciAddress],
     read: Callable[[int, PciAddress, dict[str, PciAddress]], PciDevice | None],
 ) -> dict[PciAddress, PciDevice]:
-    """``read(dir_fd, address, known)`` for each address whose directory opens, in order."""
+    """``read(dir_fd, address, known)`` for each address (``known``: by its name) whose
+    directory opens, in order."""
     out: dict[PciAddress, PciDevice] = {}
     try:
         devices = _DevicesDir(root)
     except (OSError, PathEscapeError):
         return out
-    known = {str(a): a for a in addresses}
     try:
         for name, addr in known.items():
             dfd = devices.open_device(name)

@@ -1,4 +1,4 @@
-"""Pure typed values and rules: no I/O, no third-party imports beyond PyYAML in config."""
+"""Pure typed values and rules: no I/O, no third-party imports beyond PyYAML in config_yaml."""
 
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
@@ -6,8 +6,11 @@ __all__ = [
     "address",
     "cdi",
     "config",
+    "config_check",
+    "config_yaml",
     "device",
     "dra_metadata",
+    "json_depth",
     "naming",
     "plan",
     "routes",

@@ -17,10 +17,11 @@ Which device nodes a group needs (``/dev/vfio/<N>`` or ``noiommu-<N>``, the VFIO
 (``Host.device_nodes``); this module only lays them out. Paths in a spec are HOST paths, the
 same in the container.
 
-Names (CDI's ``pkg/parser``): a kind is ``<vendor>/<class>``, each of letters, digits, ``.``,
-``-``, ``_``, starting with a letter and ending with a letter or digit (so a DRA driver name
-that starts with a digit, a valid DNS subdomain, is no CDI vendor); a device name of letters,
-digits, ``-``, ``_``, ``.``, ``:``, starting and ending with a letter or digit. A
+Names (CDI's ``pkg/parser``; the rules live in :mod:`vfio_dp.model.naming`): a kind is
+``<vendor>/<class>``, each of letters, digits, ``.``, ``-``, ``_``, starting with a letter and
+ending with a letter or digit (so a DRA driver name that starts with a digit, a valid DNS
+subdomain, is no CDI vendor); a device name of letters, digits, ``-``, ``_``, ``.``, ``:``,
+starting and ending with a letter or digit. A
 fully qualified CDI device ID is ``<vendor>/<class>=<name>`` — what a device plugin returns in
 ``cdi_devices`` and a DRA plugin in ``cdi_device_ids``. A device name must be unique per kind
 across every spec file in the CDI directories.
@@ -28,49 +29,39 @@ across every spec file in the CDI directories.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from vfio_dp.errors import CdiError
+from vfio_dp.model import naming
 
 CDI_VERSION = "0.5.0"
 CDI_CLASS = "vfio"
 #: The vendor part of the device-plugin front-end's kind: ``deviceplugin.vfio-dp.io/vfio``.
 DEVICE_PLUGIN_VENDOR = "deviceplugin.vfio-dp.io"
 
-_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
-#: No name of ours comes close; bounds what reaches a file name.
-_MAX_NAME = 253
-
 
 def check_vendor(vendor: str) -> str:
-    if len(vendor) > _MAX_NAME or not _VENDOR_OR_CLASS.fullmatch(vendor):
-        raise CdiError(
-            f"CDI vendor {vendor!r} is not valid: use letters, digits, '.', '-', '_', "
-            "starting with a letter and ending with a letter or digit"
-        )
-    return vendor
+    """A CDI vendor (:func:`vfio_dp.model.naming.cdi_name_problem`), else :class:`CdiError`."""
+    return _check("vendor", vendor)
 
 
 def check_class(cls: str) -> str:
-    if len(cls) > _MAX_NAME or not _VENDOR_OR_CLASS.fullmatch(cls):
-        raise CdiError(
-            f"CDI class {cls!r} is not valid: use letters, digits, '.', '-', '_', starting "
-            "with a letter"
-        )
-    return cls
+    """A CDI class, else :class:`CdiError` naming it."""
+    return _check("class", cls)
 
 
 def check_name(name: str) -> str:
     """A CDI device name, else :class:`CdiError` naming it."""
-    if len(name) > _MAX_NAME or not _NAME.fullmatch(name):
-        raise CdiError(
-            f"CDI device name {name!r} is not valid: use letters, digits, '-', '_', '.', ':', "
-            "starting and ending with a letter or digit"
-        )
-    return name
+    return _check("device name", name)
+
+
+def _check(part: Literal["vendor", "class", "device name"], value: str) -> str:
+    why = naming.cdi_name_problem(part, value)
+    if why is not None:
+        raise CdiError(why)
+    return value
 
 
 def kind(vendor: str, cls: str = CDI_CLASS) -> str:

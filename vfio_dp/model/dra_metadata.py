@@ -33,6 +33,7 @@ from typing import Literal
 
 from vfio_dp.errors import MetadataFormatError
 from vfio_dp.model import naming
+from vfio_dp.model.json_depth import nesting_depth
 
 API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 KIND = "DeviceMetadata"
@@ -47,6 +48,8 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 #: A metadata file is small; a reader refuses anything bigger (hostile or corrupt input).
 MAX_BYTES = 1 << 20
+#: deepest nesting of arrays/objects in a metadata object (a valid one is 6 deep)
+MAX_DEPTH = 32
 
 AttributeKind = Literal["string", "int", "bool", "version"]
 _KINDS: tuple[AttributeKind, ...] = ("string", "int", "bool", "version")
@@ -119,7 +122,7 @@ def _check(kind: str, value: str, ok: bool) -> str:
 
 def file_name(driver: str) -> str:
     """``<driver>-metadata.json``."""
-    return _check("driver", driver, naming.is_dns_subdomain(driver)) + FILE_SUFFIX
+    return _check("driver", driver, naming.dra_driver_name_problem(driver) is None) + FILE_SUFFIX
 
 
 def container_dir(claim_name: str, request: str, pod_claim_name: str | None = None) -> str:
@@ -202,6 +205,17 @@ def _objects(text: str, source: str) -> list[object]:
             obj, i = decoder.raw_decode(text, i)
         except ValueError as e:
             raise MetadataFormatError(source, f"invalid JSON: {e}") from None
+        except RecursionError:
+            obj = None
+            depth = MAX_DEPTH + 1
+        else:
+            depth = nesting_depth(obj, MAX_DEPTH)
+        if depth > MAX_DEPTH:
+            raise MetadataFormatError(
+                source,
+                f"JSON nested more than {MAX_DEPTH} levels deep (a metadata file is 6); "
+                "not a device-metadata file",
+            )
         out.append(obj)
 
 
@@ -282,7 +296,11 @@ def _from_object(obj: Mapping[str, object], source: str) -> DeviceMetadata:
                     },
                 )
             )
-        requests.append(MetadataRequest(_str(req, "name", rw, source), tuple(devices)))
+        name = _str(req, "name", rw, source)
+        problem = naming.request_name_problem(name)
+        if problem is not None:
+            raise MetadataFormatError(source, f"{rw}.name: {problem}")
+        requests.append(MetadataRequest(name, tuple(devices)))
     return DeviceMetadata(
         name=_str(meta, "name", "metadata", source),
         namespace=_str(meta, "namespace", "metadata", source),

@@ -1,4 +1,5 @@
-"""The one place for resource-name and env-var rules (plugin, translator and hostdev all call it).
+"""The one place for naming rules: every name a front-end, the translator or the hostdev emitter
+builds or accepts is checked here, once, with one limit.
 
 - Default resource name: ``devices.kubevirt.io/<vendor>_<device>``, lowercase 4-hex IDs
   (``devices.kubevirt.io/10de_1eb8``) — the original KubeVirt VFIO plugin's lineage.
@@ -8,13 +9,27 @@
 - The SR-IOV network device plugin's: ``PCIDEVICE_`` + the same transform.
 - A resource name is ``<dns-subdomain>/<name>``, not in ``kubernetes.io``, ``<name>`` a
   Kubernetes qualified-name part (<= 63, alphanumerics plus ``-_.``, alphanumeric at both ends).
+- A DRA driver name (``vfioctl dra-plugin --driver-name``, ``translate --dra --driver-name``;
+  default :data:`DEFAULT_DRA_DRIVER`) is a lowercase DNS subdomain of at most 63 characters
+  (the API server's limit for ResourceSlice ``spec.driver``) that is also a CDI vendor
+  (starts with a letter): it is the vendor of the claims' CDI kind ``<driver>/vfio``.
+- A claim UID (kubelet's ``Claim.uid``, a 36-character UUID) reaches file names and CDI
+  device names: at most 128 of ``[A-Za-z0-9-_.]``, starting with a letter or digit.
+- CDI names (cncf-tags/container-device-interface ``pkg/parser``): vendor and class of
+  letters, digits, ``.``, ``-``, ``_``, starting with a letter, ending with a letter or digit;
+  a device name of letters, digits, ``-``, ``_``, ``.``, ``:``, alphanumeric at both ends.
+
+Each rule is a ``*_problem`` function (why a value is refused, or None) so every caller
+raises its own exception with the same reason; :func:`check_dra_driver_name` raises the one
+error for a bad driver name.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-from vfio_dp.errors import AddressError
+from vfio_dp.errors import AddressError, DriverNameError
 from vfio_dp.model.address import PciAddress
 
 DEFAULT_DOMAIN = "devices.kubevirt.io"
@@ -23,14 +38,37 @@ DEFAULT_DOMAIN = "devices.kubevirt.io"
 #: domain.
 DEFAULT_DRA_DRIVER = "vfio.dra.vfio-dp.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
-DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName
+DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName (ResourceSlice spec.driver)
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
+CLAIM_UID_MAX = 128  # Kubernetes UIDs are 36-character UUIDs
+#: No CDI name of ours comes close; bounds what reaches a file name.
+CDI_NAME_MAX = 253
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _DNS_LABEL_RE = re.compile(_DNS_LABEL)
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+_CLAIM_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*")
+_CDI_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_CDI_DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+#: CDI name part -> (pattern, what it must be)
+_CDI_RULES = {
+    "vendor": (
+        _CDI_VENDOR_OR_CLASS,
+        "use letters, digits, '.', '-', '_', starting with a letter and ending with a letter "
+        "or digit",
+    ),
+    "class": (
+        _CDI_VENDOR_OR_CLASS,
+        "use letters, digits, '.', '-', '_', starting with a letter and ending with a letter "
+        "or digit",
+    ),
+    "device name": (
+        _CDI_DEVICE,
+        "use letters, digits, '-', '_', '.', ':', starting and ending with a letter or digit",
+    ),
+}
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -54,8 +92,7 @@ def resource_name_problem(name: str) -> str | None:
 
 def dns_subdomain_problem(name: str, limit: int = 253) -> str | None:
     """Why ``name`` is not a lowercase RFC 1123 DNS subdomain of at most ``limit`` characters,
-    or None. A DRA driver name uses ``limit=DRA_DRIVER_NAME_MAX`` (the API server's
-    ``validateDriverName``: ResourceSlice ``spec.driver`` and attribute domains)."""
+    or None (a DRA driver name is more: :func:`dra_driver_name_problem`)."""
     if not name:
         return "it is empty"
     if len(name) > limit:
@@ -68,15 +105,79 @@ def dns_subdomain_problem(name: str, limit: int = 253) -> str | None:
     return None
 
 
+def dra_driver_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be our DRA driver name, or None: a lowercase DNS subdomain of at
+    most :data:`DRA_DRIVER_NAME_MAX` characters (ResourceSlice ``spec.driver``, the attribute
+    domain) that is also a CDI vendor (the claims' CDI kind is ``<driver>/vfio``). The plugin,
+    its CDI and metadata files and ``translate --dra`` all ask this one question."""
+    why = dns_subdomain_problem(name, DRA_DRIVER_NAME_MAX)
+    if why is None and (cdi := cdi_name_problem("vendor", name)) is not None:
+        why = f"it cannot be a CDI vendor (the kind of the claims' CDI specs): {cdi}"
+    return why
+
+
+def check_dra_driver_name(name: str) -> str:
+    """``name`` when :func:`dra_driver_name_problem` finds nothing, else
+    :class:`~vfio_dp.errors.DriverNameError` naming it and the fix."""
+    why = dra_driver_name_problem(name)
+    if why is not None:
+        raise DriverNameError(name, why)
+    return name
+
+
+def claim_uid_problem(uid: str) -> str | None:
+    """Why kubelet's claim ``uid`` is unusable, or None; the reason completes a sentence whose
+    subject the caller names (``uid is empty``). The UID reaches file names (the claim's CDI
+    spec, its metadata directory) and CDI device names, so: at most :data:`CLAIM_UID_MAX` of
+    ``[A-Za-z0-9-_.]``, starting with a letter or digit (never ``..``, never a ``/``)."""
+    if not uid:
+        return "is empty (not a Kubernetes UID)"
+    if len(uid) > CLAIM_UID_MAX or not _CLAIM_UID.fullmatch(uid):
+        return (
+            f"is not a Kubernetes UID (at most {CLAIM_UID_MAX} of [A-Za-z0-9-_.], starting "
+            "with a letter or digit; expected a UUID)"
+        )
+    return None
+
+
+def cdi_name_problem(part: Literal["vendor", "class", "device name"], value: str) -> str | None:
+    """Why ``value`` is not a valid CDI ``part`` (see the module doc), or None."""
+    pattern, rule = _CDI_RULES[part]
+    if len(value) > CDI_NAME_MAX or not pattern.fullmatch(value):
+        return f"CDI {part} {value!r} is not valid: {rule}"
+    return None
+
+
 def is_dns_label(text: str) -> bool:
     """A Kubernetes DNS label (RFC 1123): <= 63 of ``[a-z0-9-]``, alphanumeric at both ends
     (namespaces, DRA request and device names)."""
     return len(text) <= 63 and _DNS_LABEL_RE.fullmatch(text) is not None
 
 
+def request_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a DRA request name, or None: ``<request>`` or
+    ``<request>/<subrequest>`` (a prioritized-list alternative), each part a DNS label --
+    ``gpu``, ``gpu/big``; never ``../x``, ``gpu/../../x``, ``gpu/``, ``a/b/c``."""
+    parts = name.split("/")
+    detail = ""
+    if len(parts) > 2:
+        detail = "more than one '/'"
+    else:
+        for part, what in zip(parts, ("request", "subrequest"), strict=False):
+            if not is_dns_label(part):
+                detail = f"{what} part {part[:80]!r} is not a DNS label"
+                break
+    if not detail:
+        return None
+    return (
+        f"request name {name[:80]!r} is not a DNS label, nor <request>/<subrequest> of two "
+        f"({detail}; a DNS label is at most 63 of a-z, 0-9 and '-', alphanumeric at both ends)"
+    )
+
+
 def is_dns_subdomain(text: str) -> bool:
     """A Kubernetes DNS subdomain: <= 253, dot-separated DNS labels (object names such as a
-    ResourceClaim's, DRA driver names)."""
+    ResourceClaim's)."""
     return dns_subdomain_problem(text) is None
 
 

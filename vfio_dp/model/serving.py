@@ -25,23 +25,61 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEVICE_PLUGIN, DRA, NO_EXECUTE, NO_SCHEDULE, Config
+from vfio_dp.model.config import DEVICE_PLUGIN, DRA, NO_EXECUTE, NO_SCHEDULE, Config, Selector
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.naming import dra_device_name
 
+#: One endpoint and the first selector that matches it (None: no selector takes it).
+Chosen = list[tuple[PciDevice, Selector | None]]
 
-def group_paths(inventory: Inventory, config: Config) -> dict[int, dict[PciAddress, str]]:
+
+def choose(inventory: Inventory, config: Config) -> Chosen:
+    """Every endpoint (bridges left out) with its selector, in address order: the one
+    selector match per device that the functions below share (pass it to each of them when
+    calling several on one inventory; each computes it itself otherwise)."""
+    select = config.select
+    return [
+        (dev, select(dev))
+        for dev in sorted(inventory.devices.values(), key=_ADDRESS_ORDER)
+        if not dev.is_bridge
+    ]
+
+
+#: a device's address as a tuple of ints: sorts in C (PciAddress's own ``<`` is Python)
+_ADDRESS_ORDER = attrgetter("address.domain", "address.bus", "address.slot", "address.function")
+
+
+class ResourceNames:
+    """``config.name_for`` with the default names made once per vendor:device pair (a big
+    host has thousands of functions and a handful of IDs)."""
+
+    __slots__ = ("_config", "_made")
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._made: dict[tuple[str, str], str] = {}
+
+    def __call__(self, sel: Selector, dev: PciDevice) -> str:
+        if sel.resource_name:
+            return sel.resource_name
+        key = (dev.vendor, dev.device)
+        name = self._made.get(key)
+        if name is None:
+            name = self._made[key] = self._config.name_for(sel, dev)
+        return name
+
+
+def group_paths(
+    inventory: Inventory, config: Config, chosen: Chosen | None = None
+) -> dict[int, dict[PciAddress, str]]:
     """Per IOMMU group: each selected endpoint → the path its selector gives it."""
     out: dict[int, dict[PciAddress, str]] = defaultdict(dict)
-    for addr in sorted(inventory.devices):
-        dev = inventory.devices[addr]
-        if dev.is_bridge or dev.iommu_group is None:
-            continue
-        path = config.path_of(dev)
-        if path is not None:
-            out[dev.iommu_group][addr] = path
+    for dev, sel in choose(inventory, config) if chosen is None else chosen:
+        if sel is not None and dev.iommu_group is not None:
+            out[dev.iommu_group][dev.address] = sel.path
     return dict(out)
 
 
@@ -56,12 +94,14 @@ def split_reason(group: int, paths: dict[PciAddress, str]) -> str | None:
     )
 
 
-def path_splits(inventory: Inventory, config: Config) -> dict[int, str]:
+def path_splits(
+    inventory: Inventory, config: Config, chosen: Chosen | None = None
+) -> dict[int, str]:
     """Every path-split group → the reason (empty without a config: one path serves all)."""
     if config.any_path:
         return {}
     out: dict[int, str] = {}
-    for g, paths in group_paths(inventory, config).items():
+    for g, paths in group_paths(inventory, config, chosen).items():
         why = split_reason(g, paths)
         if why:
             out[g] = why
@@ -90,26 +130,27 @@ class DraUnit:
 def _dra_reasons(
     group: int,
     inventory: Inventory,
-    endpoints: list[PciDevice],
-    selected: dict[PciAddress, str],
-    selectors: dict[PciAddress, int],
+    members: list[tuple[PciDevice, Selector | None]],
+    selected: list[tuple[PciDevice, str, int]],
     on_prepare: bool,
     config: Config,
 ) -> list[str]:
+    """Why the group of ``members`` (its endpoints with their selectors, address order) is
+    not published; ``selected``: the endpoints DRA selects (device, resource, selector index)."""
     reasons: list[str] = []
     if not config.any_path:
-        why = split_reason(
-            group, {d.address: p for d in endpoints if (p := config.path_of(d)) is not None}
-        )
+        why = split_reason(group, {d.address: sel.path for d, sel in members if sel is not None})
         if why:
             reasons.append(why)
-    if len(set(selectors.values())) > 1 and len(set(selected.values())) > 1:
-        who = ", ".join(f"{a} → {r}" for a, r in sorted(selected.items()))
+    if len(selected) > 1 and (
+        len({i for _, _, i in selected}) > 1 and len({r for _, r, _ in selected}) > 1
+    ):
+        who = ", ".join(f"{d.address} → {r}" for d, r, _ in selected)
         reasons.append(
             f"IOMMU group {group} has endpoints of several resources ({who}); one group can "
             "only go to one pod: give them one resourceName or select only one"
         )
-    for d in endpoints:
+    for d, _ in members:
         if d.in_use:
             reasons.append(f"{d.describe()} is used by the host: {'; '.join(map(str, d.in_use))}")
     g = inventory.groups.get(group)
@@ -123,54 +164,55 @@ def _dra_reasons(
             if bridge is not None and bridge.is_bridge:
                 reasons.append(f"IOMMU group {group} cannot become viable: {problem.reason}")
         return reasons
-    for a in sorted(selected):
-        dev = inventory.devices[a]
+    for dev, _, _ in selected:
         if not dev.on_vfio:
             reasons.append(
-                f"{dev.describe()} is not on vfio-pci; bind it (vfioctl bind --group {a}) "
-                "or select it with bind: true or bind: onPrepare"
+                f"{dev.describe()} is not on vfio-pci; bind it (vfioctl bind --group "
+                f"{dev.address}) or select it with bind: true or bind: onPrepare"
             )
     if not g.viable:
         reasons.extend(f"IOMMU group {group} is not viable: {p.reason}" for p in g.problems)
     return reasons
 
 
-def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
+def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None) -> list[DraUnit]:
     """Every IOMMU group with an endpoint the DRA path selects, published or not (with the
-    reasons), in group-number order."""
-    by_group: dict[int, list[PciDevice]] = defaultdict(list)
-    for addr in sorted(inventory.devices):
-        dev = inventory.devices[addr]
-        if not dev.is_bridge and dev.iommu_group is not None:
-            by_group[dev.iommu_group].append(dev)
+    reasons), in group-number order. Linear in the devices: one selector match each."""
+    by_group: dict[int, list[tuple[PciDevice, Selector | None]]] = {}
+    for dev, sel in choose(inventory, config) if chosen is None else chosen:
+        g = dev.iommu_group
+        if g is not None:
+            members = by_group.get(g)
+            if members is None:
+                by_group[g] = [(dev, sel)]
+            else:
+                members.append((dev, sel))
+    names = ResourceNames(config)
+    index = {id(s): i for i, s in enumerate(config.selectors)}
     units: list[DraUnit] = []
     for group in sorted(by_group):
-        endpoints = by_group[group]
-        selected: dict[PciAddress, str] = {}
-        selectors: dict[PciAddress, int] = {}
+        members = by_group[group]
+        selected: list[tuple[PciDevice, str, int]] = []
         on_prepare = False
         effect = NO_SCHEDULE
-        for dev in endpoints:
-            sel = config.select_for(dev, DRA)
-            if sel is None:
+        for dev, sel in members:
+            if sel is None or not config.selector_serves(sel, DRA):
                 continue
-            selected[dev.address] = config.name_for(sel, dev)
-            selectors[dev.address] = config.selectors.index(sel)
+            selected.append((dev, names(sel, dev), index[id(sel)]))
             on_prepare = on_prepare or sel.bind_on_prepare
             if sel.taint_effect == NO_EXECUTE:
                 effect = NO_EXECUTE
         if not selected:
             continue
-        primary = endpoints[0].address
-        first_selected = min(selected)
-        reasons = _dra_reasons(group, inventory, endpoints, selected, selectors, on_prepare, config)
+        primary = members[0][0].address
+        reasons = _dra_reasons(group, inventory, members, selected, on_prepare, config)
         units.append(
             DraUnit(
                 name=dra_device_name(primary),
                 group=group,
                 primary=primary,
-                endpoints=tuple(d.address for d in endpoints),
-                resource_name=selected[first_selected],
+                endpoints=tuple(d.address for d, _ in members),
+                resource_name=selected[0][1],
                 on_prepare=on_prepare,
                 reasons=tuple(reasons),
                 taint_effect=effect,
@@ -224,16 +266,24 @@ def device_serving(
     config: Config,
     dp_membership: dict[PciAddress, str],
     units: list[DraUnit],
+    chosen: Chosen | None = None,
 ) -> dict[PciAddress, DeviceServing]:
     """Join the device-plugin listing's membership (``Listing.membership``) and the DRA units
     into one answer per device."""
     by_endpoint = {a: u for u in units for a in u.endpoints}
-    splits = path_splits(inventory, config)
+    chosen = choose(inventory, config) if chosen is None else chosen
+    splits = path_splits(inventory, config, chosen)
+    selectors = {id(dev): sel for dev, sel in chosen}
     out: dict[PciAddress, DeviceServing] = {}
+    nobody = DeviceServing(None, None, None, None)
     for addr, dev in inventory.devices.items():
-        path = None if dev.is_bridge else config.path_of(dev)
+        sel = selectors.get(id(dev))
+        path = None if sel is None else sel.path
         resource = dp_membership.get(addr)
         unit = by_endpoint.get(addr)
+        if path is None and resource is None and unit is None:
+            out[addr] = nobody  # a bridge, or a device no selector takes
+            continue
         dra_name = unit.name if unit is not None and unit.published else None
         dra_resource = unit.resource_name if unit is not None and unit.published else None
         why: str | None = None

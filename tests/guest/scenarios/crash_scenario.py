@@ -264,7 +264,7 @@ def restore_all() -> None:
 
 # -- the commands under test ------------------------------------------------------------------
 def daemon_args(addr: str) -> list[str]:
-    os.makedirs("/run/crash", exist_ok=True)
+    os.makedirs("/run/crash/kd", exist_ok=True)  # the kubelet's dir exists, as on a node
     cfg = "/run/crash/config.yaml"
     with open(cfg, "w") as f:
         f.write(f'selectors:\n  - addresses: ["{addr}"]\n    resourceName: crash\n    bind: true\n')

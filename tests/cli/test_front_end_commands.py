@@ -1,0 +1,82 @@
+"""The two front-end commands (``vfioctl plugin``, ``vfioctl dra-plugin``) share the node
+core's flags and the instance/directory flags (cli.common.front_end_options), and every
+default is the library's own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+import pytest
+
+from cli.deviceplugin_cmd import plugin
+from cli.dra_cmd import dra_plugin
+from vfio_dp.core.options import CoreFlags
+from vfio_dp.deviceplugin.options import Options
+from vfio_dp.dra.options import DraOptions
+
+CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host", "--node-name"]
+SHARED_FLAGS = [*CORE_FLAGS, "--create-dirs", "--wait-for-other", "--log-level"]
+
+
+def _params(cmd: click.Command) -> dict[str, click.Parameter]:
+    return {p.opts[0]: p for p in cmd.params if isinstance(p, click.Option)}
+
+
+def test_both_commands_take_the_core_flags_the_same_way() -> None:
+    dp, dra = _params(plugin), _params(dra_plugin)
+    for flag in SHARED_FLAGS:
+        a, b = dp[flag], dra[flag]
+        assert (a.name, type(a.type), a.envvar, a.default) == (
+            b.name,
+            type(b.type),
+            b.envvar,
+            b.default,
+        ) or flag == "--metrics-port", flag
+    # one flag per core setting (uevents are off only in tests)
+    assert {f.name for f in dataclasses.fields(CoreFlags)} - {"uevents"} == {
+        dp[f].name for f in CORE_FLAGS
+    }
+
+
+@pytest.mark.parametrize(
+    ("cmd", "options", "flags"),
+    [
+        (
+            plugin,
+            Options,
+            {
+                "--kubelet-dir": "kubelet_dir",
+                "--cdi-dir": "cdi_dir",
+                "--config": "config_path",
+                "--root": "root",
+                "--resync": "resync",
+                "--metrics-port": "metrics_port",
+                "--metrics-host": "metrics_host",
+            },
+        ),
+        (
+            dra_plugin,
+            DraOptions,
+            {
+                "--driver-name": "driver_name",
+                "--kubelet-registry-dir": "registry_dir",
+                "--kubelet-plugins-dir": "plugins_dir",
+                "--cdi-dir": "cdi_dir",
+                "--config": "config_path",
+                "--root": "root",
+                "--resync": "resync",
+                "--metrics-port": "metrics_port",
+                "--metrics-host": "metrics_host",
+            },
+        ),
+    ],
+)
+def test_every_default_is_the_options_own(
+    cmd: click.Command, options: type, flags: dict[str, str]
+) -> None:
+    params = _params(cmd)
+    defaults = {f.name: f.default for f in dataclasses.fields(options)}
+    for flag, field in flags.items():
+        assert params[flag].default == defaults[field], flag
+    assert (Options().metrics_port, DraOptions(node_name="n").metrics_port) == (9109, 9110)

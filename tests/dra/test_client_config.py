@@ -1,0 +1,61 @@
+"""The DRA plugin's client config in kubectl's order, and an unreachable API server said once
+per attempt (issue 21 item 7)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.dra.topologies import dra_host
+from vfio_dp.dra.publisher import client_config_source
+
+
+def test_kubectls_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert client_config_source("/x/kc", {"KUBECONFIG": "/y"}, str(home)) == ("flag", "/x/kc")
+    assert client_config_source(None, {"KUBECONFIG": "/y:/z"}, str(home)) == ("env", "/y:/z")
+    assert client_config_source(None, {}, str(home)) == ("in-cluster", None)
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube/config").write_text("{}")
+    assert client_config_source(None, {}, str(home)) == ("home", str(home / ".kube/config"))
+    assert client_config_source(None, {"KUBECONFIG": ""}, str(home))[0] == "home"
+
+
+def test_an_unreachable_api_server_is_one_line_per_attempt(tmp_path: Path) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    tree = dra_host(tmp_path / "root")
+    kdir = tmp_path / "k"
+    for d in ("plugins_registry", "plugins"):
+        (kdir / d).mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
+         "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
+         "--kubelet-registry-dir", str(kdir / "plugins_registry"),
+         "--kubelet-plugins-dir", str(kdir / "plugins"), "--metrics-port", "0",
+         "--cdi-dir", str(tmp_path / "cdi")],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    time.sleep(6)  # the scenario: the API server stays down for a while
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert "Retrying (Retry" not in err, err[-2000:]
+    attempts = [ln for ln in err.splitlines() if "ResourceSlices not published:" in ln]
+    assert attempts, err[-2000:]
+    assert all("next try in" in ln for ln in attempts)
+    assert len(attempts) <= 8, attempts  # backed off: 0.2, 0.4, 0.8 ... not a tight loop

@@ -1,0 +1,99 @@
+"""What every kubelet front-end shares around the node core: its options, start/stop, signals.
+
+A front-end (the device plugin in :mod:`vfio_dp.deviceplugin`, the DRA plugin in
+:mod:`vfio_dp.dra`, a third one tomorrow) is a :class:`FrontEnd` over one
+:class:`~vfio_dp.core.node.NodeCore`:
+
+- its options derive from :class:`~vfio_dp.core.options.FrontEndOptions` (the core's flags,
+  mapped once to the core's options);
+- it implements ``start`` and :meth:`FrontEnd.withdraw` (what it takes down at stop); the
+  rest is here: :meth:`FrontEnd.request_stop` / :meth:`FrontEnd.wait_stopped`, an idempotent
+  :meth:`FrontEnd.stop` (stop scanning, cancel the front-end's loops, withdraw, close the
+  core), loops that run a check at an interval and log its failures;
+- :func:`serve` runs it as the process does: SIGTERM/SIGINT stop it cleanly (exit 0),
+  SIGUSR1 rescans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from vfio_dp.core.node import NodeCore
+
+
+class FrontEnd:
+    """Start/stop of a front-end over ``core``; a subclass adds ``start`` and :meth:`withdraw`."""
+
+    def __init__(self, core: NodeCore, log: logging.Logger) -> None:
+        self.core = core
+        self.host = core.host
+        self.metrics = core.metrics
+        self.log = log
+        self._stop_requested = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def withdraw(self) -> None:
+        """Take down what this front-end serves (sockets, streams); the core is closed after."""
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop_requested.wait()
+
+    def kick(self, reason: str) -> None:
+        """Rescan soon (a uevent, SIGUSR1)."""
+        self.core.kick(reason)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` until :meth:`stop` cancels it."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    def repeat(self, interval: float, check: Callable[[], Awaitable[object]], name: str) -> None:
+        """Every ``interval`` seconds await ``check()``; a failure is logged, never fatal."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await check()
+                except Exception:
+                    self.log.exception("%s", name)
+
+        self.spawn(loop(), name)
+
+    async def stop(self) -> None:
+        """Stop scanning, cancel the loops, :meth:`withdraw`, close the core. Unbinds nothing;
+        a second call does nothing."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.core.begin_stop()
+        for t in self._tasks:
+            t.cancel()
+        await self.withdraw()
+        await self.core.close()
+        self.log.info("stopped")
+
+
+async def serve(front: FrontEnd) -> int:
+    """Run ``front`` until SIGTERM/SIGINT; 0 on a clean stop. SIGUSR1 rescans."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, front.request_stop)
+    loop.add_signal_handler(signal.SIGUSR1, front.kick, "SIGUSR1")
+    try:
+        await front.start()
+        await front.wait_stopped()
+    finally:
+        await front.stop()
+    return 0
