@@ -236,8 +236,9 @@ def test_a_read_only_state_dir_names_the_checkpoint(
         err = run(preparer.prepare([a]))["uid-a"].error
     finally:
         subprocess.run(["umount", str(state)], check=True)
-    assert err.startswith("claim default/vm-a (uid uid-a): writing the DRA checkpoint "), err
-    assert preparer.checkpoint.path in err and "read-only" in err, err
+    assert err.startswith("claim default/vm-a (uid uid-a): "), err
+    assert preparer.checkpoint.path in err and "read-only" in err.lower(), err
+    assert "mount it read-write" in err, err
     assert tree.driver_of("0000:03:01.0") == "e1000"  # refused before the bind
 
 
