@@ -8,5 +8,6 @@ __all__ = [
     "dra_cmd",
     "host_cmds",
     "main",
+    "sriov_cmd",
     "vm_cmds",
 ]

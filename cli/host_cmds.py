@@ -21,7 +21,9 @@ from cli.common import (
 )
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from vfio_dp.errors import RefusedError
     from vfio_dp.host import BindResult, Host
+    from vfio_dp.host.sriov import SriovResult
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
     from vfio_dp.model.device import Inventory, PciDevice
@@ -247,10 +249,22 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
     run_guarded(body)
 
 
-def _report(result: BindResult, output: str, verb: str) -> None:
+def _report(
+    result: BindResult, output: str, verb: str, sriov: list[SriovResult] | None = None
+) -> None:
     if output == "json":
         print_json(
             {
+                **(
+                    {}
+                    if sriov is None
+                    else {
+                        "sriov": [
+                            {"address": str(r.pf), "count": r.target, "steps": r.steps}
+                            for r in sriov
+                        ]
+                    }
+                ),
                 "dry_run": result.dry_run,
                 "bound": [str(a) for a in result.bound],
                 "restored": [{"address": str(a), "driver": d} for a, d in result.restored],
@@ -262,6 +276,12 @@ def _report(result: BindResult, output: str, verb: str) -> None:
         return
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    for r in sriov or ():
+        if result.dry_run:
+            for step in r.steps:
+                click.echo(step)
+        elif not r.already:
+            click.echo(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
     if result.dry_run:
         for s in result.steps:
             click.echo(str(s))
@@ -298,6 +318,23 @@ def bind_cmd(
     run_guarded(body)
 
 
+def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
+    """Every SR-IOV PF vfio_dp changed back to the VF count it had (before the binds are
+    given back: the VFs' own bind records go with them); a PF with a held VF is refused."""
+    from vfio_dp.dra.holds import checkpoint_holds
+    from vfio_dp.errors import RefusedError
+    from vfio_dp.host.sriov import Sriov
+
+    sr = Sriov(host)
+    try:
+        results, recovered = sr.restore_all(extra=checkpoint_holds(host.fs), dry_run=dry_run)
+    except RefusedError as e:
+        return [], e
+    for r in recovered:
+        click.echo(f"warning: {r}", err=True)
+    return results, None
+
+
 @click.command("unbind")
 @click.argument("addresses", nargs=-1)
 @root_option
@@ -329,14 +366,20 @@ def unbind_cmd(
             if driver is not None:
                 fail("--all gives each device back to its own recorded driver; drop --driver", 2)
             host = _host(root)
+            sriov, refused = _restore_vf_counts(host, dry_run)
             result = host.unbind_all(force=force, dry_run=dry_run)
-            if output != "json" and not (result.restored or result.already or result.steps):
+            if refused is not None:  # the rest was restored; say what was not, and fail
+                _report(result, output, "off vfio-pci", sriov)
+                raise refused
+            if output != "json" and not (
+                result.restored or result.already or result.steps or sriov
+            ):
                 click.echo(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
                 )
                 return 0
-            _report(result, output, "off vfio-pci")
+            _report(result, output, "off vfio-pci", sriov)
             return 0
         addrs = _parse(addresses)
         host = _host(root)

@@ -107,7 +107,7 @@ class NodeCore:
         #: extra health checks of the front-ends: each returns None or why it is unhealthy
         self.health_checks: list[Callable[[], str | None]] = []
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
-        self.vf_holds: list[Callable[[], Mapping[PciAddress, Sequence[str]]]] = []
+        self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
         self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
@@ -229,7 +229,7 @@ class NodeCore:
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""
-        holds: dict[PciAddress, list[str]] = {}
+        holds: dict[PciAddress | str, list[str]] = {}
         for hold in self.vf_holds:
             try:
                 for a, who in hold().items():

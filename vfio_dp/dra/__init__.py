@@ -18,6 +18,7 @@ __all__ = [
     "cdi",
     "checkpoint",
     "driver",
+    "holds",
     "kubelet",
     "metadata",
     "prepare",

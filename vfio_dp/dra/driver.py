@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.dra.holds import checkpoint_holds
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
@@ -101,6 +102,8 @@ class DraPlugin:
         )
         self.core = NodeCore(options.core(), host)
         self.core.subscribe(self)
+        # a VF a prepared claim holds is never destroyed by an SR-IOV count change
+        self.core.vf_holds.append(lambda: checkpoint_holds(self.core.host.fs, options.driver_name))
         self.metrics = self.core.metrics
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
