@@ -29,6 +29,14 @@ from cli.common import option, root_option, run_guarded
     help="The kubelet's device-plugin dir as this process sees it (never joined with --root).",
 )
 @option(
+    "--pod-resources-socket",
+    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The kubelet's PodResources API socket as this process sees it: which devices "
+    "running pods hold (an SR-IOV VF count change never destroys one).",
+)
+@option(
     "--cdi-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -67,6 +75,7 @@ def plugin(
     config_path: str | None,
     root: str,
     kubelet_dir: str,
+    pod_resources_socket: str,
     cdi_dir: str | None,
     resync: float,
     metrics_port: int,
@@ -92,6 +101,7 @@ def plugin(
             Options(
                 root=root,
                 kubelet_dir=kubelet_dir,
+                pod_resources_socket=pod_resources_socket,
                 cdi_dir=cdi_dir,
                 config_path=config_path,
                 resync=resync,

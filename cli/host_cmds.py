@@ -366,8 +366,15 @@ def unbind_cmd(
             if driver is not None:
                 fail("--all gives each device back to its own recorded driver; drop --driver", 2)
             host = _host(root)
+            from vfio_dp.errors import VfioError
+
             sriov, refused = _restore_vf_counts(host, dry_run)
-            result = host.unbind_all(force=force, dry_run=dry_run)
+            try:
+                result = host.unbind_all(force=force, dry_run=dry_run)
+            except VfioError as e:
+                if refused is None:
+                    raise
+                raise type(refused)([*refused.reasons, str(e)]) from e
             if refused is not None:  # the rest was restored; say what was not, and fail
                 _report(result, output, "off vfio-pci", sriov)
                 raise refused

@@ -229,17 +229,10 @@ class NodeCore:
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""
-        holds: dict[PciAddress | str, list[str]] = {}
-        for hold in self.vf_holds:
-            try:
-                for a, who in hold().items():
-                    holds.setdefault(a, []).extend(who)
-            except Exception:
-                log.exception("a front-end could not say which VFs it holds")
         wanted = {pf: n for pf, (n, _) in self.config.wanted_vfs().items()}
         made: list[PciAddress] = []
         try:
-            said, made = await self.run(self.sriov.reconcile, wanted, holds)
+            said, made = await self.run(self._reconcile_sriov_sync, wanted)
         except HostError as e:
             said = [f"SR-IOV: {e}"]
         for msg in said:
@@ -247,6 +240,21 @@ class NodeCore:
                 (log.warning if "not set" in msg else log.info)("%s", msg)
         self._sriov_said = set(said)
         return made
+
+    def _reconcile_sriov_sync(
+        self, wanted: dict[PciAddress, int]
+    ) -> tuple[list[str], list[PciAddress]]:
+        """On the host-I/O executor: ask the front-ends who holds which VF (a gRPC call to
+        the kubelet, a checkpoint read), then :meth:`Sriov.reconcile`."""
+        holds: dict[PciAddress | str, list[str]] = {}
+        for hold in self.vf_holds:
+            try:
+                for a, who in hold().items():
+                    holds.setdefault(a, []).extend(who)
+            except Exception as e:  # unknown holds: hold everything (refuse, retry later)
+                log.exception("a front-end could not say which VFs it holds")
+                holds.setdefault("*", []).append(f"a front-end could not say ({e})")
+        return self.sriov.reconcile(wanted, holds)
 
     async def _rescan_after_bind(self, inv: Inventory) -> Inventory:
         if self.options.usage:

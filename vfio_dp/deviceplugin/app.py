@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
-from vfio_dp.deviceplugin import servicer
+from vfio_dp.deviceplugin import podresources, servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
     allocate,
@@ -56,10 +56,11 @@ from vfio_dp.deviceplugin.allocation import (
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
 from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
-from vfio_dp.errors import PluginError, SocketPathError
+from vfio_dp.errors import AddressError, PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
+from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
@@ -78,6 +79,8 @@ class Options:
     metrics_host: str = ""  # all interfaces
     uevents: bool = True
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
+    #: the kubelet's PodResources API: which VFs running pods hold (SR-IOV count changes)
+    pod_resources_socket: str = podresources.DEFAULT_SOCKET
 
     def core(self) -> CoreOptions:
         return CoreOptions(
@@ -150,6 +153,7 @@ class Daemon:
         self.options = options
         self.core = core or NodeCore(options.core(), host)
         self.core.subscribe(self)
+        self.core.vf_holds.append(self._pod_holds)  # SR-IOV: never destroy a pod's VF
         self.host = self.core.host
         self.metrics = self.core.metrics
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
@@ -167,6 +171,29 @@ class Daemon:
         return self.core.config
 
     # -- lifecycle ---------------------------------------------------------------------
+    def _pod_holds(self) -> dict[PciAddress | str, list[str]]:
+        """Which PCI functions running pods were allocated (any plugin naming devices by
+        PCI address), from the kubelet's PodResources API; a device held stands for its
+        whole IOMMU group. No socket: nothing (no kubelet yet). No answer: ``"*"`` holds
+        everything (the SR-IOV pass then refuses, and retries)."""
+        try:
+            found = podresources.allocated(self.options.pod_resources_socket)
+        except FileNotFoundError:
+            return {}
+        except PluginError as e:
+            return {"*": [str(e)]}
+        inv = self.core.inventory
+        out: dict[PciAddress | str, list[str]] = {}
+        for dev_id, who in found.items():
+            try:
+                addr = PciAddress.parse(dev_id)
+            except AddressError:
+                continue  # another plugin's device, not a PCI function
+            group = inv.group_of(addr) if inv is not None else None
+            for a in group.devices if group is not None else (addr,):
+                out.setdefault(a, []).extend(who)
+        return out
+
     async def start(self) -> None:
         """Load the config (raises :class:`ConfigError`), scan, serve and start registering.
 

@@ -19,6 +19,9 @@ in the API's JSON form (``resource.k8s.io/v1``)::
                   "numaNode": {"int": 0}, "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
                   "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"}}}]}}
 
+An SR-IOV VF also carries its PF's address, ``"pfPciBusID": {"string": "0000:af:00.0"}``
+(with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs).
+
 Driver attributes are bare identifiers, i.e. in the driver's own domain (CEL:
 ``device.attributes["<driver>"].vendorID``), as upstream's example driver publishes them. Invariants (tested against the API-server
 stand-in's copy of upstream validation): names are DNS labels/subdomains, at most 32
@@ -80,6 +83,8 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         attrs[f"{STANDARD}/pcieRoot"] = value
     if dev.numa_node is not None and dev.numa_node >= 0:
         attrs["numaNode"] = {"int": dev.numa_node}
+    if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
+        attrs["pfPciBusID"] = {"string": str(dev.physfn)}
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
