@@ -5,7 +5,7 @@ PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench image wheel
 
 setup:
 	bash scripts/setup.sh
@@ -29,3 +29,12 @@ bench:
 	$(PYTHON) bench/webhook_bench.py
 	$(PYTHON) bench/compare_tools.py
 	$(PYTHON) bench/dra_bench.py
+
+# The container image as one OCI archive in dist/ (load it on nodes without a registry:
+# docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.
+image:
+	bash scripts/build-image.sh $(IMAGE_ARGS)
+
+# The CLI as a wheel in dist/, for `pipx install dist/vfio_dp-*.whl` on a node.
+wheel: setup
+	$(PYTHON) -m pip wheel --no-deps -w dist .

@@ -3,6 +3,7 @@
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
+    "certs_cmd",
     "common",
     "deviceplugin_cmd",
     "dra_cmd",

@@ -7,6 +7,7 @@ for people or ``-o json`` for machines. Exit codes: 0 ok, 1 failure, 2 usage err
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -25,10 +26,36 @@ def envvar_for(flag: str) -> str:
     return "VFIOCTL_" + flag.lstrip("-").upper().replace("-", "_")
 
 
+#: Flags that take devices from the host or act on every device: given on the command line
+#: only. Their variables are refused (exit 2), never silently read (``VFIOCTL_DRY_RUN``, the
+#: safe direction, still works).
+COMMAND_LINE_ONLY = ("--force", "--all")
+
+
+def _refuse_from_env(flag: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    var = envvar_for(flag)
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if os.environ.get(var) is not None:
+            raise click.UsageError(
+                f"{var} is set, but {flag} is never read from the environment (it is "
+                f"destructive): unset {var} and pass {flag} on the command line if you mean it",
+                ctx,
+            )
+        return value
+
+    return check
+
+
 def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
-    """``click.option`` with the ``VFIOCTL_*`` env var of its long flag."""
-    long_flag = next(d for d in decls if d.startswith("--"))
-    kwargs.setdefault("envvar", envvar_for(long_flag.split("/")[0]))
+    """``click.option`` with the ``VFIOCTL_*`` env var of its long flag (none for the
+    :data:`COMMAND_LINE_ONLY` flags, whose variable is refused)."""
+    long_flag = next(d for d in decls if d.startswith("--")).split("/")[0]
+    if long_flag in COMMAND_LINE_ONLY:
+        kwargs["envvar"] = None
+        kwargs["callback"] = _refuse_from_env(long_flag)
+        return click.option(*decls, **kwargs)
+    kwargs.setdefault("envvar", envvar_for(long_flag))
     kwargs.setdefault("show_envvar", True)
     return click.option(*decls, **kwargs)
 

@@ -34,7 +34,7 @@ DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (n
     "--kubeconfig",
     type=click.Path(dir_okay=False),
     default=None,
-    help="kubeconfig for the API server; absent: the pod's in-cluster service account.",
+    help="kubeconfig for the API server; absent: $KUBECONFIG, then ~/.kube/config, then the pod's service account (kubectl's order).",
 )
 @option(
     "--kubelet-registry-dir",
@@ -141,11 +141,8 @@ def dra_plugin(
         )
         try:
             client = api_client(kubeconfig)
-        except Exception as e:  # the kubernetes config loaders raise their own types
-            raise UsageError(
-                f"cannot load the Kubernetes client config "
-                f"({kubeconfig or 'in-cluster service account'}): {e}"
-            ) from e
+        except ValueError as e:  # names the source tried, in kubectl's order
+            raise UsageError(str(e)) from e
         return run(options, client)
 
     run_guarded(body)

@@ -278,11 +278,14 @@ def _report(
         click.echo(f"warning: {w}", err=True)
     for r in sriov or ():
         if result.dry_run:
+            click.echo(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
             for step in r.steps:
                 click.echo(step)
         elif not r.already:
             click.echo(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
-    if result.dry_run:
+    if result.dry_run:  # a script a person can paste: comments say where each device goes
+        for a, d in result.restored:
+            click.echo(f"# {a}: back to {d or 'no driver'}")
         for s in result.steps:
             click.echo(str(s))
         return
@@ -365,16 +368,27 @@ def unbind_cmd(
                 fail("give either --all or addresses, not both", 2)
             if driver is not None:
                 fail("--all gives each device back to its own recorded driver; drop --driver", 2)
+            if force:
+                fail(
+                    "--all never takes a group a process holds open (a VM's QEMU): stop the VM "
+                    "first, or give that one device back by address with --force",
+                    2,
+                )
+            from vfio_dp.host.instance import none_running
+            from vfio_dp.host.root import Root
+
             host = _host(root)
             from vfio_dp.errors import VfioError
 
-            sriov, refused = _restore_vf_counts(host, dry_run)
-            try:
-                result = host.unbind_all(force=force, dry_run=dry_run)
-            except VfioError as e:
-                if refused is None:
-                    raise
-                raise type(refused)([*refused.reasons, str(e)]) from e
+            with none_running(Root(root), "unbind --all refused"):
+                # VF counts first: destroying made VFs drops their bind records too
+                sriov, refused = _restore_vf_counts(host, dry_run)
+                try:
+                    result = host.unbind_all(dry_run=dry_run)
+                except VfioError as e:
+                    if refused is None:
+                        raise
+                    raise type(refused)([*refused.reasons, str(e)]) from e
             if refused is not None:  # the rest was restored; say what was not, and fail
                 _report(result, output, "off vfio-pci", sriov)
                 raise refused

@@ -23,6 +23,7 @@ LAZY_COMMANDS = {
     "plugin": "cli.deviceplugin_cmd:plugin",
     "dra-plugin": "cli.dra_cmd:dra_plugin",
     "webhook": "cli.vm_cmds:webhook",
+    "webhook-certs": "cli.certs_cmd:webhook_certs",
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",
 }

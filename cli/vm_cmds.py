@@ -244,15 +244,30 @@ def webhook(
     default=None,
     help="With --dra: the DRA driver (and DeviceClass) name. [default: vfio.dra.vfio-dp.io]",
 )
+@option(
+    "--pci-class",
+    "pci_classes",
+    multiple=True,
+    metavar="VENDOR:DEVICE=CLASS",
+    help="With --dra: the PCI class of a device (6 hex digits, as `vfioctl list` shows it), "
+    "when the config's selectors choose the path by class. Repeatable.",
+)
 def translate(
-    file: str, config_path: str | None, patch: bool, dra: bool, driver_name: str | None
+    file: str,
+    config_path: str | None,
+    patch: bool,
+    dra: bool,
+    driver_name: str | None,
+    pci_classes: tuple[str, ...],
 ) -> None:
     """Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - for stdin).
 
     Prints the mutated object(s) as YAML, or with --patch one JSON patch per document. With
-    --dra a VMI/VM naming devices by vendor:device or resource name is printed in its DRA form
-    (ResourceClaimTemplate first), ready for `kubectl apply -f -`. Wrong entries are listed on
-    stderr and the exit code is 1.
+    --dra a VMI/VM is printed in its DRA form (ResourceClaimTemplate first), ready for
+    `kubectl apply -f -`: exactly the entries whose devices the --config sends to DRA
+    (`path: dra`) become claim requests, the others stay deviceName entries; stderr says for
+    each entry which path serves it and why. Wrong entries are listed on stderr and the exit
+    code is 1.
     """
 
     def body() -> int:
@@ -262,7 +277,7 @@ def translate(
 
         from vfio_dp.model import naming
         from vm_translate.errors import SpecError, TranslateUsageError
-        from vm_translate.inputs import load_config, load_objects, read_text
+        from vm_translate.inputs import load_config, load_objects, parse_pci_classes, read_text
         from vm_translate.to_dra import to_dra
         from vm_translate.translate import translate as translate_object
 
@@ -270,6 +285,9 @@ def translate(
             raise TranslateUsageError("--patch and --dra do not go together; give one")
         if driver_name is not None and not dra:
             raise TranslateUsageError("--driver-name goes with --dra")
+        if pci_classes and not dra:
+            raise TranslateUsageError("--pci-class goes with --dra")
+        classes = parse_pci_classes(pci_classes)
         config = load_config(config_path)
         objects = load_objects(read_text(file), file)
         failed = False
@@ -277,7 +295,9 @@ def translate(
         for obj in objects:
             try:
                 if dra:
-                    moved = to_dra(obj, config, driver_name or naming.DEFAULT_DRA_DRIVER)
+                    moved = to_dra(obj, config, driver_name or naming.DEFAULT_DRA_DRIVER, classes)
+                    for verdict in moved.verdicts:
+                        click.echo(f"{moved.subject}: {verdict.describe()}", err=True)
                     out.extend(yaml.safe_dump(dict(o), sort_keys=False) for o in moved.objects)
                     continue
                 t = translate_object(obj, config)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate the committed kubelet API code (device plugin, plugin registration, DRA) from ``proto/``.
+"""Regenerate the committed kubelet API code (device plugin, plugin registration, DRA, DRA health) from ``proto/``.
 
     python3 scripts/gen_proto.py            # writes vfio_dp/deviceplugin/_pb/... and vfio_dp/dra/_pb/...
     python3 scripts/gen_proto.py --out DIR  # writes DIR/vfio_dp/deviceplugin/_pb/... (drift test)
@@ -26,6 +26,8 @@ PROTOS = [
     "vfio_dp/dra/_pb/pluginregistration/v1/api.proto",
     "vfio_dp/dra/_pb/dra/v1/api.proto",
     "vfio_dp/dra/_pb/dra/v1beta1/api.proto",
+    "vfio_dp/dra/_pb/dra_health/v1/api.proto",
+    "vfio_dp/dra/_pb/dra_health/v1alpha1/api.proto",
 ]
 GENERATOR = "grpcio-tools"
 GENERATOR_VERSION = "1.76.0"

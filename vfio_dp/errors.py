@@ -102,6 +102,14 @@ class SocketPathError(VfioError):
         )
 
 
+class PortError(UsageError):
+    """A port we were told to listen on cannot be had (busy, or not ours to bind)."""
+
+
+class InstanceRunningError(VfioError):
+    """Another process of ours runs on this node (it holds its lock under run/vfio_dp)."""
+
+
 class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 

@@ -35,4 +35,5 @@ __all__ = [
     "to_dra",
     "translate",
     "webhook",
+    "webhook_certs",
 ]

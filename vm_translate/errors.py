@@ -28,6 +28,10 @@ class TranslateUsageError(TranslateError):
     exit_code = 2
 
 
+class PortError(TranslateUsageError):
+    """The webhook's --host/--port cannot be listened on (busy, or not ours to bind)."""
+
+
 class InputError(TranslateUsageError):
     """An input file or option value cannot be read or decoded."""
 

@@ -52,6 +52,24 @@ def load_config(path: str | None) -> Config:
     return files.load_config(path)
 
 
+def parse_pci_classes(values: Sequence[str]) -> dict[tuple[str, str], str]:
+    """``--pci-class 8086:10d3=020000`` values → {(vendor, device): class}, lowercase."""
+    import re
+
+    form = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})=(?:0x)?([0-9a-fA-F]{6})")
+    out: dict[tuple[str, str], str] = {}
+    for value in values:
+        m = form.fullmatch(value)
+        if not m:
+            raise InputError(
+                "--pci-class",
+                f"{value!r} is not VENDOR:DEVICE=CLASS with 4, 4 and 6 hex digits, "
+                "e.g. 8086:10d3=020000 (the class `vfioctl list` or `lspci -n` shows)",
+            )
+        out[(m.group(1).lower(), m.group(2).lower())] = m.group(3).lower()
+    return out
+
+
 def load_objects(text: str, source: str) -> list[dict[str, Any]]:
     """Every document of a YAML (or JSON) stream; each must be a mapping (a Kubernetes object)."""
     import yaml

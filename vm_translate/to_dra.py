@@ -1,13 +1,18 @@
 """A VMI/VM that names devices by ``vendor:device`` or resource name → its DRA form (pure).
 
-``vfioctl translate --dra`` uses this to move a VM from the device-plugin path to DRA
-(KubeVirt ≥ 1.8.3 with ``HostDevicesWithDRA`` / ``GPUsWithDRA``). Every ``deviceName`` entry
-becomes a claim entry of ONE ResourceClaimTemplate per VM, one request per entry (one device
-each: KubeVirt takes exactly one device per request)::
+``vfioctl translate --dra`` uses this to move a VM to claim-based host devices (KubeVirt ≥
+1.8.3 with ``HostDevicesWithDRA`` / ``GPUsWithDRA``). It converts exactly the ``deviceName``
+entries whose devices the configuration sends to DRA (:mod:`vfio_dp.model.routes`: the
+selectors that may take them all say ``path: dra``), leaves the others as they are, and says
+for every entry which path serves it and why (:class:`EntryVerdict`). The converted entries
+become the requests of ONE ResourceClaimTemplate per VM, one device each (KubeVirt takes
+exactly one device per request)::
 
-    spec.domain.devices.hostDevices: [{name: nic1, deviceName: 8086:10d3}]
+    spec.domain.devices.hostDevices: [{name: gpu, deviceName: 10de:1eb8},
+                                      {name: nic, deviceName: 8086:10d3}]    # a device-plugin NIC
     →
-    spec.domain.devices.hostDevices: [{name: nic1, claimName: vfio, requestName: nic1}]
+    spec.domain.devices.hostDevices: [{name: gpu, claimName: vfio, requestName: gpu},
+                                      {name: nic, deviceName: 8086:10d3}]    # left as it is
     spec.resourceClaims: [{name: vfio, resourceClaimTemplateName: vm1-vfio}]
     ---
     apiVersion: resource.k8s.io/v1
@@ -17,19 +22,24 @@ each: KubeVirt takes exactly one device per request)::
       spec:
         devices:
           requests:
-          - name: nic1
+          - name: gpu
             exactly:
               deviceClassName: <driver>
               count: 1
               selectors:
-              - cel: {expression: 'device.attributes["<driver>"].vendorID == "8086" &&
-                                   device.attributes["<driver>"].deviceID == "10d3"'}
+              - cel: {expression: '"resourceName" in device.attributes["<driver>"] &&
+                  device.attributes["<driver>"].resourceName == "devices.kubevirt.io/10de_1eb8"
+                  && device.attributes["<driver>"].vendorID == "10de" && …deviceID == "1eb8"'}
 
 The DeviceClass named after the driver (``deploy/``) selects the driver's devices; the CEL
-selector narrows to the IDs. A resource name is expressed through the configuration's
-selectors that produce it (their vendor/device/class/subsystem IDs); what a CEL selector on
-the published attributes cannot say (a selector by PCI address or by driver, a resource of
-another provider such as ``nvidia.com/...``) is refused with the reason.
+selector narrows to the resource: the DRA plugin publishes every device with the
+``resourceName`` attribute its selector gives it — the same name the device plugin would
+advertise — so the request matches exactly what the entry asked for, whatever the selector
+matched on (IDs, class, address, driver). A resource name longer than the 64 characters an
+attribute holds is refused with the reason (a vendor:device entry then selects on its IDs).
+An entry whose path depends on what a VM spec does not say (the device's class, driver or
+address) is left, with the routes it could take; ``classes`` (``--pci-class``) settles the
+class.
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.model import naming
-from vfio_dp.model.config import Config, Selector
+from vfio_dp.model.config import DEVICE_PLUGIN, DRA, Config
+from vfio_dp.model.routes import ANY, Route, routes_for_ids, routes_for_name
 from vm_translate.errors import Problem, SpecError, Unresolvable
 from vm_translate.spec import (
     claims_path,
@@ -56,18 +67,38 @@ from vm_translate.spec import (
 RESOURCE_API = "resource.k8s.io/v1"
 #: The VMI-level claim name used for the generated template (suffixed if already taken).
 CLAIM_NAME = "vfio"
+#: The longest string attribute value a ResourceSlice holds (a longer resourceName is not
+#: published, so no CEL can select on it).
+MAX_ATTRIBUTE_STRING = 64
 _PAIR = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})")
-_DEFAULT_SHORT = re.compile(r"([0-9a-f]{4})_([0-9a-f]{4})")
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
 @dataclass(frozen=True, slots=True)
+class EntryVerdict:
+    """What ``translate --dra`` did with one ``deviceName`` entry, and why."""
+
+    where: str  # spec.domain.devices.hostDevices[0]
+    name: str
+    device_name: str
+    path: str | None  # DRA, DEVICE_PLUGIN, or None (undecided, or no selector takes it)
+    converted: bool
+    why: str
+
+    def describe(self) -> str:
+        what = "converted to a claim request (DRA)" if self.converted else "left as deviceName"
+        return f"{self.where} ({self.device_name}): {what}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
 class DraTranslation:
-    """The VMI/VM in DRA form and the ResourceClaimTemplate it needs (None: nothing to move)."""
+    """The VMI/VM in DRA form and the ResourceClaimTemplate it needs (None: nothing to move),
+    with a verdict per ``deviceName`` entry."""
 
     subject: str
     obj: Mapping[str, Any]
     template: Mapping[str, Any] | None
+    verdicts: tuple[EntryVerdict, ...] = ()
 
     @property
     def objects(self) -> list[Mapping[str, Any]]:
@@ -75,9 +106,49 @@ class DraTranslation:
         return [self.template, self.obj] if self.template is not None else [self.obj]
 
 
-def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslation:
-    """The DRA form of a VMI or VM. Raises :class:`SpecError` listing every entry that cannot
-    be expressed (and every problem the admission check would find)."""
+def _routes(
+    device_name: str, resource: str, config: Config, classes: Mapping[tuple[str, str], str]
+) -> list[Route]:
+    m = _PAIR.fullmatch(device_name)
+    if m:
+        vendor, device = m.group(1).lower(), m.group(2).lower()
+        found = routes_for_ids(config, vendor, device, classes.get((vendor, device)))
+    else:
+        found = routes_for_name(config, resource, dict(classes))
+    return [r for r in found if r.resource == resource]
+
+
+def _verdict_path(routes: Sequence[Route], resource: str) -> tuple[str | None, str]:
+    """The path that serves every route (None: none or several), and why, in words."""
+    paths = {r.path for r in routes}
+    listed = "; ".join(r.describe() for r in routes)
+    if not routes:
+        return None, (
+            f"no selector of the configuration gives {resource} (another provider's "
+            "resource?): the vfio_dp DRA driver cannot serve it; both paths work side by side"
+        )
+    if paths == {ANY}:
+        return DRA, f"no selectors in the configuration: either process serves it ({listed})"
+    if paths == {DRA}:
+        return DRA, f"the DRA plugin serves it: {listed}"
+    if paths == {DEVICE_PLUGIN}:
+        return DEVICE_PLUGIN, f"the device plugin serves it: {listed}"
+    return None, (
+        f"the path depends on what the VM spec does not say: {listed}; tell the device's "
+        "class with --pci-class VENDOR:DEVICE=CLASS, or name the IDs in the selectors"
+    )
+
+
+def to_dra(
+    obj: Mapping[str, Any],
+    config: Config,
+    driver: str,
+    classes: Mapping[tuple[str, str], str] | None = None,
+) -> DraTranslation:
+    """The DRA form of a VMI or VM: the entries the configuration sends to DRA become claim
+    requests, the others stay. Raises :class:`SpecError` listing every entry that cannot be
+    expressed (and every problem the admission check would find). ``classes`` maps a
+    lowercase (vendor, device) to its 6-hex-digit PCI class, when the caller knows it."""
     subject = describe(obj)
     path = devices_path(obj)
     if path is None:
@@ -99,16 +170,25 @@ def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslatio
     raw, _ = vm_entries(dig(obj, path), prefix)
     requests: list[dict[str, Any]] = []
     moved: list[tuple[str, int, str]] = []  # (list key, index, request name)
+    verdicts: list[EntryVerdict] = []
     taken: set[str] = set()
     for e in raw:
-        if e.has_claim:
-            continue  # already a DRA entry: kept as it is
+        if e.has_claim or not isinstance(e.device_name, str):
+            continue  # already a DRA entry (kept as it is), or listed by the admission check
         where = e.where(prefix)
         try:
             resource = resolve_device_name(e.device_name, config)
         except Unresolvable:
             continue  # already listed by vm_object_entries
-        expression = _cel_for(e.device_name, resource, config, driver, where, problems)
+        routes = _routes(e.device_name, resource, config, classes or {})
+        served_by, reason = _verdict_path(routes, resource)
+        entry_name = e.name if isinstance(e.name, str) else "?"
+        if served_by != DRA:
+            verdicts.append(
+                EntryVerdict(where, entry_name, e.device_name, served_by, False, reason)
+            )
+            continue
+        expression = _cel_for(e.device_name, resource, driver, where, problems)
         if expression is None or not isinstance(e.name, str):
             continue
         request = _request_name(e.name, taken)
@@ -124,10 +204,11 @@ def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslatio
             }
         )
         moved.append((e.list_key, e.index, request))
+        verdicts.append(EntryVerdict(where, entry_name, e.device_name, DRA, True, reason))
     if problems:
         raise SpecError(subject, problems)
     if not moved:
-        return DraTranslation(subject, obj, None)
+        return DraTranslation(subject, obj, None, tuple(verdicts))
     out = copy.deepcopy(dict(obj))
     # a VM's template gets the claim too: each VMI it starts gets its own claim
     spec = out
@@ -161,7 +242,7 @@ def to_dra(obj: Mapping[str, Any], config: Config, driver: str) -> DraTranslatio
         "metadata": metadata,
         "spec": {"spec": {"devices": {"requests": requests}}},
     }
-    return DraTranslation(subject, out, template)
+    return DraTranslation(subject, out, template, tuple(verdicts))
 
 
 def _request_name(entry_name: str, taken: set[str]) -> str:
@@ -180,84 +261,29 @@ def _label(text: str, limit: int) -> str:
 
 
 def _cel_for(
-    device_name: object,
-    resource: str,
-    config: Config,
-    driver: str,
-    where: str,
-    problems: list[Problem],
+    device_name: str, resource: str, driver: str, where: str, problems: list[Problem]
 ) -> str | None:
-    """The CEL expression selecting what ``deviceName`` meant, or None (problem recorded)."""
+    """The CEL expression selecting what ``deviceName`` meant, or None (problem recorded):
+    the published ``resourceName`` (guarded: a device without it does not match), and for
+    a vendor:device entry its IDs too."""
     attr = f'device.attributes["{driver}"]'
-    if isinstance(device_name, str):
-        m = _PAIR.fullmatch(device_name)
-        if m:
-            return _ids_cel(attr, [m.group(1).lower()], [m.group(2).lower()])
-    selectors = [s for s in config.selectors if _names(s, config) == resource]
-    domain, _, short = resource.partition("/")
-    m = _DEFAULT_SHORT.fullmatch(short)
-    if not selectors and m and domain == config.resource_domain:
-        return _ids_cel(attr, [m.group(1)], [m.group(2)])
-    if not selectors:
+    parts: list[str] = []
+    if len(resource) <= MAX_ATTRIBUTE_STRING:
+        parts.append(f'"resourceName" in {attr} && {attr}.resourceName == "{resource}"')
+    m = _PAIR.fullmatch(device_name)
+    if m:
+        parts.append(f'{attr}.vendorID == "{m.group(1).lower()}"')
+        parts.append(f'{attr}.deviceID == "{m.group(2).lower()}"')
+    if not parts:
         problems.append(
             Problem(
                 f"{where}.deviceName",
                 device_name,
-                f"no selector of the vfio_dp configuration produces {resource} (another "
-                "provider's resource?), so the vfio_dp DRA driver cannot serve it; keep it as a "
-                "deviceName entry (both paths work side by side) or name it as vendor:device",
+                f"{resource} is longer than the {MAX_ATTRIBUTE_STRING} characters a "
+                "ResourceSlice attribute holds, so the DRA plugin does not publish it as "
+                "resourceName and no CEL selector can name it; give the selector a shorter "
+                "resourceName, or name the device as vendor:device",
             )
         )
         return None
-    alternatives: list[str] = []
-    for sel in selectors:
-        if sel.addresses or sel.drivers:
-            problems.append(
-                Problem(
-                    f"{where}.deviceName",
-                    device_name,
-                    f"{resource} is selected by PCI address or by driver in the configuration, "
-                    "which a CEL selector on the published attributes cannot express; write the "
-                    "ResourceClaimTemplate by hand (e.g. on the pciBusID attribute)",
-                )
-            )
-            return None
-        alternatives.append(_selector_cel(attr, sel))
-    if len(alternatives) == 1:
-        return alternatives[0]
-    return " || ".join(f"({a})" for a in alternatives)
-
-
-def _names(sel: Selector, config: Config) -> str | None:
-    if sel.resource_name:
-        return sel.resource_name
-    if len(sel.vendors) == 1 and len(sel.devices) == 1:
-        return naming.default_resource_name(sel.vendors[0], sel.devices[0], config.resource_domain)
-    return None
-
-
-def _any_of(attr: str, key: str, values: Sequence[str]) -> str:
-    if len(values) == 1:
-        return f'{attr}.{key} == "{values[0]}"'
-    listed = ", ".join(f'"{v}"' for v in values)
-    return f"{attr}.{key} in [{listed}]"
-
-
-def _ids_cel(attr: str, vendors: Sequence[str], devices: Sequence[str]) -> str:
-    return f"{_any_of(attr, 'vendorID', vendors)} && {_any_of(attr, 'deviceID', devices)}"
-
-
-def _selector_cel(attr: str, sel: Selector) -> str:
-    parts: list[str] = []
-    for key, values in (
-        ("vendorID", sel.vendors),
-        ("deviceID", sel.devices),
-        ("subsystemVendorID", sel.subsystem_vendors),
-        ("subsystemDeviceID", sel.subsystem_devices),
-    ):
-        if values:
-            parts.append(_any_of(attr, key, values))
-    if sel.classes:
-        ors = " || ".join(f'{attr}.classID.startsWith("{c}")' for c in sel.classes)
-        parts.append(f"({ors})" if len(sel.classes) > 1 else ors)
-    return " && ".join(parts) or "true"
+    return " && ".join(parts)

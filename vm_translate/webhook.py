@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -41,7 +42,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
-from vm_translate.errors import NodeCheckError, ReviewError
+from vm_translate.errors import NodeCheckError, PortError, ReviewError
 from vm_translate.listener import (
     CONNECTION_RSS,
     INCOMING_HIGH_WATER,
@@ -355,7 +356,15 @@ class Webhook:
             loop,
         )
         state.listener = listener
-        sock = _listening_socket(settings.host, settings.port)
+        try:
+            sock = _listening_socket(settings.host, settings.port)
+        except OSError as e:  # one line naming the flag, not a traceback
+            await runner.cleanup()
+            raise PortError(
+                f"--port {settings.port}: cannot listen on {settings.host or '0.0.0.0'}:"
+                f"{settings.port}: {os.strerror(e.errno) if e.errno else e}; another process may hold it "
+                f"(ss -ltnp 'sport = :{settings.port}'): pick another --port or stop it"
+            ) from e
         server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
         sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
         reloader = asyncio.create_task(_reload_loop(tls, state.configs, settings.reload_interval))

@@ -65,8 +65,9 @@ stage_toolkit() {
   podman save "$IMAGE" | k3s ctr images import -
 
   log "applying deploy/overlays/vagrant"
-  "$SRC/deploy/overlays/self-signed/gen-certs.sh"
   $KUBECTL apply -k "$SRC/deploy/overlays/vagrant"
+  # the in-cluster CA: the Job makes the webhook's Secret and sets the caBundle
+  $KUBECTL -n vfio-dp wait --for=condition=complete job/vfio-dp-webhook-certs --timeout=300s
   $KUBECTL -n vfio-dp rollout status daemonset/vfio-dp-daemon --timeout=300s
   $KUBECTL -n vfio-dp rollout status deployment/vfio-dp-webhook --timeout=300s
   # Wait until the kubelet sees the e1000e capacity the daemon advertises.

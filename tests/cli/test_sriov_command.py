@@ -96,7 +96,8 @@ def test_unbind_all_gives_vf_counts_back(tree: SysfsTree) -> None:
     p = run("unbind", "--all", "--dry-run", "--root", str(tree.root))
     assert p.returncode == 0, p.stderr
     base = f"{tree.root}/sys/bus/pci/devices/{MLX}"
-    assert p.stdout.splitlines()[:2] == [
+    assert p.stdout.splitlines()[:3] == [
+        f"# {MLX}: SR-IOV PF back to 0 VFs",
         f"echo 0 > {base}/sriov_numvfs",
         f"echo 1 > {base}/sriov_drivers_autoprobe",
     ]

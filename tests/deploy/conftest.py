@@ -1,7 +1,8 @@
 """Fixtures: the kustomize base and every overlay, rendered by the real ``kubectl kustomize``.
 
-The tree is copied to a temp dir first and the self-signed overlay's certificates are made
-there with its own ``gen-certs.sh`` (the checkout's ``certs/`` is never read or written).
+The tree is rendered from a copy of exactly the files git tracks under ``deploy/`` — what a
+fresh clone has: every overlay must render with nothing generated first (the self-signed
+overlay makes its certificates in the cluster, with a Job).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TARGETS = (
     "overlays/self-signed",
     "overlays/vagrant",
     "overlays/dra",
+    "overlays/cert-manager-dra",
 )
 #: The ones that make a complete install (TLS and CA bundle included).
 INSTALLABLE = (
@@ -31,6 +33,7 @@ INSTALLABLE = (
     "overlays/self-signed",
     "overlays/vagrant",
     "overlays/dra",
+    "overlays/cert-manager-dra",
 )
 
 Obj = dict[str, Any]
@@ -43,16 +46,26 @@ def kubectl() -> str:
     return path
 
 
+def fresh_copy(dest: Path) -> Path:
+    """Copy the git-tracked files under deploy/ (a fresh clone's) to ``dest``/deploy."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "deploy"],
+        capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    root = dest / "deploy"
+    for rel in filter(None, listed):
+        src, dst = REPO / rel, dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(src.readlink())
+        else:
+            shutil.copy2(src, dst)
+    return root
+
+
 @pytest.fixture(scope="session")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the self-signed overlay's certificates")
-    root = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("certs"))
-    subprocess.run(
-        [str(root / "overlays/self-signed/gen-certs.sh")], check=True, capture_output=True
-    )
-    return root
+    return fresh_copy(tmp_path_factory.mktemp("deploy"))
 
 
 def render(directory: Path) -> list[Obj]:

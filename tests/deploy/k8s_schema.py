@@ -33,6 +33,8 @@ BUILTIN_KINDS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "V1Service",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("batch/v1", "Job"): "V1Job",
+    ("batch/v1", "CronJob"): "V1CronJob",
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import posixpath
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.deploy.conftest import TARGETS, Obj, all_of, find
+from tests.deploy.conftest import INSTALLABLE, TARGETS, Obj, all_of, find
 from tests.deploy.helpers import (
     check_envvars,
     command,
@@ -126,3 +127,61 @@ def test_host_access_is_what_the_daemon_needs(rendered: dict[str, list[Obj]], ta
     }
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths <= allowed, host_paths - allowed
+
+
+READ_COMMANDS = ("list", "groups", "check")
+
+
+@pytest.mark.parametrize("target", INSTALLABLE)
+def test_kubectl_exec_sees_the_host_without_flags(
+    rendered: dict[str, list[Obj]], target: str
+) -> None:
+    """`kubectl exec POD -- vfioctl list` inherits the container's environment: in every
+    DaemonSet of ours the read commands resolve --root and --config to what the running
+    process was given, and a rolling update never runs two of ours on one node."""
+    import click
+
+    from cli.main import vfioctl
+
+    daemonsets = list(all_of(rendered[target], "DaemonSet"))
+    assert {d["metadata"]["name"] for d in daemonsets} >= {"vfio-dp-daemon"}
+    for ds in daemonsets:
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+        (ctr,) = ds["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in ctr.get("env", []) if "value" in e}
+        own = parse_cli_args(command(*_COMMANDS[ctr["args"][0]]), ctr["args"][1:])
+        assert env["VFIOCTL_ROOT"] == own["root"]
+        assert env["VFIOCTL_CONFIG"] == own["config_path"]
+    for name in READ_COMMANDS:
+        cmd = vfioctl.get_command(click.Context(vfioctl), name)
+        assert cmd is not None
+        envvars = {p.name: p.envvar for p in cmd.params if isinstance(p, click.Option)}
+        assert envvars["root"] == "VFIOCTL_ROOT", name
+        if name != "check":
+            assert envvars["config"] == "VFIOCTL_CONFIG", name
+
+
+_COMMANDS = {
+    "plugin": ("cli.deviceplugin_cmd", "plugin"),
+    "dra-plugin": ("cli.dra_cmd", "dra_plugin"),
+}
+
+
+def test_root_from_the_environment_is_what_list_reads(tmp_path: Path) -> None:
+    """The env var alone (as in the pod) points `vfioctl list` at another root."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.sysfs_tree import Dev, SysfsTree
+
+    SysfsTree(tmp_path).add(Dev("0000:65:00.0", "8086", "10d3", "020000", driver="vfio-pci", group=7))
+    env = {**os.environ, "VFIOCTL_ROOT": str(tmp_path)}
+    env.pop("VFIOCTL_CONFIG", None)
+    out = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", "list", "-o", "json"],
+        capture_output=True, text=True, env=env, timeout=60, check=True,
+    )  # fmt: skip
+    (dev,) = json.loads(out.stdout)
+    assert dev["address"] == "0000:65:00.0" and dev["driver"] == "vfio-pci"

@@ -125,7 +125,7 @@ def _cel_devices(driver: str, tmp_path: Path) -> list[dict[str, Any]]:
     tree = dra_host(tmp_path)
     host = Host(tree.root)
     inv = host.scan()
-    raw = yaml.safe_load((DEPLOY / "overlays/dra/config.yaml").read_text())
+    raw = yaml.safe_load((DEPLOY / "components/dra/config.yaml").read_text())
     raw["selectors"] = [
         {"vendor": "15b3", "device": "101c", "path": "dra"},
         {"class": "0108", "path": "dra"},

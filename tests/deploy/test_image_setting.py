@@ -10,25 +10,17 @@ and the self-signed route deployed the default.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY, INSTALLABLE, all_of, render
+from tests.deploy.conftest import DEPLOY, INSTALLABLE, all_of, fresh_copy, render
 
 
 @pytest.fixture(scope="module")
 def deploy_with_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the self-signed overlay's certificates")
-    root = tmp_path_factory.mktemp("image-setting") / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("certs"))
-    subprocess.run(
-        [str(root / "overlays/self-signed/gen-certs.sh")], check=True, capture_output=True
-    )
+    root = fresh_copy(tmp_path_factory.mktemp("image-setting"))
     kfile = root / "base/kustomization.yaml"
     data = yaml.safe_load(kfile.read_text())
     (entry,) = [i for i in data["images"] if i["name"] == "vfio-dp"]
@@ -42,12 +34,15 @@ def test_every_overlay_runs_the_image_set_in_the_base(
     deploy_with_image: Path, overlay: str
 ) -> None:
     objs = render(deploy_with_image / overlay)
+    pod_specs = [
+        o["spec"]["template"]["spec"]
+        for kind in ("DaemonSet", "Deployment", "Job")
+        for o in all_of(objs, kind)
+    ] + [o["spec"]["jobTemplate"]["spec"]["template"]["spec"] for o in all_of(objs, "CronJob")]
     images = [
         c["image"]
-        for kind in ("DaemonSet", "Deployment")
-        for o in all_of(objs, kind)
-        for c in o["spec"]["template"]["spec"].get("containers", [])
-        + o["spec"]["template"]["spec"].get("initContainers", [])
+        for spec in pod_specs
+        for c in spec.get("containers", []) + spec.get("initContainers", [])
     ]
     assert len(images) >= 2
     assert set(images) == {"registry.example.com/team/vfio-dp:9.9.9"}, images

@@ -16,6 +16,8 @@ GENERATED_DRA = [
     "vfio_dp/dra/_pb/pluginregistration/v1",
     "vfio_dp/dra/_pb/dra/v1",
     "vfio_dp/dra/_pb/dra/v1beta1",
+    "vfio_dp/dra/_pb/dra_health/v1",
+    "vfio_dp/dra/_pb/dra_health/v1alpha1",
 ]
 
 
@@ -143,6 +145,35 @@ def test_dra_wire_names_and_fields_match_the_kubelet() -> None:
     # share_id is proto3 `optional` in v1: presence is tracked
     device = v1.Device(device_name="pci-0000-3b-00-0")
     assert not device.HasField("share_id")
+
+
+def test_dra_health_wire_names_and_fields_match_the_kubelet() -> None:
+    from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as v1
+    from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2 as v1alpha1
+
+    for mod, package in ((v1, "v1"), (v1alpha1, "v1alpha1")):
+        fd = mod.DESCRIPTOR
+        assert fd.package == package  # kubelet dials /v1.DRAResourceHealth/NodeWatchResources
+        service = fd.services_by_name["DRAResourceHealth"]
+        assert service.full_name == f"{package}.DRAResourceHealth"
+        method = service.methods_by_name["NodeWatchResources"]
+        assert method.server_streaming and not method.client_streaming
+        assert _numbers(fd) == {
+            ("DeviceIdentifier", "pool_name"): 1,
+            ("DeviceIdentifier", "device_name"): 2,
+            ("DeviceHealth", "device"): 1,
+            ("DeviceHealth", "health"): 2,
+            ("DeviceHealth", "last_updated_time"): 3,
+            ("DeviceHealth", "health_check_timeout_seconds"): 4,
+            ("DeviceHealth", "message"): 5,
+            ("NodeWatchResourcesResponse", "devices"): 1,
+        }
+        health = fd.enum_types_by_name["HealthStatus"]
+        assert {v.name: v.number for v in health.values} == {
+            "UNKNOWN": 0,
+            "HEALTHY": 1,
+            "UNHEALTHY": 2,
+        }
 
 
 def test_runtime_floors_match_the_generator() -> None:

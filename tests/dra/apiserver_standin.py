@@ -6,6 +6,9 @@ talks to through a generated kubeconfig (bearer token required; a wrong one gets
 serves, with the real paths and verbs:
 
 - ``/api/v1/nodes[/<name>]``: get, list, create (Nodes are seeded by tests);
+- ``/api/v1/namespaces/<ns>/secrets[/<name>]`` and
+  ``/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations[/<name>]`` (what the
+  self-signed overlay's certificate Job reads and writes), with the same verbs as below;
 - ``/apis/resource.k8s.io/v1/resourceslices[/<name>]``: get, list, watch, create, update,
   patch, delete, deletecollection; field selectors ``metadata.name``, ``spec.nodeName``,
   ``spec.driver`` (any other field label is a 400, as upstream), label selectors
@@ -27,7 +30,8 @@ Strict where the real server is strict:
   subdomain, no namespace on a cluster-scoped object, driver a DNS subdomain <= 63, pool name
   ``/``-separated DNS subdomains <= 253, generation >= 0, resourceSliceCount > 0, exactly one of
   nodeName/nodeSelector/allNodes/perDeviceNodeSelection, <= 128 devices (64 with taints or
-  counters), device names DNS labels and unique, <= 32 attributes + capacities per device,
+  counters), device names DNS labels and unique, <= 16 taints per device (key a qualified
+  label name, value a label value, effect None/NoSchedule/NoExecute, timeAdded RFC 3339), <= 32 attributes + capacities per device,
   attribute/capacity names a C identifier <= 32 or ``<DNS subdomain <= 63>/<C identifier <= 32>``,
   exactly one value per attribute, strings <= 64, versions semver <= 64, capacity values
   quantities; on update pool.name, driver and nodeName are immutable.
@@ -85,6 +89,7 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's SimpleNameGene
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_TAINTS_PER_DEVICE = 16
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ID = 32
 MAX_DRIVER_NAME = 63
@@ -145,7 +150,21 @@ CLAIMS = Kind(
     ("metadata.name", "metadata.namespace"),
     True,
 )
-KINDS = (NODES, SLICES, CLAIMS)
+# What the self-signed overlay's certificate Job touches (vfioctl webhook-certs).
+SECRETS = Kind(
+    "secrets", "Secret", "", "v1", "V1Secret", True, ("metadata.name", "metadata.namespace", "type"), False
+)
+WEBHOOK_CONFIGS = Kind(
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    "admissionregistration.k8s.io",
+    "v1",
+    "V1MutatingWebhookConfiguration",
+    False,
+    ("metadata.name",),
+    False,
+)
+KINDS = (NODES, SLICES, CLAIMS, SECRETS, WEBHOOK_CONFIGS)
 
 
 class ApiError(Exception):
@@ -486,9 +505,62 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
             causes.append(
                 (f"{key_path}.value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
             )
-    for j, taint in enumerate(device.get("taints") or []):
-        if taint.get("effect") not in ("NoSchedule", "NoExecute", "None"):
-            causes.append((f"{path}.taints[{j}].effect", "Unsupported value"))
+    causes.extend(_taint_problems(device.get("taints") or [], f"{path}.taints"))
+    return causes
+
+
+def _label_name_problems(key: str) -> list[str]:
+    """A qualified label name (``[prefix/]name``), as upstream's IsQualifiedName."""
+    prefix, _, name = key.rpartition("/")
+    out: list[str] = []
+    if "/" in key and (why := _dns_subdomain(prefix)):
+        out.append(f"prefix part {why}")
+    if not name or len(name) > 63 or not _LABEL_VALUE.fullmatch(name):
+        out.append(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+            "start and end with an alphanumeric character, at most 63 characters"
+        )
+    return out
+
+
+def _taint_problems(taints: list[Any], path: str) -> list[tuple[str, str]]:
+    """``devices[].taints`` as upstream's validateDeviceTaint (KEP-5055)."""
+    causes: list[tuple[str, str]] = []
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        causes.append(
+            (path, f"Too many: {len(taints)}: must have at most {MAX_TAINTS_PER_DEVICE} items")
+        )
+    for j, taint in enumerate(taints):
+        p = f"{path}[{j}]"
+        key = taint.get("key") or ""
+        if not key:
+            causes.append((f"{p}.key", "Required value"))
+        else:
+            causes.extend(
+                (f"{p}.key", f"Invalid value: {key[:80]!r}: {w}") for w in _label_name_problems(key)
+            )
+        value = taint.get("value") or ""
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            causes.append(
+                (
+                    f"{p}.value",
+                    f"Invalid value: {value[:80]!r}: a valid label must be an empty string or "
+                    "consist of alphanumeric characters, '-', '_' or '.', at most 63 characters",
+                )
+            )
+        effect = taint.get("effect")
+        if not effect:
+            causes.append((f"{p}.effect", "Required value"))
+        elif effect not in ("NoSchedule", "NoExecute", "None"):
+            causes.append((f"{p}.effect", f"Unsupported value: {str(effect)[:40]!r}"))
+        added = taint.get("timeAdded")
+        if added is not None:
+            try:
+                datetime.datetime.strptime(added, "%Y-%m-%dT%H:%M:%SZ")
+            except (TypeError, ValueError):
+                causes.append(
+                    (f"{p}.timeAdded", f"Invalid value: {str(added)[:40]!r}: not RFC 3339")
+                )
     return causes
 
 
@@ -520,10 +592,66 @@ def validate_node(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple
     return _meta_problems(NODES, obj.get("metadata") or {})
 
 
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+def validate_secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """As upstream ``ValidateSecret``: key names, base64 values, a TLS Secret's two keys, an
+    immutable type."""
+    causes = _meta_problems(SECRETS, obj.get("metadata") or {})
+    data = obj.get("data") or {}
+    for key, value in data.items():
+        if not _SECRET_KEY.fullmatch(key) or len(key) > 253:
+            causes.append((f"data[{key[:60]}]", "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"))
+        try:
+            base64.b64decode(value, validate=True)
+        except ValueError:
+            causes.append((f"data[{key[:60]}]", "Invalid value: illegal base64 data"))
+    if obj.get("type") == "kubernetes.io/tls":
+        for key in ("tls.crt", "tls.key"):
+            if key not in data:
+                causes.append((f"data[{key}]", "Required value"))
+    if old is not None and (obj.get("type") or "Opaque") != (old.get("type") or "Opaque"):
+        causes.append(("type", "Invalid value: field is immutable"))
+    return causes
+
+
+def validate_webhook_config(
+    obj: dict[str, Any], old: dict[str, Any] | None
+) -> list[tuple[str, str]]:
+    """As upstream ``ValidateMutatingWebhookConfiguration`` (the parts a client can get wrong):
+    unique qualified names, exactly one of url/service, a base64 caBundle, the required enums."""
+    causes = _meta_problems(WEBHOOK_CONFIGS, obj.get("metadata") or {})
+    seen: set[str] = set()
+    for i, hook in enumerate(obj.get("webhooks") or []):
+        where = f"webhooks[{i}]"
+        name = hook.get("name") or ""
+        if name in seen:
+            causes.append((f"{where}.name", f"Duplicate value: {name[:80]!r}"))
+        seen.add(name)
+        if name.count(".") < 2 or _dns_subdomain(name):
+            causes.append((f"{where}.name", "Invalid value: should be a domain with at least three segments"))
+        cc = hook.get("clientConfig") or {}
+        if bool(cc.get("url")) == bool(cc.get("service")):
+            causes.append((f"{where}.clientConfig", "Required value: exactly one of url or service is required"))
+        if "caBundle" in cc:
+            try:
+                base64.b64decode(cc["caBundle"], validate=True)
+            except ValueError:
+                causes.append((f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data"))
+        if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            causes.append((f"{where}.sideEffects", "Unsupported value"))
+        if not hook.get("admissionReviewVersions"):
+            causes.append((f"{where}.admissionReviewVersions", "Required value"))
+    return causes
+
+
 VALIDATORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], list[tuple[str, str]]]] = {
     "nodes": validate_node,
     "resourceslices": validate_slice,
     "resourceclaims": validate_claim,
+    "secrets": validate_secret,
+    "mutatingwebhookconfigurations": validate_webhook_config,
 }
 
 

@@ -21,6 +21,16 @@ Named as such on purpose — it is not the kubelet, but it follows the kubelet's
   channel cannot connect), a wipe is scheduled ``wipe_grace`` seconds later (30 s in kubelet;
   shorter in tests) that deletes that driver's slices on this node
   (``spec.nodeName=<node>,spec.driver=<driver>``); becoming usable again cancels it;
+- health (KEP-4680, kubelet ``pkg/kubelet/cm/dra/healthinfo.go``): when the plugin's
+  ``supported_versions`` name a ``DRAResourceHealth`` service it speaks (``v1`` before
+  ``v1alpha1``), it opens ``NodeWatchResources`` on the endpoint and keeps it (reopened after
+  1 s when it ends); each response is the driver's full list: every device in it is stored
+  with the time it ARRIVED (kubelet ignores ``last_updated_time``) and its timeout
+  (``health_check_timeout_seconds``, 0 or less = 30 s); a device not heard of within its
+  timeout reads ``Unknown`` with no message. Pods run through :meth:`run_pod` get
+  ``status.containerStatuses[0].allocatedResourcesStatus`` =
+  ``[{name: "claim:<claim>/<request>", resources: [{resourceID: "<driver>/<pool>/<device>",
+  health: Healthy|Unhealthy|Unknown, message}]}]``, rewritten on every health change;
 - :meth:`prepare` / :meth:`unprepare` call ``NodePrepareResources`` /
   ``NodeUnprepareResources`` of the chosen service on the newest connected instance (else the
   newest), with a deadline, and — like kubelet — treat a claim missing from the response as a
@@ -44,6 +54,10 @@ from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as health_v1_pb2
+from vfio_dp.dra._pb.dra_health.v1 import api_pb2_grpc as health_v1_grpc
+from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2 as health_v1alpha1_pb2
+from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -53,6 +67,12 @@ SERVICES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (v1_pb2, v1_grpc),
     "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc),
 }
+HEALTH_SERVICES: dict[str, tuple[Any, Any]] = {
+    "v1.DRAResourceHealth": (health_v1_pb2, health_v1_grpc),
+    "v1alpha1.DRAResourceHealth": (health_v1alpha1_pb2, health_v1alpha1_grpc),
+}
+DEFAULT_HEALTH_TIMEOUT = 30.0  # kubelet's DefaultHealthTimeout
+POD_HEALTH = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}  # HealthStatus -> pod status value
 KUBELET_WIPE_GRACE = 30.0
 GET_INFO_TIMEOUT = 1.0  # kubelet: dial 10 s, GetInfo 1 s
 DIAL_TIMEOUT = 10.0
@@ -82,6 +102,30 @@ class DraPluginView:
     stub: Any = None
     connected: bool = False
     calls: list[str] = field(default_factory=list)
+    health_version: str = ""  # the DRAResourceHealth service followed ("" = none)
+    health_task: Any = None
+
+
+@dataclass
+class SeenHealth:
+    """One device's health as kubelet's cache holds it."""
+
+    health: str  # Healthy / Unhealthy / Unknown
+    message: str
+    timeout: float
+    received: float  # monotonic time the response arrived
+
+
+@dataclass
+class StandinPod:
+    """A pod the stand-in runs: which claim/request got which device of which driver."""
+
+    name: str
+    namespace: str
+    driver: str
+    # (claim name, request, pool, device) for every device kubelet was answered
+    devices: list[tuple[str, str, str, str]]
+    status: dict[str, Any] = field(default_factory=dict)
 
 
 class KubeletDraStandin:
@@ -94,6 +138,7 @@ class KubeletDraStandin:
         wipe_grace: float = KUBELET_WIPE_GRACE,
         poll: float = 0.05,
         versions: tuple[str, ...] = tuple(SERVICES),
+        health_versions: tuple[str, ...] = tuple(HEALTH_SERVICES),
     ) -> None:
         """``api_client``: a ``kubernetes.client.ApiClient`` (e.g. the API-server stand-in's);
         None = no API server (slices are not wiped). ``versions``: the services this kubelet
@@ -104,6 +149,13 @@ class KubeletDraStandin:
         self.wipe_grace = wipe_grace
         self.poll = poll
         self.versions = versions
+        self.health_versions = health_versions
+        #: driver -> (pool, device) -> what the health stream said last
+        self.health: dict[str, dict[tuple[str, str], SeenHealth]] = {}
+        #: (monotonic time, driver, pool, device, health) per device whose health changed
+        self.health_changes: list[tuple[float, str, str, str, str]] = []
+        self.health_responses = 0
+        self.pods: dict[str, StandinPod] = {}
         self.instances: dict[str, list[DraPluginView]] = {}  # driver -> in registration order
         self.attempts: list[Attempt] = []
         self.wipes: list[str] = []  # field selectors of the DeleteCollection calls made
@@ -241,6 +293,11 @@ class KubeletDraStandin:
                 view.channel = grpc.aio.insecure_channel("unix:" + endpoint)
                 view.stub = SERVICES[version][1].DRAPluginStub(view.channel)
                 view.channel.get_state(try_to_connect=True)  # connect early, as kubelet
+                view.health_version = next(
+                    (v for v in self.health_versions if v in info.supported_versions), ""
+                )
+                if view.health_version:
+                    view.health_task = asyncio.create_task(self._follow_health(view))
                 self.instances.setdefault(info.name, []).append(view)
                 self._sync(info.name)
                 try:
@@ -316,9 +373,93 @@ class KubeletDraStandin:
 
     @staticmethod
     async def _close(view: DraPluginView) -> None:
+        if view.health_task is not None:
+            view.health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await view.health_task
+            view.health_task = None
         if view.channel is not None:
             await view.channel.close()
             view.channel = None
+
+    # -- health (KEP-4680) -----------------------------------------------------------------
+    async def _follow_health(self, view: DraPluginView) -> None:
+        pb, grpc_mod = HEALTH_SERVICES[view.health_version]
+        while view.channel is not None:
+            stub = grpc_mod.DRAResourceHealthStub(view.channel)
+            try:
+                async for response in stub.NodeWatchResources(pb.NodeWatchResourcesRequest()):
+                    await self._take_health(view.driver, response)
+                self._note(f"{view.driver}: health stream ended")
+            except grpc.aio.AioRpcError as e:
+                self._note(f"{view.driver}: health stream: {e.code().name}")
+            await asyncio.sleep(1.0)  # kubelet retries the stream
+
+    async def _take_health(self, driver: str, response: Any) -> None:
+        """kubelet's updateHealthInfo: the response is the driver's full list."""
+        now = time.monotonic()
+        cache = self.health.setdefault(driver, {})
+        self.health_responses += 1
+        for d in response.devices:
+            key = (d.device.pool_name, d.device.device_name)
+            timeout = float(d.health_check_timeout_seconds)
+            seen = SeenHealth(
+                POD_HEALTH.get(d.health, "Unknown"),
+                d.message,
+                timeout if timeout > 0 else DEFAULT_HEALTH_TIMEOUT,
+                now,
+            )
+            before = cache.get(key)
+            if before is None or (before.health, before.message) != (seen.health, seen.message):
+                self.health_changes.append((now, driver, key[0], key[1], seen.health))
+            cache[key] = seen
+        self._refresh_pods()
+        async with self.changed:
+            self.changed.notify_all()
+
+    def health_of(self, driver: str, pool: str, device: str) -> tuple[str, str]:
+        """(health, message) as kubelet would report it now (its getHealthInfo)."""
+        seen = self.health.get(driver, {}).get((pool, device))
+        if seen is None or time.monotonic() - seen.received > seen.timeout:
+            return "Unknown", ""
+        return seen.health, seen.message
+
+    def _refresh_pods(self) -> None:
+        for pod in self.pods.values():
+            by_name: dict[str, list[dict[str, str]]] = {}
+            for claim, request, pool, device in pod.devices:
+                health, message = self.health_of(pod.driver, pool, device)
+                entry = {"resourceID": f"{pod.driver}/{pool}/{device}", "health": health}
+                if message:
+                    entry["message"] = message
+                by_name.setdefault(f"claim:{claim}/{request}", []).append(entry)
+            pod.status = {
+                "containerStatuses": [
+                    {
+                        "name": "compute",
+                        "allocatedResourcesStatus": [
+                            {"name": n, "resources": r} for n, r in sorted(by_name.items())
+                        ],
+                    }
+                ]
+            }
+
+    async def run_pod(
+        self, driver: str, pod: str, namespace: str, claims: list[tuple[str, str]]
+    ) -> StandinPod:
+        """Prepare the pod's claims ``(uid, name)`` and keep the pod's device health current."""
+        answers = await self.prepare(driver, [(namespace, uid, name) for uid, name in claims])
+        names = dict(claims)
+        devices: list[tuple[str, str, str, str]] = []
+        for uid, answer in answers.items():
+            if answer.error:
+                raise AssertionError(f"NodePrepareResources: {answer.error}")
+            for d in answer.devices:
+                for request in d.request_names:
+                    devices.append((names[uid], request, d.pool_name, d.device_name))
+        self.pods[pod] = StandinPod(pod, namespace, driver, devices)
+        self._refresh_pods()
+        return self.pods[pod]
 
     # -- kubelet's calls -------------------------------------------------------------------
     def _pb(self, driver: str) -> tuple[DraPluginView, Any]:

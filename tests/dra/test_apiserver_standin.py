@@ -305,6 +305,25 @@ def _set(path: str, value: Any) -> Mutation:
     return mutate
 
 
+TAINT = {
+    "key": f"{DRIVER}/unhealthy",
+    "value": "unbound",
+    "effect": "NoSchedule",
+    "timeAdded": "2026-11-24T18:41:14Z",
+}
+
+
+def _taints(taints: list[dict[str, Any]]) -> Mutation:
+    return lambda s: _dev(s).__setitem__("taints", taints)
+
+
+def test_accepts_a_tainted_slice_of_64(apiserver: ApiServerStandin) -> None:
+    body = a_slice(devices=64)
+    for d in body["spec"]["devices"]:
+        d["taints"] = [dict(TAINT, key=f"{DRIVER}/t{i}") for i in range(16)]
+    assert raw(apiserver, "POST", SLICES_PATH, body)[0] == 201
+
+
 def _attrs(attrs: dict[str, Any]) -> Mutation:
     return lambda s: _dev(s).__setitem__("attributes", attrs)
 
@@ -384,6 +403,30 @@ REFUSED: list[tuple[str, Mutation, int, str]] = [
         "resourceVersion should not be set",
     ),
     ("wrong kind", _set("kind", "ResourceClaim"), 400, "kind"),
+    ("unknown taint field", _taints([{**TAINT, "reason": "x"}]), 400, "taints[0].reason"),
+    ("taint without key", _taints([{**TAINT, "key": ""}]), 422, "taints[0].key: Required"),
+    ("taint key with space", _taints([{**TAINT, "key": f"{DRIVER}/un healthy"}]), 422, "key"),
+    ("taint key prefix upper", _taints([{**TAINT, "key": "Vfio.x/unhealthy"}]), 422, "prefix"),
+    ("taint value with :", _taints([{**TAINT, "value": "0000:3b:00.0"}]), 422, "taints[0].value"),
+    ("taint value 64 long", _taints([{**TAINT, "value": "v" * 64}]), 422, "taints[0].value"),
+    ("taint without effect", _taints([{**TAINT, "effect": ""}]), 422, "effect: Required"),
+    ("taint effect unknown", _taints([{**TAINT, "effect": "Evict"}]), 422, "Unsupported"),
+    ("taint timeAdded not a time", _taints([{**TAINT, "timeAdded": "now"}]), 422, "RFC 3339"),
+    (
+        "17 taints",
+        _taints([{**TAINT, "key": f"{DRIVER}/t{i}"} for i in range(17)]),
+        422,
+        "at most 16",
+    ),
+    (
+        "65 devices with a taint",
+        lambda s: (
+            s["spec"].__setitem__("devices", a_slice(devices=65)["spec"]["devices"]),
+            _taints([TAINT])(s),
+        ),
+        422,
+        "at most 64",
+    ),
 ]
 
 

@@ -42,6 +42,7 @@ def test_exactly_the_right_devices_with_exactly_the_attributes(tmp_path: Path) -
         "groupFunctions": {"string": "0000:3b:00.1"},
         "iommuGroup": {"int": 45},
         "numaNode": {"int": 0},
+        "resource.kubernetes.io/numaNode": {"int": 0},
         "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
         "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
@@ -51,6 +52,7 @@ def test_exactly_the_right_devices_with_exactly_the_attributes(tmp_path: Path) -
     }
     nvme = devices["pci-0000-07-00-0"]
     assert nvme["groupFunctions"] == {"string": "0000:08:00.0"} and "numaNode" not in nvme
+    assert "resource.kubernetes.io/numaNode" not in nvme  # the kernel does not know it
     assert devices["pci-0000-af-00-1"]["resourceName"] == {"string": "devices.kubevirt.io/mlx-vf"}
     assert "groupFunctions" not in devices["pci-0000-af-00-1"]
     assert devices["pci-0000-af-00-1"]["pfPciBusID"] == {"string": "0000:af:00.0"}

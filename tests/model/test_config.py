@@ -225,3 +225,20 @@ def test_too_many_values_are_refused_while_composing() -> None:
 
     text = refusal("selectors: [" + "a," * (MAX_CONFIG_NODES + 10) + "]")
     assert f"more than {MAX_CONFIG_NODES} values" in text
+
+
+def test_taint_effect_is_no_schedule_unless_a_dra_selector_says_no_execute() -> None:
+    from vfio_dp.model.config import NO_EXECUTE, NO_SCHEDULE
+
+    cfg = load_config_text(
+        'selectors:\n  - {vendor: "8086", path: dra}\n'
+        '  - {vendor: "10de", path: dra, taintEffect: NoExecute}\n',
+        "x.yaml",
+    )
+    assert [s.taint_effect for s in cfg.selectors] == [NO_SCHEDULE, NO_EXECUTE]
+    assert "taintEffect: 'Evict': must be NoSchedule or NoExecute" in refusal(
+        'selectors:\n  - {vendor: "8086", path: dra, taintEffect: Evict}\n'
+    )
+    assert "only the DRA plugin taints devices: add path: dra" in refusal(
+        'selectors:\n  - {vendor: "8086", taintEffect: NoSchedule}\n'
+    )

@@ -83,7 +83,9 @@ def test_onprepare_keeps_its_selection_through_the_recorded_driver() -> None:
     assert c.select_for(bound, DEVICE_PLUGIN) is None
 
 
-def test_webhook_maps_ids_only_through_device_plugin_selectors() -> None:
+def test_webhook_maps_ids_through_the_selectors_of_both_paths() -> None:
+    """A ``path: dra`` resource is asked for by the same name (its DeviceClass's
+    extendedResourceName, KEP-5004), so the webhook maps vendor:device through it too."""
     c = cfg(
         """
 selectors:
@@ -98,10 +100,10 @@ selectors:
   - vendor: "8086"
 """
     )
-    # an IDs-only dra selector shadows everything after it for those IDs
-    assert c.resources_for_ids("10de", "1eb8") == []
+    # an IDs-only selector shadows everything after it for those IDs, whatever its path
+    assert c.resources_for_ids("10de", "1eb8") == ["devices.kubevirt.io/10de_1eb8"]
     assert c.resources_for_ids("10de", "2236") == ["devices.kubevirt.io/gpus"]
-    # a dra selector with more than IDs does not shadow: NICs of class 02 go to DRA, the rest
+    # NICs of class 02 go to DRA, the rest to the device plugin: one name either way
     assert c.resources_for_ids("8086", "10d3") == ["devices.kubevirt.io/8086_10d3"]
     # without a config the default selector serves every path
     assert DEFAULT_CONFIG.resources_for_ids("10de", "1eb8") == ["devices.kubevirt.io/10de_1eb8"]

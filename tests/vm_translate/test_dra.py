@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from click.testing import CliRunner
 from lxml import etree
 
 from cli.main import vfioctl
-from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.vm_translate.conftest import CONFIG_YAML
 from vfio_dp.model import dra_metadata
 from vfio_dp.model.address import PciAddress
@@ -22,7 +20,6 @@ from vfio_dp.model.config import Config
 from vm_translate.allocation import assign
 from vm_translate.errors import HostdevError, SpecError
 from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
-from vm_translate.to_dra import to_dra
 from vm_translate.translate import translate
 
 DRIVER = "vfio.example.com"
@@ -271,83 +268,3 @@ def test_hostdev_defines_dra_and_plugin_devices_in_libvirt_test_driver(tmp_path:
         out.strip()
         == "defined vm1: ua-dra-hostdevice-nic, ua-hostdevice-gpu, ua-dra-hostdevice-gpu2"
     )
-
-
-# --------------------------------------------------------------------------- translate --dra
-
-
-def test_to_dra_vendor_device_and_resource_names(config: Config) -> None:
-    obj = vmi(
-        [
-            {"name": "gpu.0", "deviceName": "10de:1eb8"},
-            {"name": "nvme", "deviceName": "nvme-b"},
-            {"name": "keep", "claimName": "nics", "requestName": "nic"},
-            {"name": "mlx", "deviceName": "example.com/mlx"},
-        ],
-        [{"name": "nics", "resourceClaimTemplateName": "vm1-nics"}],
-    )
-    before = copy.deepcopy(obj)
-    moved = to_dra(obj, config, DRIVER)
-    assert obj == before  # the input is not mutated
-    devices = moved.obj["spec"]["domain"]["devices"]["hostDevices"]
-    assert devices == [
-        {"name": "gpu.0", "claimName": "vfio", "requestName": "gpu-0"},
-        {"name": "nvme", "claimName": "vfio", "requestName": "nvme"},
-        {"name": "keep", "claimName": "nics", "requestName": "nic"},
-        {"name": "mlx", "claimName": "vfio", "requestName": "mlx"},
-    ]
-    assert moved.obj["spec"]["resourceClaims"][-1] == {
-        "name": "vfio",
-        "resourceClaimTemplateName": "vm1-vfio",
-    }
-    template = moved.template
-    assert template is not None
-    assert template["metadata"] == {"name": "vm1-vfio", "namespace": "ns"}
-    requests = template["spec"]["spec"]["devices"]["requests"]
-    attr = f'device.attributes["{DRIVER}"]'
-    assert [r["exactly"]["selectors"][0]["cel"]["expression"] for r in requests] == [
-        f'{attr}.vendorID == "10de" && {attr}.deviceID == "1eb8"',
-        f'{attr}.vendorID == "8086" && {attr}.deviceID == "0a54"',
-        f'{attr}.vendorID == "15b3"',
-    ]
-    assert {r["exactly"]["deviceClassName"] for r in requests} == {DRIVER}
-    # strictly valid resource.k8s.io/v1, and the result admits as a DRA VMI
-    assert check_object(dict(template)) == []
-    assert deserialize_errors(dict(template)) == []
-    assert translate(moved.obj, config).patch == ()
-
-
-@pytest.mark.parametrize(
-    ("device_name", "expect"),
-    [
-        ("nvidia.com/TU104GL_Tesla_T4", "no selector of the vfio_dp configuration produces"),
-        ("nvme-a", "selected by PCI address or by driver"),
-    ],
-)
-def test_to_dra_refuses_what_cel_cannot_say(config: Config, device_name: str, expect: str) -> None:
-    # nvme-a is selected by address in the test config; nvidia.com/... is another provider's
-    obj = vmi([{"name": "x", "deviceName": device_name}])
-    with pytest.raises(SpecError, match=expect):
-        to_dra(obj, config, DRIVER)
-
-
-def test_translate_dra_command_prints_applyable_objects(tmp_path: Path) -> None:
-    (tmp_path / "vmi.yaml").write_text(
-        yaml.safe_dump(vmi([{"name": "g", "deviceName": "10de:1eb8"}]))
-    )
-    (tmp_path / "config.yaml").write_text(CONFIG_YAML)
-    result = CliRunner().invoke(
-        vfioctl,
-        ["translate", "--dra", str(tmp_path / "vmi.yaml"), "--config", str(tmp_path / "config.yaml")],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["ResourceClaimTemplate", "VirtualMachineInstance"]
-    expr = docs[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
-    assert '"vfio.dra.vfio-dp.io"' in expr["cel"]["expression"]
-    bad = CliRunner().invoke(vfioctl, ["translate", "--dra", "--patch", str(tmp_path / "vmi.yaml")])
-    assert bad.exit_code == 2
-    bad = CliRunner().invoke(
-        vfioctl, ["translate", "--dra", "--driver-name", "Not_DNS", str(tmp_path / "vmi.yaml")]
-    )
-    assert bad.exit_code == 1 and "Not_DNS" in bad.stderr

@@ -1,7 +1,8 @@
 """The node core shared by the kubelet front-ends (:mod:`vfio_dp.deviceplugin`, :mod:`vfio_dp.dra`).
 
 Modules: ``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
-health, the observer interface), ``policy`` (the bind policy, pure), ``uevents`` (kernel
+/healthz, the observer interface), ``health`` (pure: the health model of the IOMMU groups a
+front-end serves — HEALTHY/UNHEALTHY/UNKNOWN, faults that say the fix, debounce), ``policy`` (the bind policy, pure), ``uevents`` (kernel
 netlink), ``metrics`` (/metrics, /healthz).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
@@ -9,6 +10,7 @@ Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
+    "health",
     "metrics",
     "node",
     "policy",

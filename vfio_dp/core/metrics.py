@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import ClassVar
+
+from vfio_dp.errors import PortError
 
 log = logging.getLogger("vfio_dp.core")
 
@@ -52,6 +55,19 @@ class Metrics:
             "counter",
             "DRA claims Unprepare could not finish (a group still held open, a failed restore).",
         ),
+        "vfio_dp_dra_device_health": (
+            "gauge",
+            "1 per DRA device of the pool, labelled with its health (HEALTHY/UNHEALTHY/UNKNOWN).",
+        ),
+        "vfio_dp_dra_device_tainted": (
+            "gauge",
+            "Per DRA device: 1 while it is published with our taint (prepared, gone bad).",
+        ),
+        "vfio_dp_dra_health_changes_total": (
+            "counter",
+            "Health changes of prepared DRA devices, by the new health.",
+        ),
+        "vfio_dp_dra_health_streams": ("gauge", "Open DRAResourceHealth streams (kubelet)."),
         "vfio_dp_dra_held_groups": (
             "gauge",
             "IOMMU groups a released claim bound that stay on vfio-pci: a process holds them open.",
@@ -124,6 +140,14 @@ async def serve_http(
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(handle, host, port)
+    try:
+        server = await asyncio.start_server(handle, host, port)
+    except OSError as e:  # busy or not ours to bind: one line naming the flag, not a traceback
+        raise PortError(
+            f"--metrics-port {port}: cannot listen on {host or '0.0.0.0'}:{port}: "
+            f"{os.strerror(e.errno) if e.errno else e}; the pods use hostNetwork, so another process on the node may "
+            "hold it (ss -ltnp 'sport = :%d'): pick another --metrics-port, or 0 to turn "
+            "metrics off" % port
+        ) from e
     log.info("metrics and /healthz on http://%s:%d", host or "0.0.0.0", port)
     return server

@@ -6,9 +6,11 @@ shell: plugin registration and the DRAPlugin v1/v1beta1 services), ``driver`` (t
 core + publisher + kubelet shell), and for claims: ``prepare`` (the kubelet's Handler:
 NodePrepare/NodeUnprepareResources and reconcile), ``cdi`` (one CDI spec per claim),
 ``metadata`` (KEP-5304 device-metadata files; the format is :mod:`vfio_dp.model.dra_metadata`),
-``checkpoint`` (prepared claims, with the boot ID). Generated protobuf code lives in
-``_pb`` and is imported only by ``kubelet``. Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this
-``__init__`` imports nothing: grpc and the generated code only in ``kubelet``, the
+``checkpoint`` (prepared claims, with the boot ID); for health: ``health`` (pure: the pool
+by group state, taints, the health list) and ``health_stream`` (the gRPC shell of
+``DRAResourceHealth.NodeWatchResources``). Generated protobuf code lives in ``_pb`` and is
+imported only by ``kubelet`` and ``health_stream``. Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this
+``__init__`` imports nothing: grpc and the generated code only in ``kubelet`` and ``health_stream``, the
 Kubernetes client only in ``publisher``.
 """
 
@@ -18,6 +20,8 @@ __all__ = [
     "cdi",
     "checkpoint",
     "driver",
+    "health",
+    "health_stream",
     "holds",
     "kubelet",
     "metadata",

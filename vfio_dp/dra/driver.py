@@ -31,29 +31,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vfio_dp.core.health import HealthModel, assess
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
+from vfio_dp.dra import health
+from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.holds import checkpoint_holds
 from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
-from vfio_dp.dra.slices import Device, devices_for
+from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
+from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
-from vfio_dp.model.serving import dra_units
+from vfio_dp.model.device import Inventory
+from vfio_dp.model.serving import DraUnit, dra_units
 
 log = logging.getLogger("vfio_dp.dra")
 
 DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"
 WATCH_INTERVAL = 0.25
 MAX_DRIVER_NAME = 63  # ResourceSlice spec.driver (upstream validation)
+#: a held group's new health is confirmed by a second scan this soon (debounce, < 1 s)
+CONFIRM_DELAY = 0.2
+
+
+def health_timeout(resync: float) -> int:
+    """``health_check_timeout_seconds``: we report after every scan, at least every
+    ``resync`` seconds; three missed reports (as ``/healthz``) make kubelet say Unknown."""
+    return max(1, math.ceil(3 * resync))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +112,14 @@ class DraPlugin:
                 "choose a shorter DNS subdomain"
             )
         self.options = options
+        self.health = HealthModel()
+        self.health_stream = HealthStream(options.node_name, health_timeout(options.resync))
         self.kubelet = KubeletFrontEnd(
-            options.driver_name, options.registry_dir, options.plugins_dir, self
+            options.driver_name,
+            options.registry_dir,
+            options.plugins_dir,
+            self,
+            health=self.health_stream,
         )
         self.core = NodeCore(options.core(), host)
         self.core.subscribe(self)
@@ -109,6 +130,9 @@ class DraPlugin:
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []
         self._roots: dict[PciAddress, str] = {}
+        self._last: dict[str, Device] = {}  # every device as last built (held, gone ones)
+        self._effects: dict[str, str] = {}
+        self._confirm: asyncio.TimerHandle | None = None
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -135,6 +159,8 @@ class DraPlugin:
             self.options.plugins_dir,
         )
         self.publisher.start()
+        # the first scan must know the prepared claims: a held group is never withdrawn
+        await self.claims._ensure_loaded()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
@@ -153,6 +179,8 @@ class DraPlugin:
             return
         self._stopping = True
         self.core.begin_stop()
+        if self._confirm is not None:
+            self._confirm.cancel()
         if self._watch is not None:
             self._watch.cancel()
         if self._reconcile is not None:
@@ -194,25 +222,91 @@ class DraPlugin:
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         inv, config = snapshot.inventory, snapshot.config
         units = dra_units(inv, config)
+        holds = health.claim_holds(self.claims.checkpoint.all().values())
+        shown = [
+            u for u in units if u.primary in inv.devices and (u.published or u.name in holds.held)
+        ]
         # a device's PCIe root does not change while it is present: read new ones only
-        new = [u.primary for u in units if u.published and u.primary not in self._roots]
+        new = [u.primary for u in shown if u.primary not in self._roots]
         if new:
             self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
         for gone in set(self._roots) - set(inv.devices):
             del self._roots[gone]
-        devices = devices_for(units, inv, self._roots)
+        missing = await self.core.run(self._missing_nodes, inv, units, holds)
+        verdicts = assess(units, inv, holds.held, missing)
+        busy = await self.core.run(self._busy, verdicts, holds)
+        update = self.health.update(
+            verdicts, held=set(holds.held), in_flight=holds.in_flight | busy, now=time.time()
+        )
+        built = {u.name: device_for(u, inv, self._roots) for u in shown}
+        self._last = {n: d for n, d in {**self._last, **built}.items() if n in verdicts}
+        self._effects = {
+            **{n: e for n, e in self._effects.items() if n in verdicts},
+            **{u.name: u.taint_effect for u in units},
+        }
+        devices = health.pool_devices(
+            self.health.states, built, self._last, self._effects, self.options.driver_name
+        )
+        self._log_changes(snapshot, units, devices, update.changed)
+        self.devices = devices
+        self.metrics.set("vfio_dp_dra_devices", len(devices))
+        self.metrics.clear("vfio_dp_dra_device_health")
+        self.metrics.clear("vfio_dp_dra_device_tainted")
+        for d in devices:
+            h = self.health.states[d["name"]]
+            self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
+            self.metrics.set(
+                "vfio_dp_dra_device_tainted", float(bool(d.get("taints"))), device=h.device
+            )
+        self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
+        self.publisher.want(devices)
+        self.health_stream.publish(health.reports(self.health.states, [d["name"] for d in devices]))
+        if update.pending and self._confirm is None and not self._stopping:
+            self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
+
+    def _confirm_scan(self) -> None:
+        self._confirm = None
+        self.core.kick("health confirm")
+
+    def _missing_nodes(
+        self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
+    ) -> set[int]:
+        """Groups that should have ``/dev/vfio/<N>`` (held, or published on vfio-pci) but
+        have none. Blocking (one directory listing)."""
+        wanted = {h.group for h in holds.held.values() if h.group is not None}
+        wanted |= {u.group for u in units if u.published and not u.on_prepare}
+        groups = [inv.groups[g] for g in wanted if g in inv.groups]
+        present = group_nodes_present(self.core.host.fs, groups)
+        return {g for g, ok in present.items() if not ok}
+
+    def _busy(self, verdicts: Mapping[str, Any], holds: health.ClaimHolds) -> set[str]:
+        """Held devices whose verdict changed while a bind/unbind holds their locks (ours,
+        or an operator's ``vfioctl``): never a fault. Blocking (lock probes)."""
+        out: set[str] = set()
+        for name, h in holds.held.items():
+            cur, v = self.health.states.get(name), verdicts.get(name)
+            if cur is None or v is None or (cur.health, cur.faults) == (v.health, v.faults):
+                continue
+            if self.core.host.state.busy(list(h.addresses)):
+                out.add(name)
+        return out
+
+    def _log_changes(
+        self, snapshot: Snapshot, units: list[DraUnit], devices: list[Device], changed: Any
+    ) -> None:
         before = {d["name"] for d in self.devices}
         after = {d["name"] for d in devices}
         for name in sorted(after - before):
             log.info("DRA device %s published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):
             log.info("DRA device %s withdrawn (%s)", name, snapshot.trigger)
+        for h in changed:
+            if h.held:
+                log.warning("DRA device %s (prepared) now %s: %s", h.device, h.health, h.message)
+                self.metrics.inc("vfio_dp_dra_health_changes_total", health=h.health)
         for u in units:
             if not u.published and snapshot.trigger in ("start", "config"):
                 log.info("IOMMU group %d not published: %s", u.group, "; ".join(u.reasons))
-        self.devices = devices
-        self.metrics.set("vfio_dp_dra_devices", len(devices))
-        self.publisher.want(devices)
 
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")

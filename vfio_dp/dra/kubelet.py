@@ -8,12 +8,14 @@ Sockets (as kubelet and kubernetes/dynamic-resource-allocation ``kubeletplugin``
 
     <plugins dir>/<driver>/dra.sock           k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin
                                                k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin
+                                               v1.DRAResourceHealth, v1alpha1.DRAResourceHealth
+                                               (:mod:`vfio_dp.dra.health_stream`, when given)
     <registry dir>/<driver>-reg.sock          pluginregistration.Registration
 
 kubelet watches the registry dir, dials ``-reg.sock``, calls ``GetInfo`` (answered with
 ``type = "DRAPlugin"``, ``name = <driver>``, ``endpoint = <dra.sock path>``,
-``supported_versions = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]`` — kubelet takes the first it
-supports) and ``NotifyRegistrationStatus``; then it calls ``NodePrepareResources`` /
+``supported_versions = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+"v1alpha1.DRAResourceHealth"]`` — kubelet takes the first DRAPlugin it supports) and ``NotifyRegistrationStatus``; then it calls ``NodePrepareResources`` /
 ``NodeUnprepareResources`` on ``dra.sock``.
 
 Invariants:
@@ -53,6 +55,7 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.errors import DriverNameError, SocketPathError
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import naming
@@ -239,7 +242,7 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
             type=PLUGIN_TYPE,
             name=self.front.driver_name,
             endpoint=self.front.service_socket,
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=list(self.front.supported_versions),
         )
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -271,13 +274,21 @@ class KubeletFrontEnd:
     """Serves DRAPlugin v1 + v1beta1 and the registration socket for one driver."""
 
     def __init__(
-        self, driver_name: str, registry_dir: str, plugins_dir: str, handler: Handler
+        self,
+        driver_name: str,
+        registry_dir: str,
+        plugins_dir: str,
+        handler: Handler,
+        health: HealthStream | None = None,
     ) -> None:
+        """``health``: also serve ``DRAResourceHealth`` (v1, v1alpha1) on ``dra.sock``."""
         why = naming.dns_subdomain_problem(driver_name, naming.DRA_DRIVER_NAME_MAX)
         if why is not None:
             raise DriverNameError(driver_name, why)
         self.driver_name = driver_name
         self.handler = handler
+        self.health = health
+        self.supported_versions = SUPPORTED_VERSIONS + (SERVICE_NAMES if health else ())
         self.service_socket = os.path.join(plugins_dir, driver_name, SERVICE_SOCKET)
         self.registration_socket = os.path.join(registry_dir, driver_name + REGISTRATION_SUFFIX)
         self._service = _Served(self.service_socket, "--kubelet-plugins-dir")
@@ -369,6 +380,8 @@ class KubeletFrontEnd:
             v1beta1_grpc.add_DRAPluginServicer_to_server(
                 _DraServicer(self, v1beta1_pb2, "v1beta1"), server
             )
+            if self.health is not None:
+                self.health.add_to_server(server)
         else:
             reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
         try:

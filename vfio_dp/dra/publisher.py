@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,15 +51,45 @@ SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_BACKOFF = 10.0
 
 
+def client_config_source(
+    kubeconfig: str | None, env: Mapping[str, str], home: str
+) -> tuple[str, str | None]:
+    """Where the client config comes from, in kubectl's order: ``--kubeconfig``, then
+    ``$KUBECONFIG``, then ``~/.kube/config`` if it exists, then the pod's service account
+    (``/var/run/secrets/kubernetes.io/serviceaccount``). → ``(kind, path)`` with kind one of
+    ``flag``, ``env``, ``home``, ``in-cluster``."""
+    if kubeconfig:
+        return "flag", kubeconfig
+    if env.get("KUBECONFIG"):
+        return "env", env["KUBECONFIG"]
+    default = os.path.join(home, ".kube", "config")
+    if os.path.isfile(default):
+        return "home", default
+    return "in-cluster", None
+
+
 def api_client(kubeconfig: str | None) -> Any:
-    """A ``kubernetes.client.ApiClient``: from ``kubeconfig``, or the pod's in-cluster config
-    (service-account token) without one."""
+    """A ``kubernetes.client.ApiClient`` from :func:`client_config_source`'s choice.
+
+    Raises ``ValueError`` naming the source tried when its config cannot be loaded."""
     import kubernetes.config
 
     config: Any = kubernetes.config  # untyped module
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
+    kind, path = client_config_source(kubeconfig, os.environ, os.path.expanduser("~"))
+    try:
+        if path is not None:
+            # $KUBECONFIG may list several files (':'-separated), merged as kubectl does
+            return config.new_client_from_config(config_file=path)
+        config.load_incluster_config()
+    except Exception as e:  # the loaders raise their own types
+        where = {
+            "flag": f"--kubeconfig {path}",
+            "env": f"KUBECONFIG={path}",
+            "home": path,
+            "in-cluster": "the pod's service account (no --kubeconfig, KUBECONFIG or "
+            "~/.kube/config found)",
+        }[kind]
+        raise ValueError(f"cannot load the Kubernetes client config from {where}: {e}") from e
     return k8s.ApiClient()
 
 

@@ -2,7 +2,8 @@
 
 One pool per node, named after the node; one DRA device per IOMMU group that can be handed
 over (:func:`vfio_dp.model.serving.dra_units`), named after the group's first endpoint
-(``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice, every slice
+(``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice (64 while a
+device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice
 carrying ``pool.resourceSliceCount``; every slice owned by the Node. Objects are plain dicts
 in the API's JSON form (``resource.k8s.io/v1``)::
 
@@ -13,6 +14,7 @@ in the API's JSON form (``resource.k8s.io/v1``)::
               "devices": [{"name": "pci-0000-3b-00-0", "attributes": {
                   "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
                   "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+                  "resource.kubernetes.io/numaNode": {"int": 0},
                   "vendorID": {"string": "10de"}, "deviceID": {"string": "1eb8"},
                   "classID": {"string": "030200"}, "subsystemVendorID": {"string": "10de"},
                   "subsystemDeviceID": {"string": "12a2"}, "iommuGroup": {"int": 45},
@@ -43,6 +45,8 @@ from vfio_dp.model.serving import DraUnit, dra_units
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+#: a slice holding any device with taints (or counters, list attributes) holds at most 64
+MAX_DEVICES_WITH_TAINTS = 64
 MAX_STRING = 64
 MAX_NAME = 253
 STANDARD = "resource.kubernetes.io"
@@ -83,6 +87,9 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         attrs[f"{STANDARD}/pcieRoot"] = value
     if dev.numa_node is not None and dev.numa_node >= 0:
         attrs["numaNode"] = {"int": dev.numa_node}
+        # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
+        # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
+        attrs[f"{STANDARD}/numaNode"] = {"int": dev.numa_node}
     if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
         attrs["pfPciBusID"] = {"string": str(dev.physfn)}
     if (value := _string(unit.resource_name)) is not None:
@@ -123,11 +130,12 @@ def slice_name(node: str, driver: str, index: int) -> str:
 def build_slices(
     devices: Sequence[Device], *, driver: str, node: NodeRef, generation: int
 ) -> list[Slice]:
-    """The slices of this node's pool at ``generation`` (one without devices when empty)."""
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    """The slices of this node's pool at ``generation`` (one without devices when empty);
+    :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted."""
+    size = MAX_DEVICES_PER_SLICE
+    if any(d.get("taints") for d in devices):
+        size = MAX_DEVICES_WITH_TAINTS
+    chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
     out: list[Slice] = []
     for i, chunk in enumerate(chunks):
         meta: dict[str, Any] = {

@@ -22,6 +22,7 @@ process killed between any two writes leaves a journal that says exactly where i
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -89,10 +90,16 @@ class Step:
     data: str
 
     def __str__(self) -> str:
+        """The shell command a person can paste to make the same write: ``echo 'vfio-pci' >
+        …/driver_override``; the clearing write (a lone newline) is ``echo > …``. ``echo``'s
+        own trailing newline is what sysfs attributes expect."""
         if not self.path:
-            return f"modprobe {self.data}"
-        shown = self.data.replace("\n", "\\n")
-        return f"echo '{shown}' > {self.path}"
+            return f"modprobe {shlex.quote(self.data)}"
+        text = self.data[:-1] if self.data.endswith("\n") else self.data
+        if not text:
+            return f"echo > {shlex.quote(self.path)}"
+        shown = f"'{text}'" if "'" not in text and "\n" not in text else shlex.quote(text)
+        return f"echo {shown} > {shlex.quote(self.path)}"
 
 
 @dataclass(slots=True)

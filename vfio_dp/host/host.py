@@ -552,9 +552,10 @@ class Host:
                 raise RefusedError(list(plan.refusals))
             result.already.extend(a for a in plan.already if a not in recovered)
             jobs = [(inv.devices[r.address], r.driver, r.override) for r in plan.restores]
-            if dry_run:
+            if dry_run:  # ``restored`` then says what WOULD go back where
                 for dev, target, override in jobs:
                     result.steps.extend(binder.restore_steps(dev, target, override))
+                    result.restored.append((dev.address, target))
                 return result
             for a in plan.forget:
                 self.state.remove(a)

@@ -45,6 +45,8 @@ _RESOLVE_BENEATH = 0x08
 _openat2_ok: bool | None = None
 _openat2_fn: Any = None
 _openat2_lock = threading.Lock()
+#: tries of one openat2 that keeps answering EAGAIN (a racing rename) before walking instead
+_EAGAIN_RETRIES = 8
 
 
 def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
@@ -85,7 +87,15 @@ def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int | None:
                 _openat2_fn = call
     fd: int
     err: int
-    fd, err = _openat2_fn(dirfd, rel, flags, mode)
+    for _ in range(_EAGAIN_RETRIES):
+        fd, err = _openat2_fn(dirfd, rel, flags, mode)
+        if err != errno.EAGAIN or fd >= 0:
+            break
+    else:
+        # RESOLVE_BENEATH answers EAGAIN when a rename or mount elsewhere on the system raced
+        # a ".." in the path (sysfs device links are "../../../devices/..."); the kernel asks
+        # the caller to retry. Still racing: the walk below has the same rules.
+        return None
     if fd >= 0:
         _openat2_ok = True
         return fd

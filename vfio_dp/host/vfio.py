@@ -83,3 +83,17 @@ def device_nodes(root: Root, group: IommuGroup, devices: list[PciDevice]) -> lis
     if any(d.vfio_cdev for d in devices) and os.path.exists(root.path("dev", "iommu")):
         out.append("/dev/iommu")
     return out
+
+
+def group_nodes_present(root: Root, groups: Iterable[IommuGroup]) -> dict[int, bool]:
+    """Does ``<root>/dev/vfio/<N>`` exist, per group (one directory listing, never an open:
+    the DRA plugin's health check runs on every scan, and a VM may be opening the node)."""
+    try:
+        dfd = root.open(root.path("dev", "vfio"), os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, PathEscapeError):
+        return {g.number: False for g in groups}
+    try:
+        nodes = set(os.listdir(dfd))
+    finally:
+        os.close(dfd)
+    return {g.number: g.node in nodes for g in groups}

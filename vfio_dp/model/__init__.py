@@ -10,6 +10,7 @@ __all__ = [
     "dra_metadata",
     "naming",
     "plan",
+    "routes",
     "serving",
     "sriov",
 ]

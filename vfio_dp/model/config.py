@@ -66,6 +66,7 @@ _SELECTOR_KEYS = {
     "resourceName",
     "bind",
     "path",
+    "taintEffect",
     "sriov",
     "numVfs",
     "vfDriver",
@@ -77,6 +78,10 @@ DEVICE_PLUGIN = "devicePlugin"
 DRA = "dra"
 PATHS = (DEVICE_PLUGIN, DRA)
 ON_PREPARE = "onPrepare"
+#: the effect of the taint the DRA plugin puts on a prepared device that goes bad
+NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a selector asks
+TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
 SRIOV_KINDS = ("pf", "vf")
 VF_DRIVERS = (VFIO_PCI, "none")
 
@@ -96,6 +101,7 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
     sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
     num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
     vf_driver: str = VFIO_PCI  # ``vfDriver``: where made VFs go (vfio-pci | none)
@@ -216,19 +222,15 @@ class Config:
         candidates, in order; one constrained by nothing but IDs shadows everything after it
         (first match wins). Only when no ID-naming selector admits the pair do selectors
         without IDs (``class``, ``drivers``, the default) count — so address selectors
-        should name the IDs of the devices they split. Only ``path: devicePlugin`` selectors
-        give names (DRA devices are not requested through resource names), but a ``path: dra``
-        selector constrained by nothing but IDs still shadows the ones after it.
+        should name the IDs of the devices they split. Selectors of both paths give names:
+        a ``path: dra`` resource is requested by the same name through its DeviceClass's
+        ``extendedResourceName`` (KEP-5004; ``vfioctl deviceclasses``).
         """
         vendor, device = vendor.lower(), device.lower()
         found: dict[str, None] = {}
         fallback: dict[str, None] = {}
         for sel in self.selectors:
             if not sel.admits_ids(vendor, device):
-                continue
-            if not self.selector_serves(sel, DEVICE_PLUGIN):
-                if sel.ids_only and (sel.vendors or sel.devices):
-                    break
                 continue
             name = sel.resource_name or naming.default_resource_name(
                 vendor, device, self.resource_domain
@@ -409,6 +411,20 @@ def _parse_selector(
         bind = raw_bind
     else:
         problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
+    taint_effect = raw.get("taintEffect", NO_SCHEDULE)
+    if taint_effect not in TAINT_EFFECTS:
+        problems.append(
+            (f"{where}.taintEffect", taint_effect, f"must be {' or '.join(TAINT_EFFECTS)}")
+        )
+        taint_effect = NO_SCHEDULE
+    elif "taintEffect" in raw and path != DRA:
+        problems.append(
+            (
+                f"{where}.taintEffect",
+                taint_effect,
+                f"only the DRA plugin taints devices: add path: {DRA} or remove it",
+            )
+        )
     sriov, num_vfs, vf_driver = _parse_sriov(raw, where, bool(addresses), problems)
     if num_vfs is not None and "bind" not in raw and vf_driver == VFIO_PCI:
         bind = True  # made VFs go to vfio-pci unless the selector says otherwise
@@ -424,6 +440,7 @@ def _parse_selector(
         bind=bind,
         path=path,
         bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
         sriov=sriov,
         num_vfs=num_vfs,
         vf_driver=vf_driver,
@@ -437,6 +454,7 @@ def _parse_selector(
         resource_name=resource_name,
         path=path,
         bind_on_prepare=on_prepare,
+        taint_effect=taint_effect,
         vf_driver=vf_driver,
     )
     if sel == bare and len(problems) == before:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA, Config
+from vfio_dp.model.config import DRA, NO_EXECUTE, NO_SCHEDULE, Config
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.naming import dra_device_name
 
@@ -79,6 +79,8 @@ class DraUnit:
     resource_name: str  # the device-plugin name of the primary's selector (for attributes)
     on_prepare: bool  # bind: onPrepare (bound by Prepare, next issue)
     reasons: tuple[str, ...] = ()  # why it is not published; empty = published
+    #: the effect of its taint when prepared and bad (NoExecute only if a selector says so)
+    taint_effect: str = NO_SCHEDULE
 
     @property
     def published(self) -> bool:
@@ -147,6 +149,7 @@ def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
         selected: dict[PciAddress, str] = {}
         selectors: dict[PciAddress, int] = {}
         on_prepare = False
+        effect = NO_SCHEDULE
         for dev in endpoints:
             sel = config.select_for(dev, DRA)
             if sel is None:
@@ -154,6 +157,8 @@ def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
             selected[dev.address] = config.name_for(sel, dev)
             selectors[dev.address] = config.selectors.index(sel)
             on_prepare = on_prepare or sel.bind_on_prepare
+            if sel.taint_effect == NO_EXECUTE:
+                effect = NO_EXECUTE
         if not selected:
             continue
         primary = endpoints[0].address
@@ -168,6 +173,7 @@ def dra_units(inventory: Inventory, config: Config) -> list[DraUnit]:
                 resource_name=selected[first_selected],
                 on_prepare=on_prepare,
                 reasons=tuple(reasons),
+                taint_effect=effect,
             )
         )
     return units

@@ -1,0 +1,189 @@
+"""Device health on the DRA path, end to end on a temp tree: the kubelet DRA stand-in follows
+``DRAResourceHealth.NodeWatchResources`` (official protos) and writes its pod's
+``allocatedResourcesStatus``; the API-server stand-in holds the slices (taints validated
+strictly). No uevents on a temp tree: the periodic ``--resync`` (0.2 s here) notices changes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dra.apiserver_standin import CLAIMS, ApiServerStandin, decode_problems
+from tests.dra.conftest import NODE
+from tests.dra.kubelet_dra_standin import HEALTH_SERVICES, KubeletDraStandin
+from tests.dra.test_prepare_e2e import DRIVER, claim, gpu_result
+from tests.dra.topologies import DRA_CONFIG, dra_host
+from tests.kernel_sim import SimulatedKernel
+from tests.sysfs_tree import SysfsTree
+from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.host import Host
+
+GPU, AUDIO = "0000:3b:00.0", "0000:3b:00.1"
+GPU_DEVICE = "pci-0000-3b-00-0"
+VF_DEVICE = "pci-0000-af-00-1"
+
+
+class Rig:
+    def __init__(self, api: ApiServerStandin, kubelet: KubeletDraStandin, plugin: DraPlugin,
+                 tree: SysfsTree) -> None:  # fmt: skip
+        self.api, self.kubelet, self.plugin, self.tree = api, kubelet, plugin, tree
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """The devices of this node's pool on the API server, by name."""
+        return {
+            d["name"]: d
+            for s in self.api.objects_of_plural("resourceslices")
+            for d in s["spec"]["devices"]
+        }
+
+    async def wait(self, what: str, predicate: Any, timeout: float = 15.0) -> None:
+        # the machine is shared: generous deadline, the test waits for the condition only
+        await self.kubelet.wait_for(what, lambda _k: predicate(), timeout)
+
+    async def run_gpu_pod(self) -> None:
+        stored = self.api.seed(CLAIMS, claim("vm-gpu", [gpu_result()]))
+        m = stored["metadata"]
+        await self.kubelet.run_pod(
+            DRIVER, "virt-launcher-vm", m["namespace"], [(m["uid"], m["name"])]
+        )
+
+    def pod_health(self) -> list[dict[str, Any]]:
+        pod = self.kubelet.pods["virt-launcher-vm"]
+        assert decode_problems(pod.status, "V1PodStatus") == []  # the client's own model
+        return list(pod.status["containerStatuses"][0]["allocatedResourcesStatus"])
+
+
+@pytest.fixture(params=list(HEALTH_SERVICES))
+async def rig(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    apiserver: ApiServerStandin,
+    kdirs: tuple[str, str],
+) -> AsyncIterator[Rig]:
+    """One rig per health service version the kubelet speaks (v1, v1alpha1)."""
+    tree = dra_host(tmp_path / "host")
+    registry, plugins = kdirs
+    config = tmp_path / "config.yaml"
+    config.write_text(DRA_CONFIG)
+    kubelet = KubeletDraStandin(
+        registry, NODE, api_client=apiserver.client(), health_versions=(request.param,)
+    )
+    await kubelet.start()
+    plugin = DraPlugin(
+        DraOptions(
+            node_name=NODE, driver_name=DRIVER, registry_dir=registry, plugins_dir=plugins,
+            cdi_dir=str(tmp_path / "cdi"), config_path=str(config), root=str(tree.root),
+            resync=0.2, metrics_port=0, uevents=False,
+        ),
+        apiserver.client(),
+        host=Host(tree.root, kernel=SimulatedKernel(tree)),
+    )  # fmt: skip
+    await plugin.start()
+    await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
+    assert kubelet.plugins[DRIVER].health_version == request.param
+    try:
+        yield Rig(apiserver, kubelet, plugin, tree)
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
+
+
+async def test_registration_names_the_health_services(rig: Rig) -> None:
+    info = next(a.info for a in rig.kubelet.attempts if a.accepted)
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
+
+
+async def test_the_stream_carries_the_whole_pool(rig: Rig) -> None:
+    await rig.wait("the first health list", lambda: rig.kubelet.health.get(DRIVER))
+    await rig.wait("the slices", lambda: set(rig.devices()))
+    seen = rig.kubelet.health[DRIVER]
+    assert {d for _pool, d in seen} == set(rig.devices())  # every published device, no other
+    assert {s.health for s in seen.values()} == {"Healthy"}
+    # a timeout that matches the resync: three scans of 0.2 s, at least 1 s
+    assert {s.timeout for s in seen.values()} == {1.0}
+    # the list comes again after every scan, so kubelet never times out while we run
+    before = rig.kubelet.health_responses
+    await rig.wait("more lists", lambda: rig.kubelet.health_responses >= before + 3)
+
+
+async def test_prepared_group_unbound_underneath_is_tainted_not_withdrawn(rig: Rig) -> None:
+    await rig.run_gpu_pod()
+    assert rig.tree.driver_of(AUDIO) == "vfio-pci"
+    await rig.wait(
+        "the pod's device healthy",
+        lambda: rig.pod_health()[0]["resources"][0]["health"] == "Healthy",
+    )
+    start = time.monotonic()
+    rig.tree.set_driver(AUDIO, None)  # someone unbinds the audio function under the VM
+
+    def unhealthy() -> bool:
+        return rig.kubelet.health_of(DRIVER, NODE, GPU_DEVICE)[0] == "Unhealthy"
+
+    await rig.wait("UNHEALTHY on the stream", unhealthy)
+    took = time.monotonic() - start
+    _, message = rig.kubelet.health_of(DRIVER, NODE, GPU_DEVICE)
+    assert f"{AUDIO} (10de:10f8) was unbound from vfio-pci" in message
+    assert f"vfioctl bind --group {GPU}" in message  # the fix
+    (status,) = rig.pod_health()
+    assert status["name"] == "claim:vm-gpu/gpu"
+    assert status["resources"] == [
+        {"resourceID": f"{DRIVER}/{NODE}/{GPU_DEVICE}", "health": "Unhealthy", "message": message}
+    ]
+    await rig.wait(
+        "the taint on the slice", lambda: rig.devices().get(GPU_DEVICE, {}).get("taints")
+    )
+    (taint,) = rig.devices()[GPU_DEVICE]["taints"]
+    assert taint["key"] == f"{DRIVER}/unhealthy" and taint["value"] == "unbound"
+    assert taint["effect"] == "NoSchedule" and taint["timeAdded"].endswith("Z")
+    assert rig.plugin.metrics.get("vfio_dp_dra_device_tainted", device=GPU_DEVICE) == 1
+    # debounced (one confirming scan) yet well within a second of the next scan
+    assert took < 10, took
+    # rebound: healthy again, the taint goes, the device never left the pool
+    rig.tree.set_driver(AUDIO, "vfio-pci")
+    await rig.wait(
+        "HEALTHY again",
+        lambda: not unhealthy() and rig.kubelet.health_of(DRIVER, NODE, GPU_DEVICE)[0] == "Healthy",
+    )
+    await rig.wait(
+        "the taint removed", lambda: "taints" not in rig.devices().get(GPU_DEVICE, {"taints": 1})
+    )
+
+
+async def test_a_sibling_on_a_host_driver_makes_it_unhealthy(rig: Rig) -> None:
+    await rig.run_gpu_pod()
+    rig.tree.set_driver(AUDIO, "snd_hda_intel")  # the host grabs the audio function
+
+    def message() -> str:
+        return rig.kubelet.health_of(DRIVER, NODE, GPU_DEVICE)[1]
+
+    await rig.wait(
+        "UNHEALTHY with the reason", lambda: "left vfio-pci for host driver" in message()
+    )
+    assert "snd_hda_intel" in message()
+    await rig.wait("the taint", lambda: rig.devices().get(GPU_DEVICE, {}).get("taints"))
+    assert rig.devices()[GPU_DEVICE]["taints"][0]["value"] == "host-driver"
+
+
+async def test_an_unprepared_group_that_goes_bad_is_withdrawn(rig: Rig) -> None:
+    await rig.wait("the VF published", lambda: VF_DEVICE in rig.devices())
+    rig.tree.set_driver("0000:af:00.1", "mlx5_core")
+    await rig.wait("the VF withdrawn", lambda: VF_DEVICE not in rig.devices())
+    await rig.wait(
+        "the VF gone from the stream",
+        lambda: (NODE, VF_DEVICE) not in _latest_devices(rig),
+    )
+    assert not any(d.get("taints") for d in rig.devices().values())
+
+
+def _latest_devices(rig: Rig) -> set[tuple[str, str]]:
+    latest = rig.plugin.health_stream.latest or ()
+    return {(NODE, r.device) for r in latest}

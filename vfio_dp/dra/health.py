@@ -1,0 +1,143 @@
+"""What the DRA plugin publishes and reports, by group state: pure, no I/O.
+
+Joins the core's health model (:mod:`vfio_dp.core.health`) with the DRA facts -- the
+prepared claims of the checkpoint, the devices built for the slices -- into the pool
+(``design.md``, "What the DRA plugin publishes, by group state"):
+
+- an unheld device is published while HEALTHY and withdrawn otherwise (as after a restart);
+- a device a prepared claim holds is never withdrawn from under it: while UNHEALTHY it is
+  published with ONE taint (at most 16 are allowed per device)::
+
+      {"key": "<driver>/unhealthy", "value": "unbound", "effect": "NoSchedule",
+       "timeAdded": "2026-11-24T18:41:14Z"}
+
+  ``value`` names the faults (:mod:`vfio_dp.core.health` codes, ``.``-joined, a label
+  value); ``effect`` is ``NoSchedule`` unless the device's selector says ``taintEffect:
+  NoExecute`` (which evicts the running VM); ``timeAdded`` is when the state was entered.
+  The taint goes when the state clears. A device the scan can no longer describe (its
+  functions are gone from sysfs) is published as it was last built.
+
+Claims in ``preparing`` or ``releasing`` state (a bind or restore of ours under way, or a
+group still held open after Unprepare) are *in flight*: their devices keep their state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, Held
+from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
+from vfio_dp.dra.slices import Device
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config import NO_SCHEDULE
+
+TAINT_NAME = "unhealthy"
+MAX_TAINTS = 16  # per device (resource.k8s.io/v1 validation)
+MAX_LABEL_VALUE = 63
+MAX_MESSAGE = 1024  # DeviceHealth.message (kubelet truncates longer ones)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimHolds:
+    """The checkpoint's prepared claims as the health model needs them."""
+
+    held: dict[str, Held]  # device name -> the group a prepared claim holds
+    in_flight: frozenset[str]  # device names with a prepare/release of ours under way
+
+
+def claim_holds(records: Iterable[ClaimRecord]) -> ClaimHolds:
+    held: dict[str, Held] = {}
+    in_flight: set[str] = set()
+    for rec in records:
+        for d in rec.devices:
+            if d.admin_access or d.iommu_group is None:
+                continue  # monitoring access: the group is not the claim's
+            if rec.state in (PREPARING, RELEASING):
+                in_flight.add(d.device)
+            if rec.state != PREPARED:
+                continue
+            before = held.get(d.device)
+            held[d.device] = Held(
+                device=d.device,
+                group=d.iommu_group,
+                addresses=tuple(PciAddress.parse(a) for a in d.addresses),
+                claims=(before.claims if before else ()) + (rec.ref,),
+            )
+    return ClaimHolds(held, frozenset(in_flight))
+
+
+def taint_value(h: DeviceHealth) -> str:
+    """The fault codes, ``.``-joined while they fit a label value."""
+    value = ""
+    for code in h.codes:
+        joined = f"{value}.{code}" if value else code
+        if len(joined) > MAX_LABEL_VALUE:
+            break
+        value = joined
+    return value or "unhealthy"
+
+
+def rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def taint(h: DeviceHealth, driver: str, effect: str = NO_SCHEDULE) -> dict[str, str]:
+    return {
+        "key": f"{driver}/{TAINT_NAME}",
+        "value": taint_value(h),
+        "effect": effect,
+        "timeAdded": rfc3339(h.since),
+    }
+
+
+def pool_devices(
+    states: Mapping[str, DeviceHealth],
+    built: Mapping[str, Device],
+    last: Mapping[str, Device],
+    effects: Mapping[str, str],
+    driver: str,
+) -> list[Device]:
+    """The devices of the pool, by name: ``built`` are this scan's devices of every unit
+    whose functions are present; ``last`` what was published before (for held devices the
+    scan cannot describe); ``effects`` each device's taint effect."""
+    out: list[Device] = []
+    for name in sorted(states):
+        h = states[name]
+        if not h.held:
+            if h.health == HEALTHY and name in built:
+                out.append(dict(built[name]))
+            continue
+        base = built.get(name) or last.get(name)
+        if base is None:
+            continue  # never described (cannot happen after a publish); nothing to show
+        dev = {k: v for k, v in base.items() if k != "taints"}
+        if h.health == UNHEALTHY:
+            dev["taints"] = [taint(h, driver, effects.get(name, NO_SCHEDULE))]
+        out.append(dev)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One device's line on the health stream (and in ``vfioctl``)."""
+
+    device: str
+    health: str
+    message: str
+    checked: int  # unix seconds of the last scan that looked at it
+
+
+def reports(states: Mapping[str, DeviceHealth], published: Iterable[str]) -> list[Report]:
+    """The full device list of the pool as kubelet wants it (published devices only)."""
+    out: list[Report] = []
+    for name in sorted(set(published)):
+        h = states.get(name)
+        if h is None:
+            continue
+        message = h.message
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
+        out.append(Report(name, h.health, message, int(h.checked)))
+    return out

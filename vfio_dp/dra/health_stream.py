@@ -1,0 +1,110 @@
+"""``DRAResourceHealth.NodeWatchResources`` (v1 and v1alpha1): the DRA plugin's health stream.
+
+A gRPC shell, served on ``<plugins>/<driver>/dra.sock`` beside the DRAPlugin services and
+named in the registration's ``supported_versions`` (``v1.DRAResourceHealth``,
+``v1alpha1.DRAResourceHealth``). Protos vendored from kubernetes/kubelet
+``pkg/apis/dra-health/{v1,v1alpha1}``: packages ``v1`` and ``v1alpha1``, so the method paths
+are ``/v1.DRAResourceHealth/NodeWatchResources`` and ``/v1alpha1...``.
+
+kubelet opens one stream per registered plugin and keeps it; every response carries the FULL
+device list of the pool (kubelet treats a device missing from it as gone: Unknown after its
+timeout)::
+
+    NodeWatchResourcesResponse{devices: [DeviceHealth{
+        device: {pool_name: "node-a", device_name: "pci-0000-3b-00-0"},
+        health: UNHEALTHY, last_updated_time: 1763998874, health_check_timeout_seconds: 15,
+        message: "0000:3b:00.0 (8086:10d3) was unbound from vfio-pci underneath ..."}]}
+
+A new stream gets the current list at once; every stream gets a new one after every scan of
+the node core (every ``--resync`` seconds and on every event), so kubelet's per-device
+timeout (``health_check_timeout_seconds``, set from the resync) never expires while we run,
+and a change reaches kubelet within a scan. Only the latest list is kept: a slow reader
+skips lists, never sees an old one after a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as v1_pb2
+from vfio_dp.dra._pb.dra_health.v1 import api_pb2_grpc as v1_grpc
+from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
+from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from vfio_dp.dra.health import Report
+
+log = logging.getLogger("vfio_dp.dra")
+
+#: what the registration adds to ``supported_versions`` (after the DRAPlugin services)
+SERVICE_NAMES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+
+class HealthStream:
+    """The latest health list of one pool and the streams that follow it."""
+
+    def __init__(self, pool: str, timeout_seconds: int) -> None:
+        self.pool = pool
+        self.timeout_seconds = timeout_seconds
+        self.latest: tuple[Report, ...] | None = None
+        self.sent = 0  # responses sent, all streams (metrics, tests)
+        self._subscribers: set[asyncio.Event] = set()
+
+    @property
+    def streams(self) -> int:
+        return len(self._subscribers)
+
+    def publish(self, reports: Sequence[Report]) -> None:
+        """The new full list; every stream sends it (the event loop's thread only)."""
+        self.latest = tuple(reports)
+        for wake in self._subscribers:
+            wake.set()
+
+    def add_to_server(self, server: Any) -> None:
+        v1_grpc.add_DRAResourceHealthServicer_to_server(_Servicer(self, v1_pb2, "v1"), server)
+        v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            _Servicer(self, v1alpha1_pb2, "v1alpha1"), server
+        )
+
+    def response(self, pb: Any) -> Any:
+        out = pb.NodeWatchResourcesResponse()
+        for r in self.latest or ():
+            out.devices.append(
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=self.pool, device_name=r.device),
+                    health=pb.HealthStatus.Value(r.health),
+                    last_updated_time=r.checked,
+                    health_check_timeout_seconds=self.timeout_seconds,
+                    message=r.message,
+                )
+            )
+        return out
+
+    async def follow(self, pb: Any, version: str) -> AsyncIterator[Any]:
+        wake = asyncio.Event()
+        if self.latest is not None:
+            wake.set()
+        self._subscribers.add(wake)
+        log.info("kubelet opened a %s health stream (%d open)", version, self.streams)
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                self.sent += 1
+                yield self.response(pb)
+        finally:
+            self._subscribers.discard(wake)
+            log.info("a %s health stream closed (%d open)", version, self.streams)
+
+
+class _Servicer:
+    def __init__(self, stream: HealthStream, pb: Any, version: str) -> None:
+        self.stream = stream
+        self.pb = pb
+        self.version = version
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        # an async generator function itself: that is how grpc.aio knows it streams
+        async for response in self.stream.follow(self.pb, self.version):
+            yield response

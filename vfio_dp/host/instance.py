@@ -1,0 +1,166 @@
+"""One instance of each node process per node, and which of ours are running now.
+
+Each long-running process of ours holds an exclusive ``flock`` on its own lock file for its
+whole life, under the root (the DaemonSet's ``/host`` is the host, so a pod and a shell on
+the node see the same file)::
+
+    <root>/run/vfio_dp/device-plugin.lock          vfioctl plugin
+    <root>/run/vfio_dp/dra-plugin.<driver>.lock    vfioctl dra-plugin --driver-name <driver>
+
+The file holds the holder's pid (for messages only: the lock, not the file, says who runs).
+The kernel drops a ``flock`` when its process dies, SIGKILL included, so a crash leaves no
+stale lock. A second instance waits a bounded time for the first to exit (logging the first
+one's pid), then takes over or fails naming it.
+
+``vfioctl unbind --all`` takes a SHARED lock on every lock file for as long as it runs: it
+fails at once when any of ours holds one (a daemon with ``bind: true`` would bind the devices
+again), and no process of ours can start until it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from vfio_dp.errors import InstanceRunningError
+from vfio_dp.host.root import Root
+
+RUN_DIR = ("run", "vfio_dp")
+DEVICE_PLUGIN = "device-plugin"
+SUFFIX = ".lock"
+_DRIVER = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+
+
+def lock_name(process: str, driver: str | None = None) -> str:
+    """``device-plugin`` → ``device-plugin.lock``; the DRA plugin's is per driver name."""
+    if process == DEVICE_PLUGIN:
+        return DEVICE_PLUGIN + SUFFIX
+    if driver is None or not _DRIVER.fullmatch(driver):  # the validator proper is naming's
+        raise ValueError(f"a DRA plugin lock needs a valid driver name, not {driver!r}")
+    return f"dra-plugin.{driver}{SUFFIX}"
+
+
+def _describe(name: str) -> str:
+    if name == DEVICE_PLUGIN + SUFFIX:
+        return "the device plugin (vfioctl plugin)"
+    driver = name[len("dra-plugin.") : -len(SUFFIX)]
+    return f"the DRA plugin for {driver} (vfioctl dra-plugin)"
+
+
+def _open(root: Root, name: str) -> int:
+    d = root.open_dir(*RUN_DIR, create=True)
+    os.close(d)
+    return root.open(root.path(*RUN_DIR, name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+
+
+def _pid_in(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+@dataclass
+class InstanceLock:
+    """The exclusive lock of one running process (hold it for the process's whole life)."""
+
+    root: Root
+    name: str
+    fd: int | None = None
+
+    def acquire(
+        self,
+        wait: float,
+        on_wait: Callable[[int | None], None] = lambda pid: None,
+        *,
+        poll: float = 0.2,
+    ) -> None:
+        """Take the lock, waiting up to ``wait`` seconds for a running instance to exit
+        (``on_wait(pid)`` once when it has to wait); raises :class:`InstanceRunningError`."""
+        fd = _open(self.root, self.name)
+        deadline = time.monotonic() + wait
+        told = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                pid = _pid_in(fd)
+                if not told:
+                    on_wait(pid)
+                    told = True
+                if time.monotonic() >= deadline:
+                    raise InstanceRunningError(
+                        f"{_describe(self.name)} already runs on this node"
+                        f"{f' (pid {pid})' if pid else ''}: it holds "
+                        f"{self.root.path(*RUN_DIR, self.name)}; waited {wait:g} s for it to "
+                        "exit. Run one per node (a DaemonSet with maxSurge 0), or stop the other"
+                    )
+                time.sleep(poll)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def lock_files(root: Root) -> list[str]:
+    """Names of the lock files present (a process of ours ran here since boot)."""
+    try:
+        d = root.open_dir(*RUN_DIR)
+    except FileNotFoundError:
+        return []
+    try:
+        return sorted(n for n in os.listdir(d) if n.endswith(SUFFIX))
+    finally:
+        os.close(d)
+
+
+@contextlib.contextmanager
+def none_running(root: Root, why: str) -> Iterator[None]:
+    """Hold a SHARED lock on every lock file while the body runs; raise
+    :class:`InstanceRunningError` naming each process of ours that runs now."""
+    held: list[int] = []
+    running: list[str] = []
+    try:
+        for name in lock_files(root):
+            fd = _open(root, name)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                pid = _pid_in(fd)
+                running.append(f"{_describe(name)}{f' (pid {pid})' if pid else ''}")
+                os.close(fd)
+                continue
+            held.append(fd)
+        if running:
+            raise InstanceRunningError(
+                f"{why}: {', '.join(running)} runs on this node and would take the devices "
+                "again; stop it first (docs/install.md, Uninstall: delete the DaemonSets, "
+                "then run the uninstall workload)"
+            )
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
