@@ -12,21 +12,38 @@ from cli.common import option, run_guarded
 
 
 @click.command("webhook-certs")
-@option("--namespace", default="vfio-dp", show_default=True, help="Namespace of the Service and Secret.")
+@option(
+    "--namespace", default="vfio-dp", show_default=True, help="Namespace of the Service and Secret."
+)
 @option("--service", default="vfio-dp-webhook", show_default=True, help="The webhook's Service.")
-@option("--secret", default="vfio-dp-webhook-tls", show_default=True, help="The TLS Secret to keep.")
+@option(
+    "--secret", default="vfio-dp-webhook-tls", show_default=True, help="The TLS Secret to keep."
+)
 @option(
     "--webhook-config",
     default="vfio-dp-webhook",
     show_default=True,
     help="The MutatingWebhookConfiguration whose caBundle follows the Secret's CA.",
 )
-@option("--days", default=365, show_default=True, type=click.IntRange(2, 3650),
-        help="Validity of a new certificate.")
-@option("--renew-days", default=30, show_default=True, type=click.IntRange(1, 3649),
-        help="Replace a certificate that expires within this many days.")
-@option("--kubeconfig", type=click.Path(dir_okay=False),
-        help="kubeconfig; absent: $KUBECONFIG, ~/.kube/config, then the pod's service account.")
+@option(
+    "--days",
+    default=365,
+    show_default=True,
+    type=click.IntRange(2, 3650),
+    help="Validity of a new certificate.",
+)
+@option(
+    "--renew-days",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1, 3649),
+    help="Replace a certificate that expires within this many days.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    help="kubeconfig; absent: $KUBECONFIG, ~/.kube/config, then the pod's service account.",
+)
 def webhook_certs(
     namespace: str,
     service: str,

@@ -324,13 +324,17 @@ def bind_cmd(
 def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
     """Every SR-IOV PF vfio_dp changed back to the VF count it had (before the binds are
     given back: the VFs' own bind records go with them); a PF with a held VF is refused."""
+    from vfio_dp.deviceplugin.podresources import DEFAULT_SOCKET, holds
     from vfio_dp.dra.holds import checkpoint_holds
     from vfio_dp.errors import RefusedError
     from vfio_dp.host.sriov import Sriov
 
+    held = checkpoint_holds(host.fs)
+    for a, who in holds(DEFAULT_SOCKET).items():  # pods the kubelet gave a VF
+        held.setdefault(a, []).extend(who)
     sr = Sriov(host)
     try:
-        results, recovered = sr.restore_all(extra=checkpoint_holds(host.fs), dry_run=dry_run)
+        results, recovered = sr.restore_all(extra=held, dry_run=dry_run)
     except RefusedError as e:
         return [], e
     for r in recovered:

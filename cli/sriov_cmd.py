@@ -14,7 +14,8 @@ count is not what is wanted (the refusals a change would meet now).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -30,6 +31,9 @@ from cli.common import (
 
 if TYPE_CHECKING:
     from vfio_dp.host.sriov import Held, PfView, Sriov
+    from vfio_dp.model.address import PciAddress
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _sriov(root: str) -> Sriov:
@@ -39,11 +43,28 @@ def _sriov(root: str) -> Sriov:
     return Sriov(Host(root))
 
 
-def _holds(sriov: Sriov) -> Held:
-    """Who else holds a VF: the DRA plugin's prepared claims (its checkpoints)."""
+def _holds(sriov: Sriov, pod_resources_socket: str) -> Held:
+    """Who else holds a VF: the DRA plugin's prepared claims (its checkpoints) and the
+    devices the kubelet gave running pods (its PodResources API, when it is there)."""
+    from vfio_dp.deviceplugin.podresources import holds
     from vfio_dp.dra.holds import checkpoint_holds
 
-    return checkpoint_holds(sriov.host.fs)
+    out: dict[PciAddress | str, list[str]] = {}
+    for found in (checkpoint_holds(sriov.host.fs), holds(pod_resources_socket)):
+        for a, who in found.items():
+            out.setdefault(a, []).extend(who)
+    return out
+
+
+def pod_resources_option(f: F) -> F:
+    return option(
+        "--pod-resources-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        show_default=True,
+        type=click.Path(dir_okay=False),
+        help="The kubelet's PodResources API (never joined with --root): a VF a running pod "
+        "was given is held. No socket: no pods to ask about.",
+    )(f)
 
 
 def _pf_json(v: PfView, want: int | None) -> dict[str, object]:
@@ -73,8 +94,11 @@ def _pf_json(v: PfView, want: int | None) -> dict[str, object]:
     default=None,
     help="Node config (YAML): the VF count its numVfs selectors ask of each PF (WANTED).",
 )
+@pod_resources_option
 @click.pass_context
-def sriov(ctx: click.Context, root: str, output: str, config: str | None) -> None:
+def sriov(
+    ctx: click.Context, root: str, output: str, config: str | None, pod_resources_socket: str
+) -> None:
     """SR-IOV PFs: VF counts (total, now, wanted by the config), who made them, which VFs
     are held and by whom, and why a count is not what the config wants."""
     if ctx.invoked_subcommand is not None:
@@ -85,7 +109,7 @@ def sriov(ctx: click.Context, root: str, output: str, config: str | None) -> Non
 
         wanted = {pf: n for pf, (n, _) in load_config(config).wanted_vfs().items()}
         s = _sriov(root)
-        views = [(v, wanted.get(v.pf.address)) for v in s.view(_holds(s))]
+        views = [(v, wanted.get(v.pf.address)) for v in s.view(_holds(s, pod_resources_socket))]
         rows = [_pf_json(v, want) for v, want in views]
         if output == "json":
             print_json(rows)
@@ -126,8 +150,16 @@ def sriov(ctx: click.Context, root: str, output: str, config: str | None) -> Non
 @option("--force", is_flag=True, help="Change a PF whose VFs vfio_dp did not make.")
 @option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
 @option("--bind/--no-bind", default=True, show_default=True, help="Bind the made VFs to vfio-pci.")
+@pod_resources_option
 def set_cmd(
-    address: str, count: int, root: str, output: str, force: bool, dry_run: bool, bind: bool
+    address: str,
+    count: int,
+    root: str,
+    output: str,
+    force: bool,
+    dry_run: bool,
+    bind: bool,
+    pod_resources_socket: str,
 ) -> None:
     """Set the PF at ADDRESS to COUNT VFs, by the kernel's rules (through 0; at most
     sriov_totalvfs; autoprobe off while VFs exist). Refused while any VF is held."""
@@ -144,7 +176,7 @@ def set_cmd(
             force=force,
             dry_run=dry_run,
             bind=bind,
-            extra=_holds(s),
+            extra=_holds(s, pod_resources_socket),
         )
         if output == "json":
             print_json(

@@ -102,3 +102,26 @@ def test_unbind_all_gives_vf_counts_back(tree: SysfsTree) -> None:
         f"echo 1 > {base}/sriov_drivers_autoprobe",
     ]
     assert os.path.exists(d / f"{MLX}.json")
+
+
+async def test_a_pods_vf_is_held(tree: SysfsTree, tmp_path: Path) -> None:
+    """The kubelet's PodResources API (stand-in, real gRPC) says a pod has a VF: refused."""
+    import asyncio
+
+    from tests.cli.test_host_commands import VFIOCTL
+    from tests.deviceplugin.podresources_standin import Pod, PodResourcesStandin
+
+    pr = PodResourcesStandin(str(tmp_path / "pr.sock"))
+    await pr.start()
+    pr.pods = [Pod("default", "vm-b", "compute", "example.com/mlx-vf", ["0000:af:00.2"])]
+    try:
+        args = ["sriov", "set", "--root", str(tree.root), "--dry-run", "--force"]
+        proc = await asyncio.create_subprocess_exec(
+            *VFIOCTL, *args, "--pod-resources-socket", pr.socket, MLX, "0",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+    finally:
+        await pr.stop()
+    assert proc.returncode == 1 and pr.calls == 1, err
+    assert b"pod default/vm-b container compute (resource example.com/mlx-vf)" in err

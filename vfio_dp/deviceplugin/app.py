@@ -56,7 +56,7 @@ from vfio_dp.deviceplugin.allocation import (
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
 from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
-from vfio_dp.errors import AddressError, PluginError, SocketPathError
+from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
@@ -174,23 +174,12 @@ class Daemon:
     def _pod_holds(self) -> dict[PciAddress | str, list[str]]:
         """Which PCI functions running pods were allocated (any plugin naming devices by
         PCI address), from the kubelet's PodResources API; a device held stands for its
-        whole IOMMU group. No socket: nothing (no kubelet yet). No answer: ``"*"`` holds
-        everything (the SR-IOV pass then refuses, and retries)."""
-        try:
-            found = podresources.allocated(self.options.pod_resources_socket)
-        except FileNotFoundError:
-            return {}
-        except PluginError as e:
-            return {"*": [str(e)]}
+        whole IOMMU group."""
         inv = self.core.inventory
         out: dict[PciAddress | str, list[str]] = {}
-        for dev_id, who in found.items():
-            try:
-                addr = PciAddress.parse(dev_id)
-            except AddressError:
-                continue  # another plugin's device, not a PCI function
-            group = inv.group_of(addr) if inv is not None else None
-            for a in group.devices if group is not None else (addr,):
+        for key, who in podresources.holds(self.options.pod_resources_socket).items():
+            group = inv.group_of(key) if inv is not None and isinstance(key, PciAddress) else None
+            for a in group.devices if group is not None else (key,):
                 out.setdefault(a, []).extend(who)
         return out
 

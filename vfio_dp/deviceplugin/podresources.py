@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 
-from vfio_dp.errors import PluginError
+from vfio_dp.errors import AddressError, PluginError
+from vfio_dp.model.address import PciAddress
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -58,4 +59,22 @@ def allocated(socket: str, timeout: float = 2.0) -> dict[str, list[str]]:
                 )
                 for dev_id in d.device_ids:
                     out.setdefault(dev_id, []).append(who)
+    return out
+
+
+def holds(socket: str, timeout: float = 2.0) -> dict[PciAddress | str, list[str]]:
+    """:func:`allocated`, by PCI address (IDs that are not PCI addresses are other plugins'
+    devices); no socket: nothing; no answer: ``"*"`` (holds every device: refuse, retry)."""
+    try:
+        found = allocated(socket, timeout)
+    except FileNotFoundError:
+        return {}
+    except PodResourcesError as e:
+        return {"*": [str(e)]}
+    out: dict[PciAddress | str, list[str]] = {}
+    for dev_id, who in found.items():
+        try:
+            out.setdefault(PciAddress.parse(dev_id), []).extend(who)
+        except AddressError:
+            continue
     return out
