@@ -63,3 +63,45 @@ def test_start_reload_and_give_back(tmp_path: Path) -> None:
             await core.close()
 
     asyncio.run(scenario())
+
+
+class Killed(BaseException):
+    """The process died (SIGKILL): nothing catches this."""
+
+
+def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> None:
+    tree = nvme_tree(tmp_path / "root")
+
+    class KilledAfterCount(SimulatedKernel):
+        def write(self, path: str, data: str) -> None:
+            super().write(path, data)
+            if path.endswith("sriov_numvfs"):
+                raise Killed(path)
+
+    from vfio_dp.host.sriov import Sriov
+
+    dying = Host(tree.root, kernel=KilledAfterCount(tree), owner="daemon")
+    try:
+        Sriov(dying, by="daemon").set(PciAddress.parse(PF), 2)
+    except Killed:
+        pass
+    ops = tree.root / "var/lib/vfio_dp/sriov/ops"
+    assert [p.name for p in ops.glob("*.json")] == [f"{PF}.json"] and VF1 in tree.devs
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG.format(pf=PF, n=2))
+    sim = SimulatedKernel(tree)
+    core = NodeCore(
+        CoreOptions(root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False),
+        Host(tree.root, kernel=sim, owner="daemon"),
+    )
+
+    async def scenario() -> None:
+        await core.start()
+        await core.close()
+
+    asyncio.run(scenario())
+    numvfs = [d.strip() for p, d in sim.writes if p.endswith("sriov_numvfs")]
+    assert numvfs == ["0", "2"]  # put back first, then made again by the config
+    assert list(ops.glob("*.json")) == []
+    assert tree.driver_of(VF1) == tree.driver_of(VF2) == "vfio-pci"
+    assert any("undid the interrupted" in m for m in core._sriov_said)
