@@ -5,6 +5,7 @@ simulator on a temp tree)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from tests.kernel_sim import SimulatedKernel
@@ -81,10 +82,8 @@ def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> Non
     from vfio_dp.host.sriov import Sriov
 
     dying = Host(tree.root, kernel=KilledAfterCount(tree), owner="daemon")
-    try:
+    with contextlib.suppress(Killed):
         Sriov(dying, by="daemon").set(PciAddress.parse(PF), 2)
-    except Killed:
-        pass
     ops = tree.root / "var/lib/vfio_dp/sriov/ops"
     assert [p.name for p in ops.glob("*.json")] == [f"{PF}.json"] and VF1 in tree.devs
     cfg = tmp_path / "config.yaml"
