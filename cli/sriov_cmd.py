@@ -4,7 +4,7 @@ Thin: calls :class:`vfio_dp.host.sriov.Sriov` and prints. ``-o json`` gives one 
 PF::
 
     {"address": "0000:01:00.0", "driver": "nvme", "totalvfs": 2, "numvfs": 2, "wanted": 2,
-     "autoprobe": 0, "vfs": ["0000:01:00.1", "0000:01:00.2"], "made_by": "daemon",
+     "autoprobe": 0, "vfs": ["0000:01:00.1", "0000:01:00.2"], "made_by": "daemon:devicePlugin",
      "before": 0, "held": {"0000:01:00.1": ["/dev/vfio/12 is held open by pid 812 (qemu)"]},
      "why_not": [], "interrupted": null}
 

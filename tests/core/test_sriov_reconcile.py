@@ -104,3 +104,32 @@ def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> Non
     assert list(ops.glob("*.json")) == []
     assert tree.driver_of(VF1) == tree.driver_of(VF2) == "vfio-pci"
     assert any("undid the interrupted" in m for m in core._sriov_said)
+
+
+def test_each_path_reconciles_only_its_own_selectors(tmp_path: Path) -> None:
+    """The DRA plugin's core neither makes the device plugin's VFs nor gives them back."""
+    from vfio_dp.model.config import DRA
+
+    tree = nvme_tree(tmp_path / "root")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG.format(pf=PF, n=2))  # path: devicePlugin (the default)
+
+    def core(path: str, sim: SimulatedKernel) -> NodeCore:
+        opts = CoreOptions(
+            root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False, path=path
+        )
+        return NodeCore(opts, Host(tree.root, kernel=sim, owner="daemon"))
+
+    async def start_stop(c: NodeCore) -> None:
+        await c.start()
+        await c.close()
+
+    dra_sim = SimulatedKernel(tree)
+    asyncio.run(start_stop(core(DRA, dra_sim)))
+    assert dra_sim.writes == [] and VF1 not in tree.devs
+    asyncio.run(start_stop(core("devicePlugin", SimulatedKernel(tree))))
+    assert VF2 in tree.devs
+    cfg.write_text('selectors:\n- {vendor: "8086", path: dra}\n')  # the DRA config has none
+    dra_sim = SimulatedKernel(tree)
+    asyncio.run(start_stop(core(DRA, dra_sim)))
+    assert not any("sriov" in p for p, _ in dra_sim.writes) and VF2 in tree.devs

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from vfio_dp.model.naming import kubevirt_env_var
+
 from .conftest import Guest
 from .rig import DEFAULT_MODULES, Topology
 
@@ -63,7 +65,7 @@ def test_boot_state(run: dict[str, Any]) -> None:
     assert boot["autoprobe"] == "1" and run["errors"] == []
 
 
-def test_config_asks_two_vfs_made_bound_advertised(run: dict[str, Any]) -> None:
+def test_config_asks_two_vfs_made_bound_advertised_allocated(run: dict[str, Any]) -> None:
     core = run["core_start"]
     assert core["run"]["rc"] == 0, core["run"]["stderr"]
     st = core["state"]
@@ -72,9 +74,11 @@ def test_config_asks_two_vfs_made_bound_advertised(run: dict[str, Any]) -> None:
     assert all(v["driver"] == "vfio-pci" and v["node"] for v in st["vfs"]), st["vfs"]
     assert len({v["group"] for v in st["vfs"]}) == 2  # each VF alone in its group
     assert st["sriov_records"] == [f"{run['pf']}.json"]
-    listed = core["listing"]["devices.kubevirt.io/nvme-vf"]
-    assert sorted(u[0] for u in listed) == sorted(v["address"] for v in st["vfs"])
-    assert all(u[1] == "Healthy" for u in listed)
+    dp = core["daemon"]  # advertised to the kubelet stand-in, Allocate answered
+    assert dp["devices"] == {v["address"]: "Healthy" for v in st["vfs"]}
+    group = next(v["group"] for v in st["vfs"] if v["address"] == dp["allocated"])
+    assert dp["nodes"] == ["/dev/vfio/vfio", f"/dev/vfio/{group}"]
+    assert dp["envs"][kubevirt_env_var("devices.kubevirt.io/nvme-vf")] == dp["allocated"]
 
 
 def test_held_vf_blocks_count_change(run: dict[str, Any]) -> None:

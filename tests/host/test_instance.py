@@ -127,3 +127,17 @@ def test_the_lock_never_leaves_the_root(root: Path, tmp_path_factory: pytest.Tem
     with pytest.raises(PathEscapeError):
         InstanceLock(Root(str(root)), lock_name(DEVICE_PLUGIN)).acquire(0)
     assert list(outside.iterdir()) == []
+
+
+def test_none_running_leaves_the_device_locks_alone(root: Path) -> None:
+    """``<bdf>.lock`` (a device's bind lock, same directory) is not a process lock: holding
+    it shared would make ``unbind --all``'s own bind steps wait on themselves."""
+    from vfio_dp.host.state import StateStore
+    from vfio_dp.model.address import PciAddress
+
+    r = Root(str(root))
+    store = StateStore(r)
+    with store.locked([PciAddress.parse("0000:01:00.0")]):
+        pass  # the device's lock file now exists, as after any bind
+    with none_running(r, "x"), store.locked([PciAddress.parse("0000:01:00.0")], timeout=0.5):
+        pass

@@ -108,7 +108,8 @@ class NodeCore:
         self.health_checks: list[Callable[[], str | None]] = []
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
         self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
-        self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
+        #: ``daemon:<path>``: each node process gives back only the PFs it changed itself
+        self.sriov = Sriov(self.host, by=f"{BOUND_BY_DAEMON}:{options.path}")
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -229,7 +230,11 @@ class NodeCore:
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""
-        wanted = {pf: n for pf, (n, _) in self.config.wanted_vfs().items()}
+        wanted = {  # only the numVfs selectors of this process's path
+            pf: n
+            for pf, (n, sel) in self.config.wanted_vfs().items()
+            if self.config.selector_serves(sel, self.options.path)
+        }
         made: list[PciAddress] = []
         try:
             said, made = await self.run(self._reconcile_sriov_sync, wanted)

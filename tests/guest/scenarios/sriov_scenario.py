@@ -3,9 +3,9 @@
 The PF is QEMU's emulated NVMe controller (``1b36:0010`` on ``nvme``, ``sriov_totalvfs`` 2).
 In order, each step's observations into $GUEST_RIG_OUT/sriov.json (nothing decided here):
 
-1. the node core (:class:`vfio_dp.core.node.NodeCore`, as the daemons run it) starts with a
-   config asking ``numVfs: 2`` of the PF: the VFs are made and bound to vfio-pci, and the
-   device-plugin listing advertises them under the selector's resource;
+1. the device-plugin daemon (its node core) starts with a config asking ``numVfs: 2`` of the
+   PF: the VFs are made and bound to vfio-pci, advertised to the kubelet stand-in under the
+   selector's resource, and ``Allocate`` of one hands ``/dev/vfio/<N>``;
 2. a process holds one VF's ``/dev/vfio/<N>`` open: ``vfioctl sriov set PF 1`` and
    ``vfioctl unbind --all`` are refused, ``vfioctl sriov -o json`` names the holder;
 3. once it lets go, ``vfioctl unbind --all`` gives the PF back: 0 VFs, autoprobe 1;
@@ -104,20 +104,30 @@ def step(name: str, cmd: list[str] | None = None, **extra: Any) -> dict[str, Any
     return out
 
 
-CORE = r"""
-import asyncio, json, sys
-from vfio_dp.core.node import CoreOptions, NodeCore
-from vfio_dp.deviceplugin.listing import compute_listing
+DAEMON = r"""
+import asyncio, json, sys, tempfile
+from tests.deviceplugin.kubelet_standin import KubeletStandin
+from vfio_dp.deviceplugin.app import Daemon, Options
+
+R = "devices.kubevirt.io/nvme-vf"
 
 async def main():
-    core = NodeCore(CoreOptions(root="/", config_path=sys.argv[1], metrics_port=0, uevents=False))
-    await core.start()
+    kdir = tempfile.mkdtemp(prefix="kdp", dir="/tmp")
+    kubelet = KubeletStandin(kdir)
+    await kubelet.start()
+    d = Daemon(Options(root="/", kubelet_dir=kdir, config_path=sys.argv[1], metrics_port=0,
+                       uevents=False, resync=2.0, pod_resources_socket=kdir + "/pr.sock"))
+    await d.start()
     try:
-        listing = compute_listing(core.inventory, core.config)
-        print(json.dumps({r: [[str(u.id), u.health, u.group] for u in us]
-                          for r, us in listing.resources.items()}))
+        await kubelet.wait_for("2 VFs", lambda k: len(k.devices(R)) == 2, timeout=180)
+        devices = kubelet.devices(R)
+        first = sorted(devices)[0]
+        resp = await kubelet.allocate(R, [first])
+        print(json.dumps({"devices": devices, "allocated": first, "envs": dict(resp.envs),
+                          "nodes": [x.host_path for x in resp.devices]}))
     finally:
-        await core.close()
+        await d.stop()
+        await kubelet.stop()
 
 asyncio.run(main())
 """
@@ -163,12 +173,13 @@ CFG = "/run/sriov/config.yaml"
 with open(CFG, "w") as f:
     f.write(f'selectors:\n- addresses: ["{PF}"]\n  numVfs: 2\n  resourceName: nvme-vf\n')
 
-# 1. the node core makes and binds them
-core = step("core_start", [sys.executable, "-c", CORE, CFG])
+# 1. the device-plugin daemon (its node core) makes and binds them, advertises them to the
+#    kubelet stand-in, and Allocate hands /dev/vfio/<N>
+core = step("core_start", [sys.executable, "-c", DAEMON, CFG])
 try:
-    core["listing"] = json.loads(core["run"]["stdout"].strip().splitlines()[-1])
+    core["daemon"] = json.loads(core["run"]["stdout"].strip().splitlines()[-1])
 except (ValueError, IndexError) as e:
-    results["errors"].append(f"core listing: {e}")
+    results["errors"].append(f"daemon: {e}")
 save()
 
 # 2. a held VF blocks any count change
