@@ -9,6 +9,10 @@ whole-command times next to `lspci -D -k` reading the same tree
 several runs (BENCH_RUNS, default 7). The in-process figures use one process; the commands
 split a big scan across the CPUs they may use (at most 4), as `vfioctl` does on a node.
 Targets: < 0.3 s in-process each; whole command no slower than lspci.
+
+One more row: a sysfs write that never returns (a FIFO without a reader stands in for an
+unbind a held device blocks) ends in ``WriteTimeoutError`` after the writer's timeout (0.2 s
+here); target: within 0.5 s of it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import vfioctl_command
 from tests.sysfs_tree import Dev, SysfsTree
+from vfio_dp.errors import WriteTimeoutError
 from vfio_dp.host import Host
+from vfio_dp.host.kernel import RealKernel
 
 PFS, VFS = 64, 63
 
@@ -82,6 +88,26 @@ def median_time(fn: Callable[[], object], runs: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+WRITE_TIMEOUT = 0.2
+
+
+def stuck_write(base: Path) -> float:
+    """Seconds until a write that never returns gives up (RealKernel's timeout)."""
+    fifo = base / "stuck-unbind"
+    if not fifo.exists():
+        os.mkfifo(fifo)  # opening a FIFO for writing blocks like a stuck unbind
+    k = RealKernel(timeout=WRITE_TIMEOUT)
+    t0 = time.perf_counter()
+    try:
+        k.write(str(fifo), "0000:01:00.0")
+    except WriteTimeoutError:
+        took = time.perf_counter() - t0
+    else:
+        raise RuntimeError(f"a write to {fifo} without a reader returned")
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the stuck writer thread go
+    return took
 
 
 def main() -> None:
@@ -159,6 +185,13 @@ def main() -> None:
             rows.append(
                 (what, statistics.median(ts), "reference" if what.startswith("lspci") else target)
             )
+        rows.append(
+            (
+                f"stuck sysfs write -> WriteTimeoutError (timeout {WRITE_TIMEOUT:g} s)",
+                median_time(lambda: stuck_write(base), runs),
+                f"< {WRITE_TIMEOUT + 0.5:.3f}",
+            )
+        )
         print(f"CPUs for the commands: {len(os.sched_getaffinity(0))}")
         print(f"\n{'what':58} {'median s':>9}  target")
         for what, secs, tgt in rows:

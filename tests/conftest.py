@@ -1,4 +1,10 @@
-"""Shared fixtures: real temp sysfs trees (tests/sysfs_tree.py) and the kernel simulator."""
+"""Shared fixtures: real temp sysfs trees (tests/sysfs_tree.py) and the kernel simulator;
+the per-test time limits of the slow kinds of test.
+
+Every test has a time limit (pytest-timeout, ``timeout`` in pyproject.toml: 120 s). A test
+marked ``guest`` (one QEMU boot under TCG runs its scripts: up to 1500 s for the crash and DRA
+scenarios, plus the boot) or ``image`` (mmdebstrap, import and a buildah build: minutes) gets a larger one, unless it names its own with ``@pytest.mark.timeout(...)``.
+"""
 
 from __future__ import annotations
 
@@ -18,3 +24,22 @@ def tree(tmp_path: Path) -> SysfsTree:
 @pytest.fixture
 def kernel(tree: SysfsTree) -> SimulatedKernel:
     return SimulatedKernel(tree)
+
+
+#: Seconds for one guest test: above the longest script timeout a guest test passes to the
+#: rig (1500 s) plus a boot, so the rig's own error (with the guest's console) comes first.
+GUEST_TIMEOUT = 1800
+#: Seconds for one image test: a build takes minutes (the Debian base is cached after the
+#: first); an hour leaves room for a cold cache and stays inside CI's 90 minutes.
+IMAGE_TIMEOUT = 3600
+
+
+@pytest.hookimpl(trylast=True)  # after tests/guest/conftest.py has marked its tests `guest`
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        if item.get_closest_marker("image") is not None:
+            item.add_marker(pytest.mark.timeout(IMAGE_TIMEOUT))
+        elif item.get_closest_marker("guest") is not None:
+            item.add_marker(pytest.mark.timeout(GUEST_TIMEOUT))

@@ -22,7 +22,9 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
   the guest: driverless with autoprobe 0).
 - ``<pf>/sriov_drivers_autoprobe``: stores 0 or 1 (else ``EINVAL``).
 
-Hooks let a test make a write fail or hang, to exercise rollback and timeouts.
+Hooks let a test make a write fail or hang, to exercise rollback and timeouts: ``fail``
+(an error for a write), ``block_seconds`` (a slow device: the write takes that long) and
+``gates`` (the write hangs until the test opens the gate: the test decides when it ends).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class SimulatedKernel:
         self.modprobed: list[str] = []
         self.fail: Callable[[str, str], OSError | None] | None = None
         self.block_seconds: dict[str, float] = {}  # path suffix -> seconds a write hangs
+        self.gates: dict[str, threading.Event] = {}  # path suffix -> a write waits until set
         self.refuse_attach: set[tuple[str, str]] = set()  # (address, driver) probe won't attach
         self.no_sriov_drivers: set[str] = {"vfio-pci", "pci-stub"}  # no sriov_configure
         self.vf_device: dict[str, str] = {}  # PF address -> its VFs' device ID (default: PF's)
@@ -72,7 +75,10 @@ class SimulatedKernel:
         self.writes.append((path, data))
         for suffix, secs in self.block_seconds.items():
             if path.endswith(suffix):
-                time.sleep(secs)
+                time.sleep(secs)  # the scenario: a device that takes this long to let go
+        for suffix, gate in self.gates.items():
+            if path.endswith(suffix) and not gate.wait(timeout=60):
+                raise TimeoutError(f"simulated kernel: the gate for {suffix} was never opened")
         if self.fail is not None:
             err = self.fail(path, data)
             if err is not None:

@@ -1,53 +1,152 @@
-"""The README against reality, where that is cheap to check.
+"""The README and the pages of ``docs/`` against reality, where that is cheap to check.
 
-- The one example that runs through it -- the selectors config, the KubeVirt CR, the VMI and the
-  annotated Pod -- agrees with itself, checked with the real config parser and translator: the
-  CR permits exactly the names the config gives its pairs, the VMI and Pod end up asking only
-  for permitted names, and every ``# becomes NAME`` comment is what the webhook writes.
-- Every ``vfioctl <command> --option`` it shows exists in the real CLI.
-- Every path it names exists; every ``kubectl ... -k DIR`` names a kustomization; the shell
-  blocks never leave the reader in another directory (a bare ``cd``), since every command is
-  meant to run from the checkout root.
+Every check runs over every page (``README.md`` and ``docs/*.md``, see :mod:`tests.docs_pages`):
+
+- The README is a front door: under 12 KB, it shows the two commands (``make demo``, ``make
+  test``: Makefile targets), and it links every page of ``docs/``; the pages the structure
+  issue asks for exist; every relative link of every page resolves, anchors included.
+- The one example that runs through the docs -- the selectors config of
+  ``docs/configuration.md``, the KubeVirt CR, the VMI and the annotated Pod of
+  ``docs/kubevirt.md`` -- agrees with itself, checked with the real config parser and
+  translator: the CR permits exactly the names the config gives its pairs, the VMI and Pod end
+  up asking only for permitted names, and every ``# becomes NAME`` comment is what the webhook
+  writes.
+- Every YAML block parses; every config shown loads with the real parser; every Kubernetes
+  object shown with its kind is structurally valid against the client's models; every
+  abridged copy of a shipped file (a block opening with ``# <path>, abridged``) is that file's
+  content.
+- Every ``vfioctl <command> --option`` shown exists in the real CLI.
+- Every path named exists; every dotted name of our packages (``vfio_dp.host.host.Host.bind``)
+  imports; every ``kubectl ... -k DIR`` names a kustomization; every ``logs ds/NAME`` names a
+  shipped workload; the shell blocks never leave the reader in another directory (a bare
+  ``cd``), since every command is meant to run from the checkout root.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
-from pathlib import Path
 from typing import Any
 
 import click
+import kubernetes.client as k8s
 import pytest
 import yaml
 
 from cli.main import vfioctl
+from tests.deploy.k8s_schema import BUILTIN_KINDS, check_model
+from tests.docs_pages import (
+    DOCS,
+    PAGES,
+    README,
+    REPO,
+    Page,
+    anchors,
+    links,
+    page,
+)
 from vfio_dp.model.config import Config, load_config_text
 from vm_translate.spec import resolve_device_name
 from vm_translate.translate import translate
 
-REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+#: the pages of docs/ the README must lead to (issue 19, item 6)
+REQUIRED_DOCS = {
+    "install",
+    "configuration",
+    "cli",
+    "kubevirt",
+    "dra",
+    "troubleshooting",
+    "comparison",
+    "performance",
+    "architecture",
+    "development",
+}
+README_LIMIT = 12_000  # bytes: "under 12 KB" by either reading of KB
+
+IDS = [p.name for p in PAGES]
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+# ------------------------------------------------------------------ the front door
 
 
-def _yaml_doc(kind: str) -> dict[str, Any]:
-    docs = [d for b in _blocks("yaml") if (d := yaml.safe_load(b)) and d.get("kind") == kind]
-    assert len(docs) == 1, f"expected one {kind} example in the README, found {len(docs)}"
-    doc: dict[str, Any] = docs[0]
-    return doc
+def test_readme_is_a_front_door_under_12_kb() -> None:
+    size = len(README.text.encode())
+    assert size < README_LIMIT, (
+        f"README.md is {size:,} bytes; keep it under {README_LIMIT:,} (move detail to docs/)"
+    )
+
+
+def test_the_pages_the_structure_asks_for_exist() -> None:
+    have = {p.path.stem for p in DOCS}
+    missing = sorted(REQUIRED_DOCS - have)
+    assert not missing, f"docs/ lacks {missing}"
+
+
+def test_readme_links_every_docs_page() -> None:
+    linked = {
+        (README.path.parent / target).resolve()
+        for target, _ in (split_link(t) for t in links(README))
+        if target
+    }
+    missing = sorted(p.name for p in DOCS if p.path.resolve() not in linked)
+    assert not missing, f"README.md does not link {missing}"
+
+
+def test_readme_shows_the_two_commands_and_the_makefile_has_them() -> None:
+    blocks = "\n".join(README.blocks("sh"))
+    makefile = (REPO / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert re.search(rf"(?m)^make {target}\b", blocks), f"the README shows `make {target}`"
+        assert re.search(rf"(?m)^{target}:", makefile), f"the Makefile has no {target} target"
+
+
+def split_link(target: str) -> tuple[str, str]:
+    path, _, anchor = target.partition("#")
+    return path, anchor
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_link_resolves(doc: Page) -> None:
+    problems = []
+    for target in links(doc):
+        if re.match(r"[a-z][a-z+.-]*:", target):  # http:, https:, mailto: -- not followed here
+            continue
+        path, anchor = split_link(target)
+        dest = (doc.path.parent / path).resolve() if path else doc.path
+        if not dest.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(page(dest)):
+            problems.append(f"{target}: no heading with that anchor in {dest.name}")
+        elif not dest.is_relative_to(REPO):
+            problems.append(f"{target}: outside the checkout")
+    assert not problems, f"{doc.name}: " + "; ".join(problems)
+
+
+# ------------------------------------------------------------------ the running example
+
+
+def _yaml_doc(doc: Page, kind: str) -> dict[str, Any]:
+    found = [d for b in doc.blocks("yaml") if (d := yaml.safe_load(b)) and d.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind} example in {doc.name}, found {len(found)}"
+    one: dict[str, Any] = found[0]
+    return one
 
 
 def _config() -> Config:
-    (text,) = [b for b in _blocks("yaml") if re.search(r"(?m)^selectors:", b)]
-    return load_config_text(text, "README.md")
+    doc = page(REPO / "docs/configuration.md")
+    blocks = [b for b in doc.blocks("yaml") if re.search(r"(?m)^selectors:", b)]
+    assert blocks, "docs/configuration.md shows the example config"
+    return load_config_text(blocks[0], doc.name)
+
+
+def _kubevirt() -> Page:
+    return page(REPO / "docs/kubevirt.md")
 
 
 def _permitted() -> dict[str, str]:
     """resourceName -> pciVendorSelector of the KubeVirt CR example."""
-    cr = _yaml_doc("KubeVirt")
+    cr = _yaml_doc(_kubevirt(), "KubeVirt")
     entries = cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
     assert all(e.get("externalResourceProvider") is True for e in entries)
     return {e["resourceName"]: e["pciVendorSelector"] for e in entries}
@@ -62,12 +161,12 @@ def test_kubevirt_cr_permits_the_names_the_config_gives() -> None:
 
 
 def test_vmi_asks_only_for_permitted_resources_and_the_comments_are_true() -> None:
-    vmi = _yaml_doc("VirtualMachineInstance")
+    vmi = _yaml_doc(_kubevirt(), "VirtualMachineInstance")
     result = translate(vmi, _config())
     devices = result.obj["spec"]["domain"]["devices"]
     asked = [e["deviceName"] for key in ("hostDevices", "gpus") for e in devices.get(key, [])]
     assert asked and set(asked) <= set(_permitted()), f"{asked} vs the CR's {set(_permitted())}"
-    (block,) = [b for b in _blocks("yaml") if "kind: VirtualMachineInstance" in b]
+    (block,) = [b for b in _kubevirt().blocks("yaml") if "kind: VirtualMachineInstance" in b]
     comments = re.findall(r'deviceName: "?([^"\s]+)"?\s+# becomes (\S+)', block)
     assert comments, "the VMI example explains what the webhook writes"
     for written, becomes in comments:
@@ -75,104 +174,233 @@ def test_vmi_asks_only_for_permitted_resources_and_the_comments_are_true() -> No
 
 
 def test_pod_example_asks_only_for_permitted_resources() -> None:
-    pod = _yaml_doc("Pod")
+    pod = _yaml_doc(_kubevirt(), "Pod")
     result = translate(pod, _config())
     assert result.requests and set(result.requests) <= set(_permitted()), result.requests
+
+
+# ------------------------------------------------------------------ every example valid
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_yaml_block_parses_and_every_config_loads(doc: Page) -> None:
+    for block in doc.blocks("yaml"):
+        list(yaml.safe_load_all(block))  # raises on a broken example
+        if re.search(r"(?m)^selectors:", block):
+            load_config_text(block, doc.name)  # raises ConfigError listing every problem
+
+
+def _model_for(obj: dict[str, Any]) -> type | None:
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    name = {**BUILTIN_KINDS, ("v1", "Pod"): "V1Pod"}.get(key)  # type: ignore[call-overload]
+    return getattr(k8s, name) if name else None
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_kubernetes_object_shown_is_valid(doc: Page) -> None:
+    problems: list[str] = []
+    for block in doc.blocks("yaml"):
+        for obj in yaml.safe_load_all(block):
+            if not isinstance(obj, dict) or "kind" not in obj:
+                continue  # a fragment (its file is checked below, if it names one)
+            model = _model_for(obj)
+            if model is not None:
+                out: list[Any] = []
+                check_model(obj, model, "", out)
+                problems += [f"{obj['kind']}: {p}" for p in out]
+            if obj["kind"] in ("VirtualMachineInstance", "VirtualMachine", "Pod"):
+                translate(obj, _config())  # raises SpecError naming every wrong entry
+    assert not problems, f"{doc.name}: " + "; ".join(problems)
+
+
+def _abridges(shown: object, full: object, at: str = "") -> list[str]:
+    """Where ``shown`` is not ``full`` with parts left out (dicts may drop keys)."""
+    if isinstance(shown, dict):
+        if not isinstance(full, dict):
+            return [f"{at or '.'}: not a mapping in the file"]
+        return [
+            p
+            for k, v in shown.items()
+            for p in (_abridges(v, full[k], f"{at}.{k}") if k in full else [f"{at}.{k}: absent"])
+        ]
+    if isinstance(shown, list):
+        if not isinstance(full, list) or len(full) != len(shown):
+            return [f"{at}: the file's list differs in length"]
+        return [
+            p
+            for i, (s, f) in enumerate(zip(shown, full, strict=True))
+            for p in _abridges(s, f, f"{at}[{i}]")
+        ]
+    return [] if shown == full else [f"{at}: {shown!r} vs the file's {full!r}"]
+
+
+def _abridged_copies() -> list[tuple[Page, str, str]]:
+    return [
+        (doc, m.group(1), block)
+        for doc in PAGES
+        for block in doc.blocks("yaml")
+        if (m := re.match(r"# ((?:deploy|demo|tests)/\S+\.ya?ml), abridged", block))
+    ]
+
+
+def test_every_abridged_copy_is_the_shipped_file() -> None:
+    copies = _abridged_copies()
+    assert any(path == "deploy/examples/dra/vmi.yaml" for _, path, _ in copies)
+    for doc, path, block in copies:
+        shown = yaml.safe_load(block)
+        full = yaml.safe_load((REPO / path).read_text())
+        problems = _abridges(shown, full)
+        assert not problems, f"{doc.name} abridges {path} wrongly: {problems}"
+
+
+def test_the_dra_vmi_fragment_shows_both_kinds_of_entry() -> None:
+    ((_, _, block),) = [c for c in _abridged_copies() if c[1] == "deploy/examples/dra/vmi.yaml"]
+    devices = yaml.safe_load(block)["spec"]["domain"]["devices"]["hostDevices"]
+    assert any("claimName" in d for d in devices) and any("deviceName" in d for d in devices)
 
 
 # ------------------------------------------------------------------ commands and options
 
 
-def _code() -> list[str]:
-    """Inline code spans and lines of fenced blocks (comments cut)."""
-    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", README, flags=re.S))
-    lines = [
-        ln.split(" # ")[0]
-        for b in re.findall(r"```\w*\n(.*?)```", README, re.S)
-        for ln in b.splitlines()
-    ]
-    return spans + lines
-
-
-def _mentions() -> set[tuple[str, str | None]]:
+def _mentions(doc: Page) -> set[tuple[str, str | None]]:
     """(command, option or None) for every ``vfioctl <command> [--option ...]`` shown."""
     found: set[tuple[str, str | None]] = set()
-    for code in _code():
+    for code in doc.code():
         for m in re.finditer(r"(?:^|[\s(])vfioctl ([a-z][a-z-]*)((?:\\\||[^|;&])*)", code):
             found.add((m.group(1), None))
             for opt in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", m.group(2)):
                 found.add((m.group(1), opt))
+        for m in re.finditer(r"(?:^|[\s(])vfioctl (--[a-z][a-z-]*)", code):
+            found.add(("", m.group(1)))
     return found
 
 
+ALL_MENTIONS = sorted({(d.name, c, o) for d in PAGES for c, o in _mentions(d)}, key=str)
+
+
 def _command(name: str) -> click.Command | None:
+    if not name:
+        return vfioctl
     with click.Context(vfioctl) as ctx:
         cmd: click.Command | None = vfioctl.get_command(ctx, name)  # type: ignore[attr-defined]
         return cmd
 
 
 def test_every_vfioctl_command_shown_exists() -> None:
-    commands = {c for c, _ in _mentions()}
-    assert {"list", "bind", "unbind", "hostdev"} <= commands, commands
-    missing = sorted(c for c in commands if _command(c) is None)
-    assert not missing, f"the README shows vfioctl commands that do not exist: {missing}"
+    commands = {c for _, c, _ in ALL_MENTIONS}
+    assert {"list", "bind", "unbind", "hostdev", "plugin", "dra-plugin"} <= commands, commands
+    missing = sorted({(d, c) for d, c, _ in ALL_MENTIONS if _command(c) is None})
+    assert not missing, f"the docs show vfioctl commands that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("command,option", sorted((c, o) for c, o in _mentions() if o is not None))
-def test_every_vfioctl_option_shown_exists(command: str, option: str) -> None:
+@pytest.mark.parametrize("page_name,command,option", [m for m in ALL_MENTIONS if m[2] is not None])
+def test_every_vfioctl_option_shown_exists(page_name: str, command: str, option: str) -> None:
     cmd = _command(command)
-    assert cmd is not None
+    assert cmd is not None, f"{page_name}: no command {command!r}"
     cmds = [cmd, *getattr(cmd, "commands", {}).values()]  # a group: its subcommands' too
     opts = {o for c in cmds for p in c.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
-    assert option in opts, f"`vfioctl {command}` has no {option} (it has {sorted(opts)})"
+    assert option in opts, (
+        f"{page_name}: `vfioctl {command}` has no {option} (it has {sorted(opts)})"
+    )
 
 
-# ------------------------------------------------------------------------ paths, kustomize
+# ------------------------------------------------------------------------ paths, names, kustomize
 
 
-def test_every_path_named_exists() -> None:
+_PATH = re.compile(
+    r"(?<![\w/.<-])(?<!logs )(?<!logs\n)"
+    r"((?:deploy|tests|bench|scripts|demo|docs|proto|vfio_dp|vm_translate|cli)/[\w./-]*\w)"
+)
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_path_named_exists(doc: Page) -> None:
     # (``kubectl logs deploy/<name>`` names a Deployment, not a path)
-    pattern = r"(?<![\w/.])(?<!logs )((?:deploy|tests|bench|scripts|demo)/[\w./-]*\w)"
-    paths = set(re.findall(pattern, README))
-    assert "deploy/overlays/cert-manager" in paths
+    paths = set(_PATH.findall(doc.text))
     missing = sorted(p for p in paths if not (REPO / p).exists())
-    assert not missing, f"the README names paths that do not exist: {missing}"
+    assert not missing, f"{doc.name} names paths that do not exist: {missing}"
 
 
-def test_every_kustomize_target_is_a_kustomization() -> None:
+def test_the_install_names_its_overlays() -> None:
+    paths = set(_PATH.findall(page(REPO / "docs/install.md").text))
+    assert {"deploy/overlays/cert-manager", "deploy/overlays/self-signed"} <= paths
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_dotted_name_of_ours_imports(doc: Page) -> None:
+    names = {
+        n
+        for code in doc.code()
+        for n in re.findall(r"(?<![\w.])((?:vfio_dp|vm_translate|cli)(?:\.\w+)+)", code)
+    }
+    missing = sorted(n for n in names if not _resolves(n))
+    assert not missing, f"{doc.name} names what the code does not have (renamed?): {missing}"
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_kustomize_target_is_a_kustomization(doc: Page) -> None:
     targets = set(
         re.findall(
-            r"kubectl (?:apply|delete|kustomize)(?: -k)? (deploy/[\w/.-]*\w)(?![\w/<])", README
+            r"kubectl (?:apply|delete|kustomize)(?: -k)? (deploy/[\w/.-]*\w)(?![\w/<])", doc.text
         )
     )
-    targets |= set(re.findall(r"\(cd (deploy/[\w/.-]+) && kustomize", README))
-    assert {"deploy/overlays/cert-manager", "deploy/overlays/self-signed", "deploy/base"} <= targets
+    targets |= set(re.findall(r"\(cd (deploy/[\w/.-]+) && kustomize", doc.text))
     for t in targets:
-        assert (REPO / t / "kustomization.yaml").is_file(), t
+        assert (REPO / t / "kustomization.yaml").is_file(), f"{doc.name}: {t}"
 
 
-def test_shell_steps_never_leave_the_checkout_root() -> None:
-    for block in _blocks("sh"):
+def test_the_install_applies_each_tls_route_and_sets_the_image_in_the_base() -> None:
+    text = page(REPO / "docs/install.md").text
+    for t in ("deploy/overlays/cert-manager", "deploy/overlays/self-signed", "deploy/base"):
+        assert re.search(rf"(?:-k |\(cd ){re.escape(t)}\b", text), t
+
+
+def _workloads() -> set[str]:
+    names: set[str] = set()
+    for f in (REPO / "deploy").rglob("*.yaml"):
+        for obj in yaml.safe_load_all(f.read_text()):
+            if isinstance(obj, dict) and obj.get("kind") in ("DaemonSet", "Deployment"):
+                prefix = "ds" if obj["kind"] == "DaemonSet" else "deploy"
+                names.add(f"{prefix}/{obj['metadata']['name']}")
+    return names
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_every_workload_whose_logs_are_shown_is_shipped(doc: Page) -> None:
+    shown = set(re.findall(r"\blogs\s((?:ds|deploy)/[\w-]+)", doc.text))
+    missing = sorted(shown - _workloads())
+    assert not missing, f"{doc.name} shows logs of workloads deploy/ does not ship: {missing}"
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=IDS)
+def test_shell_steps_never_leave_the_checkout_root(doc: Page) -> None:
+    for block in doc.blocks("sh"):
         for line in block.splitlines():
             assert not re.match(r"\s*cd\b", line), (
-                f"`{line.strip()}` leaves the reader elsewhere; the next steps run from the "
-                "checkout root (use a subshell: `(cd DIR && ...)`)"
+                f"{doc.name}: `{line.strip()}` leaves the reader elsewhere; the next steps run "
+                "from the checkout root (use a subshell: `(cd DIR && ...)`)"
             )
 
 
 def test_image_step_names_the_base_images_entry() -> None:
-    (name,) = re.findall(r"kustomize edit set image ([\w.-]+)=", README)
+    names = {n for d in PAGES for n in re.findall(r"kustomize edit set image ([\w.-]+)=", d.text)}
+    assert names, "the docs show how to set the image"
     base = yaml.safe_load((REPO / "deploy/base/kustomization.yaml").read_text())
-    assert name in [i["name"] for i in base["images"]]
-    assert name in (REPO / "deploy/base/daemonset.yaml").read_text()
-
-
-def test_the_dra_vmi_fragment_is_the_shipped_example() -> None:
-    """The abridged VMI on DRA is the example file's own claims and host devices."""
-    (block,) = [b for b in _blocks("yaml") if "deploy/examples/dra/vmi.yaml" in b]
-    shown = yaml.safe_load(block)["spec"]
-    example = yaml.safe_load((REPO / "deploy/examples/dra/vmi.yaml").read_text())["spec"]
-    assert shown["resourceClaims"] == example["resourceClaims"]
-    devices = shown["domain"]["devices"]["hostDevices"]
-    assert devices == example["domain"]["devices"]["hostDevices"]
-    assert any("claimName" in d for d in devices) and any("deviceName" in d for d in devices)
+    for name in names:
+        assert name in [i["name"] for i in base["images"]]
+        assert name in (REPO / "deploy/base/daemonset.yaml").read_text()

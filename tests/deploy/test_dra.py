@@ -134,10 +134,10 @@ def _cel_devices(driver: str, tmp_path: Path) -> list[dict[str, Any]]:
     out = []
     for d in published_devices(inv, parse_config(raw), pcie_roots(host.fs, inv.devices)):
         attrs: dict[str, dict[str, object]] = {}
-        for name, value in d["attributes"].items():
+        for name, value in d.to_json()["attributes"].items():
             domain, _, ident = name.rpartition("/")
             attrs.setdefault(domain or driver, {})[ident] = next(iter(value.values()))
-        out.append({"driver": driver, "name": d["name"], "attributes": attrs})
+        out.append({"driver": driver, "name": d.name, "attributes": attrs})
     return out
 
 

@@ -28,8 +28,9 @@ from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
-from vfio_dp.dra.slices import NodeRef, build_slices
+from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
+from vfio_dp.model.dra_metadata import Attribute
 from vm_translate.spec import ClaimEntry, DeviceEntry, entries_of
 from vm_translate.translate import translate
 
@@ -69,11 +70,11 @@ def _rbac_verb(method: str, path: str, query: dict[str, str]) -> tuple[str, str]
     return resource, verb
 
 
-def _device(i: int) -> dict[str, Any]:
-    return {
-        "name": f"pci-0000-{i // 256:02x}-{i % 256 // 8:02x}-{i % 8:x}",
-        "attributes": {"resource.kubernetes.io/pciBusID": {"string": f"0000:{i // 256:02x}:00.0"}},
-    }
+def _device(i: int) -> Device:
+    return Device(
+        f"pci-0000-{i // 256:02x}-{i % 256 // 8:02x}-{i % 8:x}",
+        {"resource.kubernetes.io/pciBusID": Attribute("string", f"0000:{i // 256:02x}:00.0")},
+    )
 
 
 def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:

@@ -151,9 +151,24 @@ def test_provisioning_stages(tmp_path: Path) -> None:
         assert entry in text
 
 
-def test_provision_script_parses() -> None:
-    subprocess.run(["bash", "-n", str(PROVISION)], check=True)
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed: bash -n passed, no lint run")
-    subprocess.run([shellcheck, "-S", "warning", str(PROVISION)], check=True)
+def _check(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_provision_script_parses_and_lints_clean(tmp_path: Path) -> None:
+    """``bash -n`` and shellcheck (warnings and worse) pass on provision.sh, and each of them
+    refuses a copy with a fault of its kind (so a pass means something)."""
+    parsed = _check(["bash", "-n", str(PROVISION)])
+    assert parsed.returncode == 0, parsed.stderr
+    broken = tmp_path / "broken.sh"
+    broken.write_text(PROVISION.read_text() + "\nif then fi\n")
+    parsed = _check(["bash", "-n", str(broken)])
+    assert parsed.returncode != 0 and "syntax error" in parsed.stderr, parsed.stderr
+
+    shellcheck = _tool("shellcheck")
+    lint = _check([shellcheck, "-S", "warning", str(PROVISION)])
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    sloppy = tmp_path / "sloppy.sh"  # an unset variable would make this `rm -rf /`
+    sloppy.write_text(PROVISION.read_text() + '\nrm -rf "$STAGE_DIR"/\n')
+    lint = _check([shellcheck, "-S", "warning", str(sloppy)])
+    assert lint.returncode != 0 and "SC2115" in lint.stdout, lint.stdout + lint.stderr

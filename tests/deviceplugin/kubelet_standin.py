@@ -157,7 +157,7 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
 
         async def ticker() -> None:  # registrations are not notified; re-check periodically
             while True:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the poll period of the re-check
                 async with self.changed:
                     self.changed.notify_all()
 

@@ -25,6 +25,7 @@ from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.deviceplugin.test_daemon import listed, renumber_group
 from tests.deviceplugin.test_process import GRPCURL, PROTO, spawn
 from tests.sysfs_tree import Dev, SysfsTree
+from tests.waiting import wait_until_async
 from vfio_dp.model import naming
 
 NIC2 = "0000:66:00.0"
@@ -84,12 +85,12 @@ def resolve(cdi_dir: Path, device_id: str) -> list[str]:
     return [n["path"] for n in found[0]["containerEdits"]["deviceNodes"]]
 
 
-async def wait_files(cdi_dir: Path, names: set[str], timeout: float = 3.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if {p.name for p in cdi_dir.glob("*.json") if p.name.startswith("deviceplugin")} == names:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{cdi_dir}: wanted {sorted(names)}, have {sorted(os.listdir(cdi_dir))}")
+async def wait_files(cdi_dir: Path, names: set[str]) -> None:
+    await wait_until_async(
+        lambda: {p.name for p in cdi_dir.glob("deviceplugin*.json")} == names,
+        what=f"the specs {sorted(names)} in {cdi_dir}",
+        state=lambda: sorted(os.listdir(cdi_dir)),
+    )
 
 
 def add_nic2(tree: SysfsTree, *, cdev: bool) -> None:
@@ -171,11 +172,11 @@ async def test_one_spec_per_unit_rewritten_in_place_and_removed_with_its_unit(
     await kubelet.restart()
     await start_daemon(cdi_dir=cdi_dir)
     await kubelet.wait_for("NIC after reboot", listed(NIC, {NIC_ID: "Healthy"}))
-    for _ in range(150):
-        if resolve(cdi_dir, ID1) == ["/dev/vfio/vfio", "/dev/vfio/51"]:
-            break
-        await asyncio.sleep(0.02)
-    assert resolve(cdi_dir, ID1) == ["/dev/vfio/vfio", "/dev/vfio/51"]
+    await wait_until_async(
+        lambda: resolve(cdi_dir, ID1) == ["/dev/vfio/vfio", "/dev/vfio/51"],
+        what=f"{SPEC1} rewritten for group 51",
+        state=lambda: resolve(cdi_dir, ID1),
+    )
     await wait_files(cdi_dir, {SPEC1})
 
 
@@ -218,7 +219,7 @@ async def test_a_go_client_reads_cdi_devices_from_the_real_process(
     sock = os.path.join(kdir, naming.socket_name(NIC))
     try:
         await kubelet.wait_for("registered", listed(NIC, {NIC_ID: "Healthy"}), timeout=15)
-        await wait_files(cdi_dir, {SPEC1}, timeout=10)
+        await wait_files(cdi_dir, {SPEC1})
         body = json.dumps({"container_requests": [{"devices_ids": [NIC_ID]}]})
         out = await asyncio.to_thread(
             subprocess.run,
@@ -246,5 +247,6 @@ async def test_a_go_client_reads_cdi_devices_from_the_real_process(
         assert resolve(cdi_dir, ID1) == [d["hostPath"] for d in resp["devices"]]
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
     assert (cdi_dir / SPEC1).exists()  # kept at stop: a container created meanwhile resolves it

@@ -14,6 +14,7 @@ from tests.deviceplugin.conftest import NIC, NIC_ID, StartDaemon
 from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
+from tests.waiting import wait_until_async
 from vfio_dp.errors import ConfigError
 from vfio_dp.host import Host
 from vfio_dp.model import naming
@@ -42,14 +43,16 @@ async def test_registers_and_lists_with_numa(
 async def test_waits_for_the_kubelet_socket(kdir: str, start_daemon: StartDaemon) -> None:
     daemon = await start_daemon()
     assert os.path.exists(daemon.endpoints[NIC].path)  # serving before registering
+    # the scenario: the kubelet comes up a while after the plugin (nothing to wait for)
     await asyncio.sleep(0.3)
     k = KubeletStandin(kdir)
     await k.start()
     try:
-        took = await k.wait_for(
-            "registration after kubelet.sock appeared", listed(NIC, {NIC_ID: "Healthy"}), timeout=3
+        # how soon is bench/plugin_bench.py's (row "kubelet restart → listed again")
+        await k.wait_for(
+            "registration after kubelet.sock appeared", listed(NIC, {NIC_ID: "Healthy"})
         )
-        assert took < 2
+        assert k.registrations == [NIC]
     finally:
         await k.stop()
 
@@ -71,12 +74,7 @@ async def test_allocate_prestart_and_the_record(
         ("/dev/vfio/50", "/dev/vfio/50", "mrw"),
     ]
     path = tree.root / "var/lib/vfio_dp/allocations.json"
-    for _ in range(100):  # written behind Allocate: wait (bounded) for the writer
-        if path.exists():
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError(f"{path} was not written within 2 s of Allocate")
+    await wait_until_async(path.exists, what=f"{path} written behind Allocate")
     record = json.loads(path.read_text())
     assert record["allocations"][NIC_ID]["groupNode"] == "/dev/vfio/50"
     await kubelet.prestart(NIC, [NIC_ID])
@@ -146,17 +144,17 @@ async def test_prestart_fails_loudly_on_a_renumbered_group(
     assert "now /dev/vfio/51 but Allocate handed out /dev/vfio/50" in (err.value.details() or "")
 
 
-async def test_kubelet_restart_is_noticed_within_2s(
+async def test_kubelet_restart_is_noticed(
     kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:
     daemon = await start_daemon()
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
     await kubelet.restart()
     assert kubelet.devices(NIC) == {}
-    took = await kubelet.wait_for(
-        "re-registration after a kubelet restart", listed(NIC, {NIC_ID: "Healthy"}), timeout=3
+    # how soon (the 2 s goal) is bench/plugin_bench.py's row "kubelet restart → listed again"
+    await kubelet.wait_for(
+        "re-registration after a kubelet restart", listed(NIC, {NIC_ID: "Healthy"})
     )
-    assert took < 2.0
     assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
 
 
@@ -166,8 +164,7 @@ async def test_health_flips_hotplug_and_stickiness(
     await start_daemon()
     await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
     tree.set_driver(NIC_ID, "e1000e")  # left vfio-pci: stays listed, Unhealthy
-    took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 1.5)
-    assert took < 1.0
+    await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}))
     tree.set_driver(NIC_ID, "vfio-pci")
     await kubelet.wait_for("NIC Healthy again", listed(NIC, {NIC_ID: "Healthy"}))
     # hotplug: a second NIC appears already on vfio-pci — advertised without a restart
@@ -269,8 +266,11 @@ async def test_config_reload_on_configmap_swap_keeps_healthy_resources(
     nic_updates = kubelet.plugins[NIC].updates
     # a bad config is rejected and changes nothing
     write_configmap(cm, "v2", "selectors: 7\n")
-    await asyncio.sleep(0.6)
-    assert daemon.metrics.get("vfio_dp_config_reloads_total", result="rejected") == 1
+    await wait_until_async(
+        lambda: daemon.metrics.get("vfio_dp_config_reloads_total", result="rejected") == 1,
+        what="the bad config rejected",
+    )
+    assert kubelet.devices(vf) == {"0000:af:00.1": "Healthy"}  # the old config still serves
     # the VF moves to a named resource; the NIC keeps its stream and registration
     write_configmap(
         cm,
@@ -306,7 +306,7 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
     assert tree.driver_of("0000:3b:00.1") == "vfio-pci"  # the group sibling too
     rec = host.state.get(PciAddress.parse("0000:3b:00.0"))
-    assert rec is not None and rec.bound_by == "daemon"  # never undone by a DRA claim
+    assert rec is not None and rec.bound_by == "device-plugin"  # never undone by a DRA claim
     # the host's own root disk is refused, listed Unhealthy, and nothing touched it
     assert tree.driver_of("0000:00:02.0") == "virtio-pci"
     assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1
@@ -317,11 +317,12 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
 
 
-async def test_a_uevent_triggers_a_rescan_well_within_1s(
+async def test_a_uevent_triggers_a_rescan(
     tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:
     """The kernel's unbind message, received the way the core receives it (its reader on the
-    event loop, the monitor's poll), rescans within a second; other subsystems do not count."""
+    event loop, the monitor's poll), rescans; other subsystems do not count. With a 60 s resync
+    only the event can do it; how soon (the 1 s goal) is bench/plugin_bench.py's."""
     from tests.deviceplugin.uevent_standin import KernelUeventStandin
 
     daemon = await start_daemon(resync=60)  # no resync help: only the event can do it
@@ -333,8 +334,7 @@ async def test_a_uevent_triggers_a_rescan_well_within_1s(
         tree.set_driver(NIC_ID, "e1000e")
         devpath = "/" + str(tree.dev_dir(NIC_ID).relative_to(tree.root / "sys"))
         source.emit("unbind", devpath)
-        took = await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}), 2)
-        assert took < 1.0
+        await kubelet.wait_for("NIC Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}))
         assert daemon.metrics.get("vfio_dp_uevents_total") == 1
         assert daemon.metrics.get("vfio_dp_scans_total", trigger="uevent") >= 1
     finally:
@@ -386,20 +386,18 @@ async def test_a_directory_replacing_our_socket_is_logged_then_served_again(
     try:
         os.unlink(path)
         os.mkdir(path)
-        for _ in range(40):
-            if any("is a directory" in r.getMessage() for r in records):
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            lambda: any("is a directory" in r.getMessage() for r in records),
+            what="the directory noticed and logged",
+        )
         msgs = [r.getMessage() for r in records if r.levelname == "ERROR"]
         assert any(f"cannot serve a socket at {path}: it is a directory" in m for m in msgs), msgs
         assert not any(r.exc_info for r in records)
         os.rmdir(path)
-        for _ in range(40):
-            if os.path.exists(path) and not os.path.isdir(path):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the socket was not served again within 2 s")
+        await wait_until_async(
+            lambda: os.path.exists(path) and not os.path.isdir(path),
+            what=f"{path} served again once the directory is gone",
+        )
     finally:
         logging.getLogger("vfio_dp").removeHandler(handler)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from tests.deviceplugin.conftest import NIC, NIC_ID
 from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.sysfs_tree import SysfsTree
+from tests.waiting import wait_until_async
 from vfio_dp.model import naming
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ async def test_sigterm_sends_an_empty_list_removes_sockets_exits_0(
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()
 
 
 def test_bad_config_exits_2_with_every_problem(tree: SysfsTree, kdir: str, tmp_path: Path) -> None:
@@ -216,7 +217,7 @@ async def test_grpcurl_lists_and_calls_the_plugin(
         ]
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        proc.communicate(timeout=10)
 
 
 async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering(
@@ -236,23 +237,29 @@ async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering
         await kubelet.wait_for(
             "the subprocess registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15
         )
+
+        async def healthy_until_rejected(n: int) -> None:
+            """/healthz answers 200 at every poll until the n-th rejection is counted."""
+
+            async def probe() -> bool:
+                status, body = await http_get(port, "/healthz")
+                assert (status, body.strip()) == (200, "ok")
+                _, metrics = await http_get(port, "/metrics")
+                return f'vfio_dp_config_reloads_total{{result="rejected"}} {n}' in metrics
+
+            await wait_until_async(
+                probe, what=f"rejected config number {n} counted", timeout=20, interval=0.1
+            )
+
         hostile = [BILLION_LAUGHS, "selectors: " + "[" * 2000 + "]" * 2000]
         for i, text in enumerate(hostile):
             write_configmap(cm, f"v{i + 2}", text)
-            for _ in range(8):  # over the watch interval: the reload happens in here
-                status, body = await http_get(port, "/healthz")
-                assert (status, body.strip()) == (200, "ok")
-                await asyncio.sleep(0.1)
+            await healthy_until_rejected(i + 1)
         (cm / "..v9").mkdir()
         (cm / "..v9" / "config.yaml").write_bytes(b"selectors:\n- resourceName: ger\xe4t\n")
         os.symlink("..v9", cm / "..data_tmp")
         os.replace(cm / "..data_tmp", cm / "..data")
-        for _ in range(30):
-            _, metrics = await http_get(port, "/metrics")
-            if 'vfio_dp_config_reloads_total{result="rejected"} 3' in metrics:
-                break
-            await asyncio.sleep(0.1)
-        assert 'vfio_dp_config_reloads_total{result="rejected"} 3' in metrics
+        await healthy_until_rejected(3)
         assert kubelet.devices(NIC) == {NIC_ID: "Healthy"}  # the old config still serves
         proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(proc.wait, 10)
@@ -262,4 +269,4 @@ async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()

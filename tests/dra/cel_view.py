@@ -51,7 +51,8 @@ def published_view(root: Path, config: Config, driver: str) -> list[dict[str, An
     """What the DRA plugin publishes on the sysfs tree at ``root`` under ``config``."""
     host = Host(root)
     inv = host.scan()
-    return cel_view(published_devices(inv, config, pcie_roots(host.fs, inv.devices)), driver)
+    devices = published_devices(inv, config, pcie_roots(host.fs, inv.devices))
+    return cel_view([d.to_json() for d in devices], driver)
 
 
 def selected(expressions: Sequence[str], devices: Sequence[dict[str, Any]]) -> set[str]:

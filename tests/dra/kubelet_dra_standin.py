@@ -209,7 +209,7 @@ class KubeletDraStandin:
     async def _watch(self) -> None:
         while True:
             await self._scan()
-            await asyncio.sleep(self.poll)
+            await asyncio.sleep(self.poll)  # the stand-in's plugin watcher polls the registry dir
 
     async def _scan(self) -> None:
         present: dict[str, tuple[int, int, int]] = {}
@@ -353,7 +353,7 @@ class KubeletDraStandin:
             self.changed.notify_all()
 
     async def _wipe_later(self, driver: str) -> None:
-        await asyncio.sleep(self.wipe_grace)
+        await asyncio.sleep(self.wipe_grace)  # the kubelet's own grace before it wipes
         self._wipe_timers.pop(driver, None)
         if not self.usable(driver):
             await self._wipe(f"spec.nodeName={self.node},spec.driver={driver}")

@@ -116,6 +116,10 @@ def test_the_limits_themselves_are_accepted(slices: k8s.ResourceV1Api) -> None:
     body["spec"]["driver"] = "d" * 54 + ".example"  # 62 characters
     created = slices.create_resource_slice(body)
     assert len(created.spec.devices) == 128
+    first = created.spec.devices[0]  # stored whole, as sent
+    assert first.name == "d" * 63 and set(first.attributes) == set(dev["attributes"])
+    assert first.attributes["x" * 32].string == "s" * 64
+    assert created.spec.driver == body["spec"]["driver"]
 
 
 def test_update_with_a_stale_resource_version_is_a_conflict(slices: k8s.ResourceV1Api) -> None:

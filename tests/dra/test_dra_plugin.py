@@ -237,7 +237,7 @@ async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sock
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins, 30)
         first = pool(apiserver)[0]
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.communicate(timeout=10)  # reaps it and closes its pipes
         assert os.path.exists(reg_sock)  # a stale socket, as a crash leaves it
         tree.set_driver("0000:af:00.1", "mlx5_core")  # changed while the plugin was down
         proc = spawn(tree, config, apiserver, kdirs)
@@ -263,7 +263,7 @@ async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sock
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+        proc.communicate(timeout=10)
         await kubelet.stop()
 
 
@@ -309,7 +309,7 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
     plugin.publisher.want(plugin.devices[1:])
     await until(
         "rewritten after the conflict",
-        lambda: pool(apiserver)[1] == {d["name"] for d in plugin.devices[1:]},
+        lambda: pool(apiserver)[1] == {d.name for d in plugin.devices[1:]},
     )
     assert plugin.publisher.problem is None
     conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]

@@ -16,6 +16,7 @@ import pytest
 from tests.dra.conftest import DRIVER, NODE
 from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.recording_handler import UID_A, UID_B, RecordingHandler
+from tests.waiting import wait_until_async
 from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -119,10 +120,9 @@ async def test_a_kubelet_that_speaks_neither_version_refuses_and_the_plugin_know
     await k.start()
     try:
         await k.wait_for("a refused attempt", lambda k: any(a.error for a in k.attempts))
-        for _ in range(50):
-            if front.registration_error:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until_async(
+            lambda: front.registration_error, what="the plugin told of the refusal"
+        )
         assert not front.registered
         assert "none of services supported by the plugin" in front.registration_error
     finally:
@@ -212,10 +212,7 @@ async def test_a_cancelled_call_lets_the_handler_finish(
             await stub.NodePrepareResources(req, timeout=0.1)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert handler.finished == []  # the deadline passed while the handler was working
-    for _ in range(200):
-        if handler.finished:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until_async(lambda: handler.finished, what="the handler to finish its call")
     assert handler.finished == ["prepare"]  # the bind was not abandoned half-way
     assert UID_A in handler.prepared
 
@@ -308,9 +305,10 @@ def test_the_driver_name_must_be_a_dns_subdomain(name: str, handler: RecordingHa
 
 
 def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> None:
-    name = "d" * 54 + ".example"
-    assert len(name) == 62
-    KubeletFrontEnd(name + "s", "/tmp/r", "/tmp/p", handler)
+    name = "d" * 55 + ".example"  # 63 characters; one more is refused (the test above)
+    f = KubeletFrontEnd(name, "/tmp/r", "/tmp/p", handler)
+    assert f.registration_socket == f"/tmp/r/{name}-reg.sock"
+    assert f.service_socket == f"/tmp/p/{name}/dra.sock"
 
 
 async def test_stop_waits_for_a_running_call(
@@ -322,10 +320,7 @@ async def test_stop_waits_for_a_running_call(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
         )
         call = asyncio.ensure_future(v1_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=5))
-        for _ in range(200):  # until the handler is running
-            if handler.calls:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: handler.calls, what="the handler running the call")
         await front.stop()
         assert handler.finished == ["prepare"]
         with contextlib.suppress(grpc.aio.AioRpcError):

@@ -19,13 +19,15 @@ from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra import cdi
 from vfio_dp.dra import metadata as mdfile
 from vfio_dp.dra.checkpoint import RELEASING, Checkpoint
-from vfio_dp.dra.kubelet import ClaimRef
+from vfio_dp.dra.claims import ClaimRef
 from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.slices import Device
 from vfio_dp.host import Host
 from vfio_dp.host.state import BOUND_BY_OPERATOR, bound_by_claim
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config, load_config_text
+from vfio_dp.model.dra_metadata import Attribute
 
 DRIVER = "vfio.example.com"
 NODE = "node-a"
@@ -238,6 +240,42 @@ def test_operator_binding_is_never_undone(
     assert _record(tree, E1000_A)["bound_by"] == BOUND_BY_OPERATOR  # type: ignore[index]
 
 
+class CountingHost(Host):
+    """A real Host that counts its sysfs scans (full and refresh)."""
+
+    scans = 0
+    refreshes = 0
+
+    def scan(self, *, usage: bool = True) -> Any:
+        self.scans += 1
+        return super().scan(usage=usage)
+
+    def refresh(self, previous: Any) -> Any:
+        self.refreshes += 1
+        return super().refresh(previous)
+
+
+def test_a_group_already_bound_is_prepared_from_one_scan(
+    tree: SysfsTree, kernel: SimulatedKernel, config: Config, claims: Claims, dirs: tuple[str, str]
+) -> None:
+    _boot(tree, "boot-1")
+    host = CountingHost(tree.root, kernel=kernel)
+    p = ClaimPreparer(
+        host=host, driver=DRIVER, node=NODE, cdi_dir=dirs[0], plugins_dir=dirs[1],
+        read_claim=claims.read, config=lambda: config,
+    )  # fmt: skip
+    ref = claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")])
+    assert run(p.prepare([ref]))["uid-lone"].error == ""
+    assert (host.scans, host.refreshes) == (1, 0)
+    gpu = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
+    assert run(p.prepare([gpu]))["uid-gpu"].error == ""
+    # Prepare's scan, the bind's own (it plans from what it reads), a refresh of the drivers
+    assert (host.scans, host.refreshes) == (3, 1)
+    assert tree.driver_of(GPU) == "vfio-pci"
+    again = run(p.prepare([gpu]))["uid-gpu"]
+    assert again.error == "" and (host.scans, host.refreshes) == (4, 1)
+
+
 def test_bind_false_group_already_on_vfio(
     tree: SysfsTree, preparer: ClaimPreparer, claims: Claims
 ) -> None:
@@ -302,14 +340,25 @@ def test_a_repeat_while_the_bind_runs_waits_and_answers_from_the_device_state(
 ) -> None:
     """kubelet's deadline expired during a slow unbind and it re-sent the claim: the second
     call waits for the first, binds nothing again, and gets the same answer."""
-    kernel.block_seconds["nvidia/unbind"] = 0.6
+    import threading
+
+    from tests.waiting import wait_until_async
+
+    gate = kernel.gates["nvidia/unbind"] = threading.Event()  # the unbind ends when we say
     ref = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
 
     async def both() -> list[Any]:
         first = asyncio.create_task(preparer.prepare([ref]))
-        await asyncio.sleep(0.2)
-        assert preparer._locks["uid-gpu"].locked()  # the first is inside its bind now
-        second = asyncio.create_task(preparer.prepare([ref]))
+        try:
+            await wait_until_async(
+                lambda: any(p.endswith("nvidia/unbind") for p, _ in kernel.writes),
+                what="the first call inside its unbind",
+            )
+            second = asyncio.create_task(preparer.prepare([ref]))
+            done, _ = await asyncio.wait({second}, timeout=0.2)  # a bounded look, not a sync
+            assert not done, "the repeat answered while the first call was still binding"
+        finally:
+            gate.set()
         return list(await asyncio.gather(first, second))
 
     first, second = run(both())
@@ -439,13 +488,13 @@ def test_published_group_number_must_match(
     dirs: tuple[str, str],
 ) -> None:
     published = {
-        "pci-0000-03-01-0": {"name": "pci-0000-03-01-0", "attributes": {"iommuGroup": {"int": 6}}}
+        "pci-0000-03-01-0": Device("pci-0000-03-01-0", {"iommuGroup": Attribute("int", 6)})
     }
     p = _preparer(tree, kernel, config, claims, dirs, published=lambda: published)
     ref = claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")])
     err = run(p.prepare([ref]))["uid-nic"].error
     assert "published as IOMMU group 6 but it is group 7 now" in err
-    published["pci-0000-03-01-0"]["attributes"]["iommuGroup"]["int"] = 7
+    published["pci-0000-03-01-0"] = Device("pci-0000-03-01-0", {"iommuGroup": Attribute("int", 7)})
     assert run(p.prepare([ref]))["uid-nic"].error == ""
 
 

@@ -4,12 +4,17 @@ stand-in's copy of upstream validation (tests/dra/apiserver_standin.validate_sli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tests.dra.apiserver_standin import validate_slice
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import Dev, SysfsTree
-from vfio_dp.dra.slices import MAX_DEVICES_PER_SLICE, NodeRef, build_slices, published_devices
+from vfio_dp.dra.slices import (
+    MAX_DEVICES_PER_SLICE,
+    Device,
+    NodeRef,
+    build_slices,
+    published_devices,
+)
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.model.config import DEFAULT_CONFIG, Config, load_config_text
@@ -18,7 +23,7 @@ from vfio_dp.model.serving import dra_units
 DRIVER = "vfio.dra.vfio-dp.io"
 
 
-def devices_of(tree: SysfsTree, config: Config) -> list[dict[str, Any]]:
+def devices_of(tree: SysfsTree, config: Config) -> list[Device]:
     host = Host(tree.root)
     inv = host.scan()
     return published_devices(inv, config, pcie_roots(host.fs, inv.devices))
@@ -27,7 +32,7 @@ def devices_of(tree: SysfsTree, config: Config) -> list[dict[str, Any]]:
 def test_exactly_the_right_devices_with_exactly_the_attributes(tmp_path: Path) -> None:
     tree = dra_host(tmp_path)
     config = load_config_text(DRA_CONFIG, "c.yaml")
-    devices = {d["name"]: d["attributes"] for d in devices_of(tree, config)}
+    devices = {d.name: d.to_json()["attributes"] for d in devices_of(tree, config)}
     assert set(devices) == set(PUBLISHED)
     for name, (bus_id, group, functions) in PUBLISHED.items():
         a = devices[name]
@@ -113,7 +118,7 @@ def test_a_long_group_leaves_group_functions_out_rather_than_cut(tmp_path: Path)
     for fn in range(7):  # 7 functions in one group: 6 others need 77 characters
         tree.add(Dev(f"0000:3b:00.{fn}", "8086", "1572", "020000", driver="vfio-pci", group=7))
     (dev,) = devices_of(tree, DEFAULT_CONFIG)
-    assert dev["attributes"]["functions"] == {"int": 7}
-    assert "groupFunctions" not in dev["attributes"]
+    assert dev.to_json()["attributes"]["functions"] == {"int": 7}
+    assert "groupFunctions" not in dev.to_json()["attributes"]
     (s,) = build_slices([dev], driver="d" * 51 + ".example.com", node=NodeRef("n"), generation=1)
     assert validate_slice(s, None) == []

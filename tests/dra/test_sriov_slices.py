@@ -39,7 +39,7 @@ def test_made_vfs_are_published_with_their_pf(tmp_path: Path) -> None:
     devices = published_devices(inv, config, pcie_roots(host.fs, inv.devices))
     by_pf: dict[str, list[str]] = {}
     for d in devices:
-        a = d["attributes"]
+        a = d.to_json()["attributes"]
         assert a["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
         by_pf.setdefault(a["pfPciBusID"]["string"], []).append(
             a["resource.kubernetes.io/pciBusID"]["string"]

@@ -8,13 +8,13 @@ from __future__ import annotations
 import errno
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
+from tests.waiting import wait_until
 from vfio_dp.errors import (
     BindError,
     DeviceNotFoundError,
@@ -227,10 +227,11 @@ def test_real_kernel_write_timeout(tmp_path: Path) -> None:
 
     os.mkfifo(fifo)  # opening a FIFO for writing blocks like a stuck unbind
     k = RealKernel(timeout=0.2)
-    t0 = time.monotonic()
-    with pytest.raises(WriteTimeoutError, match="did not return"):
+    # the write never returns (no reader): only the timeout can end this call (a hang is
+    # the per-test timeout's); how close to 0.2 s it returns is no unit test's business
+    with pytest.raises(WriteTimeoutError, match="did not return") as e:
         k.write(str(fifo), "0000:01:00.0")
-    assert time.monotonic() - t0 < 2
+    assert str(fifo) in str(e.value)
     os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # release the writer thread
 
 
@@ -342,9 +343,8 @@ def test_real_kernel_reuses_one_writer_and_adds_one_per_concurrent_write(tmp_pat
     os.mkfifo(fifo)
     blocked = threading.Thread(target=k.write, args=(str(fifo), "x"))
     blocked.start()  # holds a writer until the FIFO gets a reader
-    deadline = time.monotonic() + 5
-    while k._idle and time.monotonic() < deadline:  # until it has taken the idle worker
-        time.sleep(0.01)
+    # until it has taken the idle worker (RealKernel shows that only in its private _idle)
+    wait_until(lambda: not k._idle, what="the blocked write to take the idle worker")
     k.write(str(target), "")  # meanwhile another write needs, and gets, a second worker
     assert writers() == before + 2
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)

@@ -1,4 +1,5 @@
-"""The bind record says who bound each device: operator, daemon, or a claim (kernel simulator)."""
+"""The bind record says who bound each device: operator, a front-end (device-plugin,
+dra-plugin; ``daemon`` from older versions) or a claim (kernel simulator)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from tests.sysfs_tree import SysfsTree
 from vfio_dp.host import Host
 from vfio_dp.host.state import (
     BOUND_BY_DAEMON,
+    BOUND_BY_DEVICE_PLUGIN,
+    BOUND_BY_DRA_PLUGIN,
     BOUND_BY_OPERATOR,
+    OriginalDriver,
     bound_by_claim,
     claim_of,
+    recovers,
 )
 from vfio_dp.model.address import PciAddress
 
@@ -81,3 +86,79 @@ def test_stale_record_from_an_earlier_boot_is_taken_over(
         "device": "100e",
         "bound_by": "claim:uid-2",
     }
+
+
+# -- each front-end its own owner; what older versions wrote still reads (upgrade) ----------
+def _journal(tree: SysfsTree, owner: str, addr: PciAddress) -> Path:
+    """An interrupted bind's journal as a killed process of ``owner`` left it."""
+    d = Path(tree.root) / "var/lib/vfio_dp/ops"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"1-{owner}.json"
+    p.write_text(json.dumps({
+        "id": f"1-{owner}", "kind": "bind", "owner": owner, "pid": 999999, "started": 1.0,
+        "devices": [{"address": str(addr), "target": "vfio-pci", "override": None,
+                     "writes_done": 1, "next": None}],
+    }))  # fmt: skip
+    return p
+
+
+def test_an_old_daemon_record_still_reads_as_a_front_end_binding(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """A record an older version wrote (``bound_by: daemon``, for either front-end) is read
+    and is no claim's: a DRA claim never takes it over nor gives it back."""
+    h = Host(tree.root, kernel=kernel)
+    h.bind([NIC], group=True, probe=False, bound_by=BOUND_BY_DAEMON)
+    assert _record(tree, NIC)["bound_by"] == "daemon"  # exactly what the old version wrote
+    assert h.owners() == {NIC: "daemon", NIC2: "daemon"}
+    assert h.holdings("daemon") == [NIC, NIC2] and h.holdings(bound_by_claim("u")) == []
+    assert claim_of(BOUND_BY_DAEMON) is None
+    taken = h.adopt([NIC, NIC2], bound_by_claim("u"), replacing=lambda o: claim_of(o) is not None)
+    assert taken == [] and _record(tree, NIC)["bound_by"] == "daemon"
+    assert h.release(bound_by_claim("u")).restored == []
+    assert tree.driver_of(str(NIC)) == "vfio-pci" and tree.driver_of(str(NIC2)) == "vfio-pci"
+    # a claim's binding over it is adopted, the old record is not: the check can fail
+    h.state.put(OriginalDriver(str(NIC2), "e1000", None, "8086", "100e", bound_by_claim("old")))
+    taken = h.adopt([NIC, NIC2], bound_by_claim("u"), replacing=lambda o: claim_of(o) is not None)
+    assert taken == [(NIC2, "claim:old")] and _record(tree, NIC)["bound_by"] == "daemon"
+
+
+def test_an_old_daemon_journal_is_finished_by_either_front_end(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """An older version's bind, killed after its first write (the override), journaled as
+    run by ``daemon``: the CLI's recovery leaves it (not its own), a front-end finishes it."""
+    h = Host(tree.root, kernel=kernel)
+    h.state.put(OriginalDriver(str(NIC), "e1000", None, "8086", "100e", BOUND_BY_DAEMON))
+    tree.set_override(str(NIC), "vfio-pci")
+    journal = _journal(tree, "daemon", NIC)
+    out = Host(tree.root, kernel=kernel).recover(owner="vfioctl")
+    assert out.recovered == [] and journal.exists()
+    assert any("not started by vfioctl" in s for s in out.skipped)
+    out = Host(tree.root, kernel=kernel, owner=BOUND_BY_DRA_PLUGIN).recover(
+        owner=BOUND_BY_DRA_PLUGIN
+    )
+    assert len(out.recovered) == 1 and out.problems == []
+    assert not journal.exists() and tree.override_of(str(NIC)) is None
+    assert tree.driver_of(str(NIC)) == "e1000" and not (
+        Path(tree.root) / "var/lib/vfio_dp/original" / f"{NIC}.json"
+    ).exists()
+
+
+def test_each_front_end_recovers_its_own_journals_and_old_daemon_ones() -> None:
+    assert recovers(BOUND_BY_DEVICE_PLUGIN, BOUND_BY_DEVICE_PLUGIN)
+    assert recovers(BOUND_BY_DRA_PLUGIN, BOUND_BY_DRA_PLUGIN)
+    assert recovers(BOUND_BY_DEVICE_PLUGIN, BOUND_BY_DAEMON)
+    assert recovers(BOUND_BY_DRA_PLUGIN, BOUND_BY_DAEMON)
+    assert not recovers(BOUND_BY_DRA_PLUGIN, BOUND_BY_DEVICE_PLUGIN)
+    assert not recovers(BOUND_BY_DEVICE_PLUGIN, BOUND_BY_DRA_PLUGIN)
+    assert not recovers("vfioctl", BOUND_BY_DAEMON)  # the CLI names what to undo itself
+
+
+def test_the_front_ends_name_themselves() -> None:
+    from vfio_dp.deviceplugin.app import Options
+    from vfio_dp.dra.driver import DraOptions
+
+    assert Options().core().owner == BOUND_BY_DEVICE_PLUGIN == "device-plugin"
+    dra = DraOptions(node_name="n", driver_name="vfio.example.com").core()
+    assert dra.owner == BOUND_BY_DRA_PLUGIN == "dra-plugin"

@@ -57,7 +57,7 @@ def test_second_instance_fails_naming_the_first_ones_pid(root: Path) -> None:
         assert "waited 0.5 s" in str(e.value)
     finally:
         first.kill()
-        first.wait()
+        first.communicate(timeout=10)
 
 
 def test_a_killed_holder_leaves_no_stale_lock_and_a_waiter_takes_over(root: Path) -> None:
@@ -65,7 +65,7 @@ def test_a_killed_holder_leaves_no_stale_lock_and_a_waiter_takes_over(root: Path
     assert name == "dra-plugin.vfio.example.com.lock"
     first = _holder(root, name)
     os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    first.communicate(timeout=10)
     lock = InstanceLock(Root(str(root)), name)
     lock.acquire(0)
     assert (root / "run/vfio_dp" / name).read_text() == f"{os.getpid()}\n"
@@ -75,7 +75,7 @@ def test_a_killed_holder_leaves_no_stale_lock_and_a_waiter_takes_over(root: Path
     t0 = time.monotonic()
     lock.acquire(30)
     assert time.monotonic() - t0 < 30
-    second.wait()
+    second.communicate(timeout=10)
     lock.release()
 
 
@@ -94,7 +94,7 @@ def test_none_running_blocks_starts_and_names_running_processes(root: Path) -> N
         assert f"the DRA plugin for vfio.example.com (vfioctl dra-plugin) (pid {holder.pid})" in str(e.value)
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate(timeout=10)
     with none_running(r, "x"):
         pass
 
@@ -111,7 +111,7 @@ def test_unbind_all_refuses_while_a_daemon_of_ours_runs(root: Path) -> None:
         assert f"unbind --all refused: the device plugin (vfioctl plugin) (pid {holder.pid}) runs" in out.stderr
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate(timeout=10)
     forced = subprocess.run(
         [*vfioctl, "unbind", "--all", "--force", "--root", str(root)],
         capture_output=True, text=True, timeout=60, check=False,

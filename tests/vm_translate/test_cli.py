@@ -196,7 +196,8 @@ def test_webhook_command_self_signed_over_tls(tmp_path: Path) -> None:
             assert json.loads(r.read())["response"]["patchType"] == "JSONPatch"
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
 
 
 def test_webhook_needs_certificates() -> None:
@@ -212,4 +213,11 @@ def test_commands_module_is_import_light() -> None:
         f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[2]))
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=str(Path(__file__).parents[2]),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr  # the child's assert names what it loaded

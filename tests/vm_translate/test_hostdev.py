@@ -88,7 +88,7 @@ def schema_valid(tmp_path: Path, xml: str) -> None:
 
 def test_schema_check_can_fail(tmp_path: Path) -> None:
     bad = (DATA / "domain_base.xml").read_text().replace("managed='no'", "managed='maybe'")
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"fail(s|ed) to validate"):
         schema_valid(tmp_path, bad)
 
 
@@ -259,12 +259,12 @@ def test_multifunction_merge_golden_and_accepted(conn: Any, tmp_path: Path) -> N
 
 
 def test_libvirt_really_checks_what_we_emit(conn: Any) -> None:
+    """The test driver is a real check: the same source twice is refused."""
     import libvirt
 
-    """The test driver is a real check: the same source twice is refused."""
     base = (DATA / "domain_base.xml").read_text()
     dup = hostdev.render([Hostdev("ua-x", GPU, PciAddress.parse("0000:03:00.0"))])
-    with pytest.raises(libvirt.libvirtError):
+    with pytest.raises(libvirt.libvirtError, match="Hostdev already exists"):
         conn.defineXML(base.replace("</devices>", dup + "</devices>"))
 
 

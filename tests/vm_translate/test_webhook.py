@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.waiting import wait_until_async
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, TlsError
@@ -223,15 +224,12 @@ async def test_certificate_reloaded_when_files_change(tmp_path: Path, config: Co
         rotated = self_signed(["localhost", "127.0.0.1"])
         rotated.write(tmp_path / "tls")  # in place, like a Secret volume update
         new_ctx = client_context(rotated.ca)
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            try:
-                after = await _peer_fingerprint(s, new_ctx)
-                break
-            except ssl.SSLError:
-                continue
-        else:
-            pytest.fail("the webhook never presented the rotated certificate")
+        after = await wait_until_async(  # the old certificate fails the new CA's check
+            lambda: _peer_fingerprint(s, new_ctx),
+            what="the webhook to present the rotated certificate",
+            interval=0.05,
+            retry_on=(ssl.SSLError,),
+        )
         assert after != before
         # a broken rotation (garbage key) keeps the working certificate
         (tmp_path / "tls" / "tls.key").write_text("garbage")

@@ -12,7 +12,8 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1), a front-end's own need
   (:meth:`NodeCore.rescan`) and every ``resync`` seconds;
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
-  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``.
+  process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
+  recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
   Never unbinds anything;
 - SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
   :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
@@ -45,7 +46,7 @@ from vfio_dp.errors import BindError, ConfigError, HostError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.sriov import Sriov
-from vfio_dp.host.state import BOUND_BY_DAEMON
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
@@ -73,6 +74,8 @@ class CoreOptions:
     path: str = DEVICE_PLUGIN
     #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
     usage: bool = False
+    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
+    owner: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ class Observer(Protocol):
 class NodeCore:
     def __init__(self, options: CoreOptions, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root, owner="daemon")
+        self.host = host or Host(options.root, owner=options.owner)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
@@ -108,8 +111,9 @@ class NodeCore:
         self.health_checks: list[Callable[[], str | None]] = []
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
         self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
-        #: ``daemon:<path>``: each node process gives back only the PFs it changed itself
-        self.sriov = Sriov(self.host, by=f"{BOUND_BY_DAEMON}:{options.path}")
+        #: SR-IOV count records name the front-end (``device-plugin``, ``dra-plugin``): each
+        #: node process gives back only the PFs it changed (its own path's numVfs selectors)
+        self.sriov = Sriov(self.host, by=options.owner)
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -145,7 +149,8 @@ class NodeCore:
             self._http = await serve_http(
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
-        await self.run(self.host.recover, owner="daemon")  # undo binds a kill interrupted
+        # undo binds a kill interrupted (ours, and an older version's "daemon" ones)
+        await self.run(self.host.recover, owner=self.options.owner)
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),
@@ -291,7 +296,7 @@ class NodeCore:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:
                 result = await self.run(
-                    self.host.bind, addrs, group=True, probe=False, bound_by=BOUND_BY_DAEMON
+                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.owner
                 )
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")

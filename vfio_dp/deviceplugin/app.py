@@ -59,6 +59,7 @@ from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
 from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model import cdi, naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
@@ -91,6 +92,7 @@ class Options:
             metrics_host=self.metrics_host,
             uevents=self.uevents,
             path=DEVICE_PLUGIN,
+            owner=BOUND_BY_DEVICE_PLUGIN,
         )
 
 

@@ -33,11 +33,16 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from vfio_dp.dra import cdi
 from vfio_dp.errors import DraError
 from vfio_dp.host.atomic import write_atomic
-from vfio_dp.host.root import Root, read_text
+from vfio_dp.host.host import read_boot_id
+from vfio_dp.host.root import Root
+
+if TYPE_CHECKING:
+    from vfio_dp.host import Host
 
 VERSION = 1
 PREPARING = "preparing"
@@ -146,25 +151,34 @@ def _claim_from_json(c: object) -> ClaimRecord:
     )
 
 
-def read_boot_id(root: Root) -> str:
-    """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
-    return read_text(root.path("proc", "sys", "kernel", "random", "boot_id")) or ""
+STATE_DIR = ("var", "lib", "vfio_dp")
+
+
+def file_name(driver: str) -> str:
+    """``dra-<driver>.checkpoint.json``."""
+    return f"dra-{cdi.check_driver(driver)}.checkpoint.json"
 
 
 class Checkpoint:
     """The claims this plugin prepared, kept in memory and on disk; thread-safe."""
 
     def __init__(self, root: Root, driver: str) -> None:
-        self.root = root
+        self._setup(root.path(*STATE_DIR, file_name(driver)), read_boot_id(root), driver)
+
+    @classmethod
+    def for_host(cls, host: Host, driver: str) -> Checkpoint:
+        """The checkpoint of ``driver`` under ``host``'s root, stamped with its boot ID."""
+        self = cls.__new__(cls)
+        self._setup(host.state_file(file_name(driver)), host.boot_id(), driver)
+        return self
+
+    def _setup(self, path: str, boot_id: str, driver: str) -> None:
+        self.path = path
         self.driver = cdi.check_driver(driver)
-        self.boot_id = read_boot_id(root)
+        self.boot_id = boot_id
         self._lock = threading.Lock()
         self._claims: dict[str, ClaimRecord] = {}
         self.problems: list[str] = []  # what load() had to set aside, for the log
-
-    @property
-    def path(self) -> str:
-        return self.root.path("var", "lib", "vfio_dp", f"dra-{self.driver}.checkpoint.json")
 
     def load(self) -> dict[str, ClaimRecord]:
         """Read the file (absent: empty). An unreadable one is moved aside and reported in

@@ -41,14 +41,16 @@ from typing import Any
 from vfio_dp.core.health import HealthModel, assess
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra import health
+from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.holds import checkpoint_holds
-from vfio_dp.dra.kubelet import ClaimRef, ClaimResult, KubeletFrontEnd
+from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
@@ -95,6 +97,7 @@ class DraOptions:
             uevents=self.uevents,
             path=DRA,
             usage=True,
+            owner=BOUND_BY_DRA_PLUGIN,
         )
 
 
@@ -212,11 +215,11 @@ class DraPlugin:
             await asyncio.sleep(self.options.resync)
             await self._reconcile_once()
 
-    def _published_devices(self) -> Mapping[str, Mapping[str, Any]]:
+    def _published_devices(self) -> Mapping[str, Device]:
         """The devices last written to the API server (before the first write: the ones being
         published), by name."""
         written = self.publisher.written_devices
-        return {d["name"]: d for d in (written if written is not None else self.devices)}
+        return {d.name: d for d in (written if written is not None else self.devices)}
 
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -253,14 +256,14 @@ class DraPlugin:
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in devices:
-            h = self.health.states[d["name"]]
+            h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
             self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.get("taints"))), device=h.device
+                "vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device
             )
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
-        self.health_stream.publish(health.reports(self.health.states, [d["name"] for d in devices]))
+        self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
 
@@ -294,8 +297,8 @@ class DraPlugin:
     def _log_changes(
         self, snapshot: Snapshot, units: list[DraUnit], devices: list[Device], changed: Any
     ) -> None:
-        before = {d["name"] for d in self.devices}
-        after = {d["name"] for d in devices}
+        before = {d.name for d in self.devices}
+        after = {d.name for d in devices}
         for name in sorted(after - before):
             log.info("DRA device %s published (%s)", name, snapshot.trigger)
         for name in sorted(before - after):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, Held
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
@@ -107,15 +107,14 @@ def pool_devices(
         h = states[name]
         if not h.held:
             if h.health == HEALTHY and name in built:
-                out.append(dict(built[name]))
+                out.append(built[name])
             continue
         base = built.get(name) or last.get(name)
         if base is None:
             continue  # never described (cannot happen after a publish); nothing to show
-        dev = {k: v for k, v in base.items() if k != "taints"}
-        if h.health == UNHEALTHY:
-            dev["taints"] = [taint(h, driver, effects.get(name, NO_SCHEDULE))]
-        out.append(dev)
+        tainted = h.health == UNHEALTHY
+        taints = (taint(h, driver, effects.get(name, NO_SCHEDULE)),) if tainted else ()
+        out.append(replace(base, taints=taints))
     return out
 
 

@@ -2,7 +2,8 @@
 
 The ONLY module on the DRA side that imports ``grpc`` and the generated code
 (``vfio_dp.dra._pb``, vendored from kubernetes/kubelet ``pkg/apis/...``). It translates
-between the wire and the typed values below; every decision is the :class:`Handler`'s.
+between the wire and the typed values of :mod:`vfio_dp.dra.claims` (pure, so the claim path
+loads no ``grpc``); every decision is the :class:`~vfio_dp.dra.claims.Handler`'s.
 
 Sockets (as kubelet and kubernetes/dynamic-resource-allocation ``kubeletplugin`` expect)::
 
@@ -44,8 +45,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -55,6 +55,7 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from vfio_dp.dra.claims import ClaimRef, ClaimResult, Handler
 from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.errors import DriverNameError, SocketPathError
 from vfio_dp.host.files import FileId, file_id
@@ -75,47 +76,6 @@ MAX_UID = 128  # Kubernetes UIDs are 36-character UUIDs
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    """A ResourceClaim as kubelet names it: ``Claim{namespace=1, uid=2, name=3}``."""
-
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    """One device of a prepared claim: ``Device{request_names, pool_name, device_name,
-    cdi_device_ids}`` (``share_id`` is never set: no device of ours is shared)."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    """The answer for one claim: its devices, or a non-empty ``error`` (devices then ignored)."""
-
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-
-class Handler(Protocol):
-    """What the DRA core does with kubelet's calls; both are called with validated claims
-    (distinct uids) and must be idempotent (kubelet re-sends every claim on a retry)."""
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        """Results keyed by claim uid."""
-        ...
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """Errors keyed by claim uid (``""`` = done)."""
-        ...
 
 
 def _clip(text: str, limit: int = MAX_ECHO) -> str:

@@ -43,7 +43,7 @@ def host_path(plugins_dir: str, driver: str, claim_uid: str, request: str) -> st
     )
 
 
-def write_claim(
+def build_claim(
     plugins_dir: str,
     driver: str,
     *,
@@ -52,14 +52,14 @@ def write_claim(
     uid: str,
     pod_claim_name: str | None,
     devices_by_request: Mapping[str, Sequence[tuple[str, md.MetadataDevice]]],
-) -> dict[str, tuple[str, str]]:
-    """Write one file per request (base name) of the claim.
+) -> dict[str, tuple[str, str, md.DeviceMetadata]]:
+    """The claim's metadata, one file per request (base name), without writing anything.
 
     ``devices_by_request`` maps a request's base name to ``(full request name, device)``
     pairs (the full name may be ``<request>/<subrequest>``). Returns
-    ``{request: (host path, container path)}``.
+    ``{request: (host path, container path, content)}``.
     """
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, str, md.DeviceMetadata]] = {}
     for req, pairs in devices_by_request.items():
         by_name: dict[str, list[md.MetadataDevice]] = {}
         for full, dev in pairs:
@@ -71,9 +71,44 @@ def write_claim(
             requests=tuple(md.MetadataRequest(n, tuple(d)) for n, d in by_name.items()),
             pod_claim_name=pod_claim_name,
         )
-        path = host_path(plugins_dir, driver, uid, req)
-        write_atomic(path, md.render(meta).encode())
-        out[req] = (path, md.container_path(claim_name, req, driver, pod_claim_name))
+        out[req] = (
+            host_path(plugins_dir, driver, uid, req),
+            md.container_path(claim_name, req, driver, pod_claim_name),
+            meta,
+        )
+    return out
+
+
+def write_file(path: str, meta: md.DeviceMetadata) -> None:
+    """Write (atomically replace) one metadata file."""
+    write_atomic(path, md.render(meta).encode())
+
+
+def write_claim(
+    plugins_dir: str,
+    driver: str,
+    *,
+    claim_name: str,
+    namespace: str,
+    uid: str,
+    pod_claim_name: str | None,
+    devices_by_request: Mapping[str, Sequence[tuple[str, md.MetadataDevice]]],
+) -> dict[str, tuple[str, str]]:
+    """Write one file per request (base name) of the claim (:func:`build_claim`). Returns
+    ``{request: (host path, container path)}``."""
+    out: dict[str, tuple[str, str]] = {}
+    built = build_claim(
+        plugins_dir,
+        driver,
+        claim_name=claim_name,
+        namespace=namespace,
+        uid=uid,
+        pod_claim_name=pod_claim_name,
+        devices_by_request=devices_by_request,
+    )
+    for req, (path, container, meta) in built.items():
+        write_file(path, meta)
+        out[req] = (path, container)
     return out
 
 

@@ -3,9 +3,11 @@
 One pool per node, named after the node; one DRA device per IOMMU group that can be handed
 over (:func:`vfio_dp.model.serving.dra_units`), named after the group's first endpoint
 (``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice (64 while a
-device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice
-carrying ``pool.resourceSliceCount``; every slice owned by the Node. Objects are plain dicts
-in the API's JSON form (``resource.k8s.io/v1``)::
+device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice carrying
+``pool.resourceSliceCount``; every slice owned by the Node. Each device is a typed
+:class:`Device` (its attributes :class:`~vfio_dp.model.dra_metadata.Attribute` values, which
+Prepare copies into the device metadata and checks against the hardware; its taints); the
+slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``)::
 
     {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
      "metadata": {"name": "node-a-vfio.dra.vfio-dp.io-0", "ownerReferences": [<the Node>]},
@@ -41,6 +43,7 @@ from typing import Any
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
+from vfio_dp.model.dra_metadata import Attribute
 from vfio_dp.model.serving import DraUnit, dra_units
 
 API_VERSION = "resource.k8s.io/v1"
@@ -53,8 +56,40 @@ STANDARD = "resource.kubernetes.io"
 #: label on every slice we write (with the pool's name in ``spec``, how we find ours)
 MANAGED_BY = ("app.kubernetes.io/managed-by", "vfio-dp")
 
-Device = dict[str, Any]
+#: attributes Prepare reads back from a published device
+IOMMU_GROUP = "iommuGroup"
+PCI_BUS_ID = f"{STANDARD}/pciBusID"
+
 Slice = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One ResourceSlice device: a published IOMMU group (``pci-0000-3b-00-0``) and its
+    attributes by name, sorted (see the module docstring)."""
+
+    name: str
+    attributes: Mapping[str, Attribute]
+    #: ``[{"key": "<driver>/unhealthy", "value": ..., "effect": "NoSchedule", "timeAdded":
+    #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.health`)
+    taints: tuple[Mapping[str, str], ...] = ()
+
+    @property
+    def iommu_group(self) -> int | None:
+        """The ``iommuGroup`` it was published with."""
+        attr = self.attributes.get(IOMMU_GROUP)
+        return attr.value if attr is not None and isinstance(attr.value, int) else None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"name": ..., "attributes": {"vendorID": {"string": "10de"}, ...}}`` (and
+        ``"taints": [...]`` when tainted)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "attributes": {k: a.to_json() for k, a in sorted(self.attributes.items())},
+        }
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,39 +100,39 @@ class NodeRef:
     uid: str | None = None
 
 
-def _string(value: str) -> dict[str, str] | None:
-    return {"string": value} if len(value) <= MAX_STRING else None
+def _string(value: str) -> Attribute | None:
+    return Attribute("string", value) if len(value) <= MAX_STRING else None
 
 
 def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddress, str]) -> Device:
     """The ResourceSlice device for one published group (see the module docstring)."""
     dev = inventory.devices[unit.primary]
-    attrs: dict[str, dict[str, Any]] = {
-        f"{STANDARD}/pciBusID": {"string": str(unit.primary)},
-        "vendorID": {"string": dev.vendor},
-        "deviceID": {"string": dev.device},
-        "classID": {"string": dev.class_code},
-        "subsystemVendorID": {"string": dev.subsystem_vendor},
-        "subsystemDeviceID": {"string": dev.subsystem_device},
-        "iommuGroup": {"int": unit.group},
-        "functions": {"int": len(unit.endpoints)},
+    attrs: dict[str, Attribute] = {
+        PCI_BUS_ID: Attribute("string", str(unit.primary)),
+        "vendorID": Attribute("string", dev.vendor),
+        "deviceID": Attribute("string", dev.device),
+        "classID": Attribute("string", dev.class_code),
+        "subsystemVendorID": Attribute("string", dev.subsystem_vendor),
+        "subsystemDeviceID": Attribute("string", dev.subsystem_device),
+        IOMMU_GROUP: Attribute("int", unit.group),
+        "functions": Attribute("int", len(unit.endpoints)),
     }
     root = pcie_roots.get(unit.primary)
     if root is not None and (value := _string(root)) is not None:
         attrs[f"{STANDARD}/pcieRoot"] = value
     if dev.numa_node is not None and dev.numa_node >= 0:
-        attrs["numaNode"] = {"int": dev.numa_node}
+        attrs["numaNode"] = Attribute("int", dev.numa_node)
         # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
         # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
-        attrs[f"{STANDARD}/numaNode"] = {"int": dev.numa_node}
+        attrs[f"{STANDARD}/numaNode"] = Attribute("int", dev.numa_node)
     if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
-        attrs["pfPciBusID"] = {"string": str(dev.physfn)}
+        attrs["pfPciBusID"] = Attribute("string", str(dev.physfn))
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
     if others and (value := _string(others)) is not None:
         attrs["groupFunctions"] = value
-    return {"name": unit.name, "attributes": dict(sorted(attrs.items()))}
+    return Device(unit.name, dict(sorted(attrs.items())))
 
 
 def published_devices(
@@ -113,7 +148,7 @@ def devices_for(
     """The devices of the published ``units`` (from :func:`dra_units`), by name."""
     return sorted(
         (device_for(u, inventory, pcie_roots) for u in units if u.published),
-        key=lambda d: d["name"],
+        key=lambda d: d.name,
     )
 
 
@@ -133,7 +168,7 @@ def build_slices(
     """The slices of this node's pool at ``generation`` (one without devices when empty);
     :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted."""
     size = MAX_DEVICES_PER_SLICE
-    if any(d.get("taints") for d in devices):
+    if any(d.taints for d in devices):
         size = MAX_DEVICES_WITH_TAINTS
     chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
     out: list[Slice] = []
@@ -165,7 +200,7 @@ def build_slices(
                         "generation": generation,
                         "resourceSliceCount": len(chunks),
                     },
-                    "devices": chunk,
+                    "devices": [d.to_json() for d in chunk],
                 },
             }
         )

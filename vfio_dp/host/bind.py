@@ -13,10 +13,12 @@ when none was recorded) and verify. ``new_id`` is never used: it grabs every dev
 that ID. The original driver is recorded durably before the first write; any failure rolls
 back every device this call touched, so no device is left without its driver.
 
-Every write is journaled first (:meth:`StateStore.step`: which write each device is about
-to make, fsync'ed) when the binder runs inside an operation (:attr:`Binder.op`), so a
-process killed between any two writes leaves a journal that says exactly where it stopped;
-:meth:`vfio_dp.host.Host.recover` and ``vfioctl unbind`` finish the job from it.
+The binder only executes: it writes no record and no journal itself. Built for one
+operation, it is given the operation's journal hook (every write is reported to
+:meth:`vfio_dp.host.ledger.Ledger.journal` -- which write each device is about to make,
+fsync'ed -- before it is made, so a process killed between any two writes leaves a journal
+that says exactly where it stopped) and a hook told of each device given back
+(:meth:`~vfio_dp.host.ledger.Ledger.restored`, which drops its record).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from dataclasses import dataclass, field
 
 from vfio_dp.errors import BindError, PathEscapeError
 from vfio_dp.host.kernel import KernelIO
+from vfio_dp.host.ledger import Journal, Restored
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import BOUND_BY_OPERATOR, Operation, OriginalDriver, StateStore
 from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
@@ -113,16 +115,22 @@ class BindResult:
 
 
 class Binder:
-    """Executes bind/restore steps through a :class:`KernelIO`, recording as it goes."""
+    """Executes bind/restore steps through a :class:`KernelIO`, reporting as it goes."""
 
-    def __init__(self, root: Root, kernel: KernelIO, state: StateStore) -> None:
+    def __init__(
+        self,
+        root: Root,
+        kernel: KernelIO,
+        *,
+        journal: Journal | None = None,
+        restored: Restored | None = None,
+    ) -> None:
+        """``journal``: told of each sysfs write before it is made (the operation's journal);
+        ``restored``: told of each device given back. None: planning only (dry runs)."""
         self.root = root
         self.kernel = kernel
-        self.state = state
-        #: Who the bind records of this binder name (``operator``, ``daemon``, ``claim:<uid>``).
-        self.bound_by = BOUND_BY_OPERATOR
-        #: The journal of the operation being run; each write is recorded in it first.
-        self.op: Operation | None = None
+        self.journal = journal
+        self.restored = restored
 
     # -- paths -------------------------------------------------------------------------
     def _dev(self, addr: PciAddress, name: str) -> str:
@@ -177,8 +185,8 @@ class Binder:
             if not s.path:
                 self.kernel.modprobe(s.data)
                 continue
-            if self.op is not None and addr is not None:
-                self.state.step(self.op, str(addr), done, str(s))
+            if self.journal is not None and addr is not None:
+                self.journal(addr, done, str(s))
             try:
                 self.kernel.write(s.path, s.data)
             except OSError as e:
@@ -194,32 +202,10 @@ class Binder:
         return dev
 
     # -- operations ----------------------------------------------------------------------
-    def record_to_write(self, dev: PciDevice) -> OriginalDriver | None:
-        """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
-        existing one (also when it already says exactly this). A record left from an earlier
-        boot (the device is back on a host driver) or by an interrupted bind is taken over:
-        the driver the device has now is what to give back (driverless: keep the recorded
-        one), and whoever binds it now (:attr:`bound_by`) owns the binding."""
-        rec = self.state.get(dev.address)
-        if rec is not None and rec.bound_by == self.bound_by and dev.driver is None:
-            return None
-        keep = rec is not None and dev.driver is None
-        new = OriginalDriver(
-            str(dev.address),
-            rec.driver if keep and rec is not None else dev.driver,
-            rec.driver_override if keep and rec is not None else dev.driver_override,
-            dev.vendor,
-            dev.device,
-            self.bound_by,
-        )
-        return None if new == rec else new
-
     def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
-        """Move ``dev`` (as read under its lock, planned to move) to vfio-pci."""
+        """Move ``dev`` (as read under its lock, planned to move, its record written) to
+        vfio-pci."""
         addr = dev.address
-        new = self.record_to_write(dev)
-        if new is not None:
-            self.state.put(new)
         touched.append(addr)
         steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))
         result.steps.extend(steps)
@@ -289,8 +275,8 @@ class Binder:
                 f"{addr}: restore to {driver} did not take (now on {after.driver or 'no driver'}); "
                 f"try: vfioctl unbind --driver {driver} {addr}, and check `dmesg`"
             )
-        if not explicit or after.driver == driver:
-            self.state.remove(addr)
+        if self.restored is not None:
+            self.restored(addr, driver, after.driver, explicit)
         _log_info("restored %s to %s", addr, after.driver or "no driver")
         return after.driver
 
@@ -325,27 +311,3 @@ class Binder:
         done = [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
         _raise_failures(failed, done)
         return [(dev.address, now[dev.address]) for dev, _, _ in jobs]
-
-    def rollback(self, touched: list[PciAddress]) -> list[str]:
-        """Undo every device touched, newest first; return what could not be undone."""
-        problems: list[str] = []
-        for addr in reversed(touched):
-            rec = self.state.get(addr)
-            try:
-                now = self.current(addr)
-                if (
-                    rec is not None
-                    and now.driver == rec.driver
-                    and (now.driver_override == rec.driver_override)
-                ):
-                    self.state.remove(addr)
-                    continue
-                self.restore_one(
-                    addr,
-                    rec.driver if rec else None,
-                    rec.driver_override if rec else None,
-                    explicit=False,
-                )
-            except BindError as e:
-                problems.append(f"{addr}: rollback failed: {e}")
-        return problems

@@ -1,81 +1,43 @@
 """The :class:`Host`: everything vfio_dp does to a machine, through one root path.
 
 ``Host("/")`` on a node, ``Host("/host")`` in the DaemonSet's pod, ``Host(tmp_path)`` in
-tests. Composes discovery (:mod:`.sysfs`), host usage (:mod:`.usage`), the durable state
-(:mod:`.state`), the VFIO nodes (:mod:`.vfio`) and the binder (:mod:`.bind`) with the pure
-rules of :mod:`vfio_dp.model`.
+tests. Composes discovery (:mod:`.sysfs`), host usage (:mod:`.usage`), the VFIO nodes
+(:mod:`.vfio`) and the operations that change a machine -- bind, unbind, recovery, release
+(:mod:`.operations`, executed by :mod:`.bind`, recorded by :mod:`.ledger`, the one writer of
+bind records and journals in :mod:`.state`) -- with the pure rules of :mod:`vfio_dp.model`.
+
+Ownership: every binding has an owner (``bound_by``: ``operator``, ``device-plugin``,
+``dra-plugin``, ``claim:<uid>``); :meth:`Host.owners`, :meth:`Host.holdings`,
+:meth:`Host.adopt` and :meth:`Host.release` are how front-ends ask and act on it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import (
-    BindError,
-    HostError,
-    LockTimeoutError,
-    NoIommuError,
-    PathEscapeError,
-    RefusedError,
-    StateWriteError,
-)
-from vfio_dp.host import sysfs
-from vfio_dp.host.bind import Binder, BindResult, Step
+from vfio_dp.errors import HostError, NoIommuError
+from vfio_dp.host import operations, sysfs
+from vfio_dp.host.bind import BindResult, Step
 from vfio_dp.host.kernel import KernelIO, RealKernel
-from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.state import BOUND_BY_OPERATOR, OpDevice, Operation, OriginalDriver, StateStore
+from vfio_dp.host.ledger import Ledger
+from vfio_dp.host.operations import Interrupted, Recovery, Release
+from vfio_dp.host.root import Root, read_text, safe_component
+from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, PciDevice
-from vfio_dp.model.plan import BindPlan, CheckReport, plan_bind, plan_check, plan_unbind
+from vfio_dp.model.plan import CheckReport, plan_check
 
 if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
     from pathlib import Path
 
 
-def _log_warning(msg: str, *args: object) -> None:
-    """Through ``logging`` when the process uses it (the daemon); free for the CLI."""
-    import sys
-
-    logging = sys.modules.get("logging")
-    if logging is not None:
-        logging.getLogger("vfio_dp.bind").warning(msg, *args)
-
-
-@dataclass(frozen=True, slots=True)
-class Interrupted:
-    """An operation whose process died midway (its journal is left, its locks are free)."""
-
-    op: Operation
-    in_progress: bool  # its process still holds the locks: not interrupted (yet)
-
-    def message(self) -> str:
-        addrs = " ".join(d.address for d in self.op.devices)
-        if self.in_progress:
-            return f"{self.op.describe()} is in progress on {addrs}"
-        if self.op.failed:
-            lines = [f"UNFINISHED {self.op.describe()}: {self.op.failed}"]
-        else:
-            lines = [f"INTERRUPTED {self.op.describe()}: the process died midway"]
-        lines += [f"  {p}" for p in self.op.progress()]
-        lines.append(f"  restore every device of it: vfioctl unbind {addrs}")
-        return "\n".join(lines)
-
-
-@dataclass(slots=True)
-class Recovery:
-    """What :meth:`Host.recover` did: one line per device restored, and what it could not do."""
-
-    recovered: list[str] = field(default_factory=list)  # operation descriptions
-    restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # others' or live operations
-    unreadable: list[str] = field(default_factory=list)  # journals that cannot be read (kept)
+def read_boot_id(fs: Root) -> str:
+    """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
+    return read_text(fs.path("proc", "sys", "kernel", "random", "boot_id")) or ""
 
 
 class Host:
@@ -91,13 +53,15 @@ class Host:
     ) -> None:
         """``scan_processes`` > 1 lets a big host's full scan use that many processes (the
         CLI passes the CPUs it may use; the daemon, which has threads, keeps 1). ``owner``
-        names who runs the operations in their journals (the daemon passes ``"daemon"``)."""
+        names who runs the operations in their journals (the front-ends pass ``"device-plugin"``
+        and ``"dra-plugin"``)."""
         self.fs = Root(root)
         self.scan_processes = scan_processes
         self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout, self.fs.open)
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
         self.owner = owner
+        self.ledger = Ledger(self.state, lock_timeout)
 
     @property
     def root(self) -> Path:
@@ -177,6 +141,20 @@ class Host:
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)
 
+    def pcie_roots(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, str]:
+        """``{address: "pci0000:00"}``: each device's PCIe root (:mod:`.topology`)."""
+        from vfio_dp.host.topology import pcie_roots
+
+        return pcie_roots(self.fs, addresses)
+
+    def boot_id(self) -> str:
+        """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
+        return read_boot_id(self.fs)
+
+    def state_file(self, name: str) -> str:
+        """``<root>/var/lib/vfio_dp/<name>``: where a front-end keeps its own durable file."""
+        return self.fs.path("var", "lib", "vfio_dp", safe_component(name))
+
     def group_node(self, group: IommuGroup) -> str:
         """The group's node path under the root (for existence checks only)."""
         return self.fs.path("dev", "vfio", group.node)
@@ -193,43 +171,7 @@ class Host:
         found = self.probe_groups(list(inv.groups.values())) if probe else {}
         return inv, {n: found.get(n, UNKNOWN) for n in inv.groups}
 
-    # -- binding -----------------------------------------------------------------------
-    def _check_escapes(self, inv: Inventory, addresses: Sequence[PciAddress]) -> None:
-        """An address discovery did not find because its sysfs entry leads out of the root:
-        :class:`PathEscapeError` naming the link (rather than "no such device")."""
-        for a in addresses:
-            if a not in inv.devices:
-                self.fs.check_inside(f"{sysfs.pci_devices_dir(self.fs)}/{a}/driver_override")
-
-    def _binder(self) -> Binder:
-        return Binder(self.fs, self.kernel, self.state)
-
-    def _groups_in_use(self, inv: Inventory, addrs: Sequence[PciAddress]) -> dict[int, bool]:
-        groups = {inv.devices[a].iommu_group for a in addrs if a in inv.devices}
-        found = {n: inv.groups[n] for n in groups if n is not None and n in inv.groups}
-        return {n: bool(s.in_use) for n, s in self.probe_groups(list(found.values())).items()}
-
-    def _plan_bind(
-        self,
-        inv: Inventory,
-        addresses: Sequence[PciAddress],
-        in_use: dict[int, bool] | None,
-        *,
-        group: bool,
-        force: bool,
-    ) -> BindPlan:
-        plan = plan_bind(
-            inv,
-            addresses,
-            group=group,
-            force=force,
-            groups_in_use=in_use,
-            root_display=self.fs.display,
-        )
-        if plan.refusals:
-            raise RefusedError(list(plan.refusals))
-        return plan
-
+    # -- binding (flows in :mod:`.operations`, records and journals by :mod:`.ledger`) ------
     def bind(
         self,
         addresses: Sequence[PciAddress],
@@ -249,160 +191,14 @@ class Host:
         bound some meanwhile): the binder only executes it. An interrupted operation on these
         devices (its process was killed) is undone first (:meth:`recover`), so the original
         drivers recorded stay the true ones.
-        ``bound_by`` goes into each new bind record (``operator``, ``daemon``,
-        ``claim:<uid>``); devices already on vfio-pci keep their record and owner.
+        ``bound_by`` goes into each new bind record (``operator``, ``device-plugin``,
+        ``dra-plugin``, ``claim:<uid>``); devices already on vfio-pci keep their record and
+        owner.
         """
-        undone: list[str] = []
-        if not dry_run:
-            rec_out = self.recover(only=addresses)
-            if rec_out.problems:
-                raise BindError("\n".join(rec_out.problems))
-            undone = [f"undid the interrupted {d} first" for d in rec_out.recovered]
-        inv = self.scan()
-        self._check_escapes(inv, addresses)
-        in_use = self._groups_in_use(inv, addresses) if probe else None
-        plan = self._plan_bind(inv, addresses, in_use, group=group, force=force)
-        binder = self._binder()
-        binder.bound_by = bound_by
-        if dry_run:
-            result = BindResult(
-                already=list(plan.already),
-                dry_run=True,
-                warnings=[f"forced: {w}" for w in plan.forced],
-            )
-            need = not binder.driver_loaded("vfio-pci")
-            for a in plan.targets:
-                result.steps.extend(binder.bind_steps(inv.devices[a], need))
-                need = False
-            return result
-        touched: list[PciAddress] = []
-        locked = [*plan.targets, *plan.already]
-        with self._locked(locked):
-            now = {a: binder.current(a) for a in locked}
-            inv = dataclasses.replace(
-                inv,
-                devices={
-                    **inv.devices,
-                    **{
-                        a: dataclasses.replace(
-                            d,
-                            in_use=inv.devices[a].in_use,
-                            original_driver=inv.devices[a].original_driver,
-                        )
-                        for a, d in now.items()
-                    },
-                },
-            )
-            plan = self._plan_bind(inv, addresses, in_use, group=group, force=force)
-            forced = [f"forced: {w}" for w in plan.forced]
-            result = BindResult(already=list(plan.already), warnings=undone + forced)
-            targets = [inv.devices[a] for a in plan.targets]
-            op = self._begin_bind(binder, targets)
-            try:
-                binder.bind_all(targets, result, touched)
-            except BindError as e:
-                problems = binder.rollback(touched)
-                msg = f"bind failed: {e}"
-                if touched:
-                    msg += f"\nrolled back {', '.join(map(str, touched))}"
-                if problems:
-                    msg += "\n" + "\n".join(problems)
-                    self._failed(op, msg)
-                else:
-                    self._finish(op)
-                raise BindError(msg) from e
-            self._finish(op)
-        return result
-
-    # -- the journal around every operation -----------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, addresses: Sequence[PciAddress]) -> Iterator[None]:
-        """The devices' locks; a lock that cannot be created refuses the operation."""
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(self.state.locked(list(addresses), self.lock_timeout))
-            except StateWriteError as e:
-                raise StateWriteError(
-                    f"refused before the first sysfs write (nothing was changed): {e}"
-                ) from e
-            yield
-
-    def _preflight(self, binder: Binder, steps: Sequence[Step]) -> None:
-        """Every sysfs file an operation will write resolves inside the root (else refuse
-        before the first write, naming the path and the link)."""
-        for s in steps:
-            if s.path:
-                self.fs.check_inside(s.path)
-
-    def _begin_bind(self, binder: Binder, targets: Sequence[PciDevice]) -> Operation | None:
-        """Check every path, write the journal and every device's original driver, all
-        before the first sysfs write; a failure here refuses the bind, changing nothing."""
-        if not targets:
-            return None
-        for dev in targets:
-            self._preflight(binder, binder.bind_steps(dev, need_module=False))
-        written: list[PciAddress] = []
-        replaced: list[OriginalDriver] = []
-        op: Operation | None = None
-        try:
-            op = self.state.begin(
-                "bind", self.owner, [OpDevice(str(d.address), "vfio-pci", None) for d in targets]
-            )
-            for dev in targets:
-                before = self.state.get(dev.address)
-                record = binder.record_to_write(dev)
-                if record is not None:
-                    self.state.put(record)
-                    written.append(dev.address)
-                    if before is not None:
-                        replaced.append(before)
-        except HostError as e:  # full, read-only, escaping, or an unreadable old record
-            for a in written:
-                self.state.remove(a)
-            for rec in replaced:
-                with contextlib.suppress(StateWriteError, PathEscapeError):
-                    self.state.put(rec)
-            if op is not None:
-                self.state.finish(op)
-            if not isinstance(e, (StateWriteError, PathEscapeError)):
-                raise
-            raise StateWriteError(
-                f"bind refused before the first sysfs write (nothing was changed): {e}"
-            ) from e
-        binder.op = op
-        return op
-
-    def _begin_unbind(
-        self, binder: Binder, jobs: Sequence[tuple[PciDevice, str | None, str | None]]
-    ) -> Operation | None:
-        """Check every path and write the unbind's journal before its first sysfs write."""
-        if not jobs:
-            return None
-        for dev, target, override in jobs:
-            self._preflight(binder, binder.restore_steps(dev, target, override))
-        try:
-            op = self.state.begin(
-                "unbind", self.owner, [OpDevice(str(d.address), t, o) for d, t, o in jobs]
-            )
-        except (StateWriteError, PathEscapeError) as e:
-            raise StateWriteError(
-                f"unbind refused before the first sysfs write (nothing was changed): {e}"
-            ) from e
-        binder.op = op
-        return op
-
-    def _finish(self, op: Operation | None) -> None:
-        if op is not None:
-            self.state.finish(op)
-
-    def _failed(self, op: Operation | None, why: str) -> None:
-        """The operation ended with devices it could not put back: keep its journal, marked,
-        so ``vfioctl list`` shows it and ``vfioctl unbind`` / :meth:`recover` retry it."""
-        if op is None:
-            return
-        op.failed = why.splitlines()[0][:500]
-        with contextlib.suppress(HostError):
-            self.state.save(op)
+        return operations.bind(
+            self, addresses, group=group, force=force, dry_run=dry_run, probe=probe,
+            bound_by=bound_by,
+        )  # fmt: skip
 
     def interrupted(self) -> tuple[list[Interrupted], list[str]]:
         """Every operation journal on disk (each marked in progress or interrupted), and a
@@ -416,73 +212,15 @@ class Host:
         each of its devices goes back to the driver it had before the bind (an interrupted
         bind is rolled back, an interrupted unbind is finished), then its journal is removed.
 
-        ``owner="daemon"``: only what the daemon started (the daemon calls this at start,
-        before it binds anything); ``only``: only operations that include one of these
-        devices (``vfioctl unbind <addresses>``). An operation whose process still runs (its
-        locks are held) is left alone. Reads ``<root>/var/lib/vfio_dp/ops/*.json`` and
+        ``owner="device-plugin"``: only what that front-end started (it calls this at start,
+        before it binds anything; a front-end also finishes what an older version recorded
+        as ``daemon``); ``only``: only operations that include one of these devices
+        (``vfioctl unbind <addresses>``). An operation whose process still runs (its locks
+        are held) is left alone. Reads ``<root>/var/lib/vfio_dp/ops/*.json`` and
         ``original/<bdf>.json``; writes the same sysfs files as :meth:`unbind`. A device
         that cannot be restored keeps its records and is named in ``problems``.
         """
-        out = Recovery()
-        ops, out.unreadable = self.state.operations()
-        wanted = set(only)
-        for op in ops:
-            addrs = op.addresses()
-            if owner is not None and op.owner != owner:
-                out.skipped.append(f"{op.describe()}: not started by {owner}")
-                continue
-            if wanted and not wanted & set(addrs):
-                continue
-            try:
-                with self.state.locked(addrs, timeout=0):
-                    self._recover_one(op, out)
-            except LockTimeoutError:
-                out.skipped.append(f"{op.describe()}: still in progress")
-            except HostError as e:  # reported, never fatal: the daemon calls this at start
-                out.problems.append(f"{op.describe()}: {e}")
-        for p in out.problems + out.unreadable:
-            _log_warning("recovery: %s", p)
-        return out
-
-    def _recover_one(self, op: Operation, out: Recovery) -> None:
-        current, _ = self.state.operations()
-        if not any(o.id == op.id for o in current):
-            return  # it finished between our listing and our locking
-        binder = self._binder()
-        binder.op = op
-        failures = len(out.problems)
-        jobs: list[tuple[PciDevice, str | None, str | None]] = []
-        for d in op.devices:
-            addr = PciAddress.parse(d.address)
-            dev = sysfs.read_device(self.fs, addr)
-            if dev is None:
-                out.problems.append(f"{addr} ({op.describe()}) is gone from the host")
-                continue
-            try:
-                rec = self.state.get(addr)
-            except HostError as e:
-                out.problems.append(str(e))
-                continue
-            if op.kind == "bind":
-                if rec is None:
-                    continue  # recorded before its first write: never touched
-                target, override = rec.driver, rec.driver_override
-            else:
-                target, override = d.target, d.override
-            if dev.driver == target and dev.driver_override == override:
-                if rec is not None and rec.driver == target:
-                    self.state.remove(addr)
-                continue
-            jobs.append((dev, target, override))
-        try:
-            out.restored.extend(binder.restore_all(jobs, explicit=False))
-        except BindError as e:
-            out.problems.append(f"{op.describe()}: {e}")
-            return
-        if len(out.problems) == failures:
-            self.state.finish(op)
-        out.recovered.append(op.describe())
-        _log_warning("recovered the interrupted %s", op.describe())
+        return operations.recover(self, owner=owner, only=only)
 
     def unbind(
         self,
@@ -499,88 +237,41 @@ class Host:
         ``force`` (the unbind would block until the VM lets go). Planned by
         :func:`vfio_dp.model.plan.plan_unbind` from the state read under the devices' locks.
         """
-        return self._unbind(list(addresses), driver=driver, force=force, dry_run=dry_run)
+        return operations.unbind(
+            self, list(addresses), driver=driver, force=force, dry_run=dry_run
+        )
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):
         the same checks, every device attempted; a record whose device is gone is named in
         the error after the others are restored. No records: an empty result."""
-        return self._unbind(sorted(self.state.all()), force=force, dry_run=dry_run, every=True)
+        return operations.unbind(
+            self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
+        )
 
-    def _unbind(
-        self,
-        addresses: list[PciAddress],
-        *,
-        driver: str | None = None,
-        force: bool,
-        dry_run: bool,
-        every: bool = False,
-    ) -> BindResult:
-        result = BindResult(dry_run=dry_run)
-        recovered: set[PciAddress] = set()
-        if not dry_run:  # an interrupted bind/unbind of these devices: finish it first
-            rec_out = self.recover(only=() if every else addresses)
-            result.restored.extend(rec_out.restored)
-            recovered = {a for a, _ in rec_out.restored}
-            result.warnings.extend(f"undid the interrupted {d}" for d in rec_out.recovered)
-            result.warnings.extend(rec_out.unreadable)
-            if rec_out.problems:
-                raise BindError("\n".join(rec_out.problems))
-            if every:
-                addresses = sorted(self.state.all())
-        if not addresses:
-            return result
-        binder = self._binder()
-        with self._locked(addresses):
-            inv = self.scan(usage=False)
-            self._check_escapes(inv, addresses)
-            for a in addresses:  # an unreadable record refuses (CorruptRecordError), never
-                self.state.get(a)  # reads as "no record": it would be restored over, dropped
-            if every:
-                result.warnings.extend(self.state.problems())
-            plan = plan_unbind(
-                inv,
-                self.state.all(),
-                addresses,
-                driver=driver,
-                force=force,
-                groups_in_use=self._groups_in_use(inv, addresses),
-                root_display=self.fs.display,
-                skip_missing=every,
-            )
-            if plan.refusals:
-                raise RefusedError(list(plan.refusals))
-            result.already.extend(a for a in plan.already if a not in recovered)
-            jobs = [(inv.devices[r.address], r.driver, r.override) for r in plan.restores]
-            if dry_run:  # ``restored`` then says what WOULD go back where
-                for dev, target, override in jobs:
-                    result.steps.extend(binder.restore_steps(dev, target, override))
-                    result.restored.append((dev.address, target))
-                return result
-            for a in plan.forget:
-                self.state.remove(a)
-            gone = [
-                f"{a}: recorded in {self.state.state_dir}/{a}.json but there is no such device "
-                f"under {self.fs.display}sys/bus/pci/devices; nothing to restore (remove the "
-                "record once the card is gone for good)"
-                for a in plan.missing
-            ]
-            op = self._begin_unbind(binder, jobs)
-            try:
-                result.restored.extend(binder.restore_all(jobs, explicit=driver is not None))
-            except BindError as e:
-                self._failed(op, str(e))
-                if not gone:
-                    raise
-                raise BindError("\n".join([str(e), *gone])) from e
-            self._finish(op)
-            if gone:
-                done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
-                raise BindError(
-                    f"{len(gone)} of the recorded devices could not be restored\n"
-                    + "\n".join(gone + done)
-                )
-        return result
+    # -- ownership ---------------------------------------------------------------------
+    def owners(self) -> dict[PciAddress, str]:
+        """Every device with a bind record → who bound it (``operator``, ``device-plugin``,
+        ``dra-plugin``, ``claim:<uid>``; ``daemon`` from older versions)."""
+        return self.ledger.owners()
+
+    def holdings(self, owner: str) -> list[PciAddress]:
+        """The devices ``owner`` bound (their bind records name it), in address order."""
+        return self.ledger.holdings(owner)
+
+    def adopt(
+        self, addresses: Sequence[PciAddress], owner: str, *, replacing: Callable[[str], bool]
+    ) -> list[tuple[PciAddress, str]]:
+        """Make ``owner`` the owner of the bindings of ``addresses`` now held by an owner
+        ``replacing`` accepts (:meth:`vfio_dp.host.ledger.Ledger.adopt`)."""
+        return self.ledger.adopt(addresses, owner, replacing=replacing)
+
+    def release(self, owner: str) -> Release:
+        """Give back every device ``owner`` bound, IOMMU group by group, to its recorded
+        driver -- except groups a process holds open (``/dev/vfio/<N>``, found through
+        ``<root>/proc/*/fd``: a VM's QEMU): those are kept and named, to be released later.
+        Records of devices gone from the host are forgotten (nothing to give back)."""
+        return operations.release(self, owner)
 
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
@@ -596,4 +287,4 @@ class Host:
         return plan_check(inv, addresses, status, root_display=self.fs.display)
 
 
-__all__ = ["BindResult", "CheckReport", "Host", "Interrupted", "Recovery", "Step"]
+__all__ = ["BindResult", "CheckReport", "Host", "Interrupted", "Recovery", "Release", "Step"]

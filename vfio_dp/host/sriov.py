@@ -28,7 +28,7 @@ from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
 from vfio_dp.host.root import read_text
 from vfio_dp.host.sriov_store import SriovOp, SriovStore
-from vfio_dp.host.state import BOUND_BY_OPERATOR
+from vfio_dp.host.state import BOUND_BY_OPERATOR, recovers
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import (
     AUTOPROBE,
@@ -340,8 +340,9 @@ class Sriov:
     def reconcile(
         self, wanted: Mapping[PciAddress, int], extra: Held | None = None
     ) -> tuple[list[str], list[PciAddress]]:
-        """The daemon's pass (``by`` ``daemon``): undo its interrupted changes, give each PF
-        ``wanted`` names its count, and give back every PF it changed that is no longer
+        """A node process's pass (``by`` its front-end, ``device-plugin`` / ``dra-plugin``):
+        undo its interrupted changes, give each PF ``wanted`` names its count, and give back
+        every PF it changed (or an older version recorded as ``daemon``) that is no longer
         wanted. Never raises for one PF: returns a message per change made or refused (the
         refused are retried on the next pass), and the VFs made. Made VFs are NOT bound
         here: the core's ``bind: true`` pass binds them like any new device."""
@@ -349,12 +350,12 @@ class Sriov:
         made: list[PciAddress] = []
         for pf in self.store.journaled():
             op = self.store.op(pf)
-            if op is not None and op.owner == self.host.owner:
+            if op is not None and recovers(self.host.owner, op.owner):  # "daemon": older
                 out += self.recover_one(pf)
         todo = dict(wanted)
         for pf in self.store.recorded():
             rec = self.store.get(pf)
-            if rec is not None and rec.by == self.by and pf not in todo:
+            if rec is not None and recovers(self.by, rec.by) and pf not in todo:
                 todo[pf] = rec.before
         for pf, count in sorted(todo.items()):
             try:

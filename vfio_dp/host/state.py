@@ -5,10 +5,13 @@
       {"address": "0000:01:00.0", "driver": "e1000e", "driver_override": null,
        "vendor": "8086", "device": "10d3", "bound_by": "operator"}
 
-  ``bound_by`` says who bound it: ``operator`` (``vfioctl bind``), ``daemon`` (a selector's
-  ``bind: true``) or ``claim:<uid>`` (a DRA claim with ``bind: onPrepare``). Only a claim's
-  own bindings are ever undone by the DRA plugin's Unprepare or reconcile. Records written
-  before the field existed read as ``operator``: nobody automatic ever undoes those.
+  ``bound_by`` says who bound it: ``operator`` (``vfioctl bind``), ``device-plugin`` or
+  ``dra-plugin`` (a selector's ``bind: true``, in the front-end serving that path) or
+  ``claim:<uid>`` (a DRA claim with ``bind: onPrepare``). Only a claim's own bindings are
+  ever undone by the DRA plugin's Unprepare or reconcile. Records written before the field
+  existed read as ``operator``: nobody automatic ever undoes those; ``daemon``, written by
+  versions whose two front-ends shared that name, reads as a front-end's ``bind: true``.
+  The one writer of these records and of the journals below is :mod:`.ledger`.
 
   written before the device's first sysfs write and removed once it is restored.
 - ``<root>/var/lib/vfio_dp/ops/<id>.json`` — the journal of one bind or unbind while it
@@ -61,8 +64,18 @@ LOCK_DIR = ("run", "vfio_dp")
 _MAX_RECORD = 1 << 20  # a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
 
 BOUND_BY_OPERATOR = "operator"
+BOUND_BY_DEVICE_PLUGIN = "device-plugin"
+BOUND_BY_DRA_PLUGIN = "dra-plugin"
+#: what both front-ends recorded before each had its own name (still read: upgrades)
 BOUND_BY_DAEMON = "daemon"
+FRONT_ENDS = (BOUND_BY_DEVICE_PLUGIN, BOUND_BY_DRA_PLUGIN)
 _CLAIM_PREFIX = "claim:"
+
+
+def recovers(owner: str, recorded: str) -> bool:
+    """Does ``owner`` finish the interrupted operations ``recorded`` as their runner? Its
+    own, and a front-end also those an older version recorded as ``daemon``."""
+    return recorded == owner or (recorded == BOUND_BY_DAEMON and owner in FRONT_ENDS)
 
 
 def bound_by_claim(uid: str) -> str:
@@ -71,7 +84,7 @@ def bound_by_claim(uid: str) -> str:
 
 
 def claim_of(bound_by: str) -> str | None:
-    """The claim UID in ``claim:<uid>``, None for ``operator``/``daemon``."""
+    """The claim UID in ``claim:<uid>``, None for every other owner."""
     return bound_by[len(_CLAIM_PREFIX) :] if bound_by.startswith(_CLAIM_PREFIX) else None
 
 
@@ -102,7 +115,7 @@ class Operation:
 
     id: str
     kind: str  # "bind" | "unbind"
-    owner: str  # "vfioctl" | "daemon" | ...
+    owner: str  # who runs it: "vfioctl", "device-plugin", "dra-plugin" ("daemon": older)
     pid: int
     started: float
     devices: list[OpDevice] = field(default_factory=list)

@@ -1,0 +1,119 @@
+"""What a prepared claim leaves on the node: its CDI edits and device-metadata files.
+
+:func:`build` is pure: from the claim, its resolved devices (:class:`~vfio_dp.dra.resolve.Chosen`),
+their published form (:class:`~vfio_dp.dra.slices.Device`: the metadata repeats the slice's
+attributes) and each group's device nodes, it makes :class:`ClaimFiles` -- one metadata file
+per request (:mod:`vfio_dp.dra.metadata`), one CDI device per group handed over plus one per
+request mounting its metadata file read-only (:mod:`vfio_dp.dra.cdi`), and kubelet's answer::
+
+    pci-0000-3b-00-0 (request gpu) → ["<driver>/vfio=<uid>-pci-0000-3b-00-0",
+                                      "<driver>/vfio=<uid>-metadata-gpu"]
+
+The metadata mount goes with the request's first device only; ``adminAccess`` devices get
+the mount and never the group. :class:`ClaimDirs` writes and removes them (the one atomic
+writer; metadata first, then the CDI spec that points at it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from vfio_dp.dra import cdi
+from vfio_dp.dra import metadata as mdfile
+from vfio_dp.dra.claims import ClaimRef, PreparedDevice
+from vfio_dp.dra.resolve import Chosen
+from vfio_dp.dra.slices import Device
+from vfio_dp.model import dra_metadata as md
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFiles:
+    """One claim's files and kubelet's answer (see the module docstring)."""
+
+    metadata: tuple[tuple[str, md.DeviceMetadata], ...]  # (host path, content) per request
+    cdi_devices: tuple[cdi.CdiDevice, ...]  # the groups first, then the metadata mounts
+    prepared: tuple[PreparedDevice, ...]  # in the order of the claim's results
+
+
+def build(
+    claim: ClaimRef,
+    pod_claim_name: str | None,
+    chosen: Sequence[Chosen],
+    *,
+    driver: str,
+    plugins_dir: str,
+    slice_devices: Mapping[str, Device],
+    group_nodes: Mapping[str, Sequence[str]],
+) -> ClaimFiles:
+    """The claim's files. ``slice_devices``: each chosen device's slice form (as the
+    hardware is now), by name;
+    ``group_nodes``: the device nodes of each group handed over, by DRA device name."""
+    by_request: dict[str, list[tuple[str, md.MetadataDevice]]] = {}
+    for c in chosen:
+        r = c.result
+        mdev = md.MetadataDevice(
+            driver=driver, pool=r.pool, name=r.device, attributes=slice_devices[r.device].attributes
+        )
+        by_request.setdefault(md.request_base(r.request), []).append((r.request, mdev))
+    files = mdfile.build_claim(
+        plugins_dir,
+        driver,
+        claim_name=claim.name,
+        namespace=claim.namespace,
+        uid=claim.uid,
+        pod_claim_name=pod_claim_name,
+        devices_by_request=by_request,
+    )
+    metadata_devices: list[cdi.CdiDevice] = []
+    metadata_ids: dict[str, str] = {}
+    for req, (host_path, container_path, _) in files.items():
+        dev = cdi.CdiDevice(
+            cdi.metadata_device_name(claim.uid, req),
+            mounts=(cdi.Mount(host_path, container_path),),
+        )
+        metadata_devices.append(dev)
+        metadata_ids[req] = cdi.device_id(driver, dev.name)
+    group_devices: list[cdi.CdiDevice] = []
+    prepared: list[PreparedDevice] = []
+    given_metadata: set[str] = set()
+    for c in chosen:
+        r = c.result
+        ids: list[str] = []
+        if c.gets_group:
+            gdev = cdi.CdiDevice(
+                cdi.group_device_name(claim.uid, c.unit.name), tuple(group_nodes[c.unit.name])
+            )
+            group_devices.append(gdev)
+            ids.append(cdi.device_id(driver, gdev.name))
+        req = md.request_base(r.request)
+        if req not in given_metadata:  # one mount per request (on its first device)
+            given_metadata.add(req)
+            ids.append(metadata_ids[req])
+        prepared.append(PreparedDevice((r.request,), r.pool, r.device, tuple(ids)))
+    return ClaimFiles(
+        metadata=tuple((path, meta) for path, _, meta in files.values()),
+        cdi_devices=(*group_devices, *metadata_devices),
+        prepared=tuple(prepared),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDirs:
+    """Where one driver's claim files go: ``<cdi-dir>/<driver>-<uid>.json`` and
+    ``<plugins>/<driver>/dra-device-metadata/<uid>/``."""
+
+    driver: str
+    cdi_dir: str
+    plugins_dir: str
+
+    def write(self, uid: str, files: ClaimFiles) -> None:
+        """Write the metadata files, then the CDI spec (atomically, each)."""
+        for path, meta in files.metadata:
+            mdfile.write_file(path, meta)
+        cdi.write_spec(self.cdi_dir, self.driver, uid, files.cdi_devices)
+
+    def remove(self, uid: str) -> None:
+        """Remove the claim's CDI spec and metadata files (absent ones are fine)."""
+        cdi.remove_spec(self.cdi_dir, self.driver, uid)
+        mdfile.remove_claim(self.plugins_dir, self.driver, uid)

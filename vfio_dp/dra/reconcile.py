@@ -1,0 +1,174 @@
+"""Giving claims back, and settling what the node holds against the API server and the boot.
+
+:meth:`Reconciler.release` (NodeUnprepareResources, and reconcile for stale claims) removes
+the claim's CDI spec and metadata and gives back exactly the devices whose bind record says
+``claim:<uid>`` (:meth:`vfio_dp.host.Host.release`; an operator's or a front-end's bindings
+are never undone) -- but a group a process holds open (``/dev/vfio/<N>``: a force-deleted
+pod's QEMU may still run) is kept: the claim is marked ``releasing`` in the checkpoint,
+retried every resync, logged and counted (``vfio_dp_dra_held_groups``).
+
+:meth:`Reconciler.reconcile` (at start and every resync) releases each checkpointed claim
+whose ResourceClaim is gone, has another UID, or is no longer allocated on this node -- and
+any device a claim bound that no checkpoint knows (a crash before the checkpoint). It never
+acts on a claim it could not read. After a reboot (boot ID changed) each checkpointed claim
+is re-verified against the hardware (:meth:`Reconciler.reverify`); one whose devices moved or
+changed loses its CDI spec until kubelet prepares it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vfio_dp.dra.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
+from vfio_dp.dra.claims import stale_reason
+from vfio_dp.dra.edits import ClaimDirs
+from vfio_dp.errors import VfioError
+from vfio_dp.host import Host
+from vfio_dp.host.state import bound_by_claim, claim_of
+from vfio_dp.model.address import PciAddress
+
+log = logging.getLogger("vfio_dp.dra.prepare")
+
+#: ``await reader(namespace, name)`` → the ResourceClaim in its API JSON form, None if absent.
+ClaimReader = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+#: ``metric(name, None)`` counts one; ``metric(name, value)`` sets a gauge.
+MetricFn = Callable[[str, float | None], None]
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    """What one reconcile did; ``kept`` are groups still held open (retried next time)."""
+
+    unprepared: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    reverified: list[str] = field(default_factory=list)
+    invalidated: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Held(Exception):
+    """Devices a claim bound could not be given back yet (held open, or a failed restore)."""
+
+
+class Reconciler:
+    """Release and reconcile for one driver's claims (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        host: Host,
+        driver: str,
+        node: str,
+        dirs: ClaimDirs,
+        checkpoint: Checkpoint,
+        read_claim: ClaimReader,
+        lock: Callable[[str], asyncio.Lock],
+        metric: MetricFn,
+    ) -> None:
+        self.host = host
+        self.driver = driver
+        self.node = node
+        self.dirs = dirs
+        self.checkpoint = checkpoint
+        self.read_claim = read_claim
+        self.lock = lock
+        self.metric = metric
+
+    # -- one claim -----------------------------------------------------------------------
+    def release(self, uid: str, who: str) -> list[str]:
+        """Remove the claim's files; give back the devices it bound (held groups are kept:
+        :class:`Held`); forget the claim once all is done. Blocking."""
+        self.dirs.remove(uid)
+        out = self.host.release(bound_by_claim(uid))
+        if out.kept:
+            self.metric("vfio_dp_dra_held_groups", float(len(out.kept)))
+            rec = self.checkpoint.get(uid)
+            if rec is not None and rec.state != RELEASING:  # reconcile retries it
+                self.checkpoint.put(replace(rec, state=RELEASING))
+            raise Held(f"claim {who}: " + "; ".join(out.kept))
+        self.checkpoint.remove(uid)
+        return out.restored
+
+    # -- every claim ---------------------------------------------------------------------
+    async def reconcile(self) -> ReconcileReport:
+        """Release what is no longer ours; re-verify claims of another boot."""
+        report = ReconcileReport()
+        for rec in await asyncio.to_thread(self.checkpoint.untrusted):
+            async with self.lock(rec.uid):
+                await asyncio.to_thread(self.reverify, rec, report)
+        for uid, rec in sorted(self.checkpoint.all().items()):
+            obj: dict[str, Any] | None = None
+            try:
+                if rec.state != RELEASING:
+                    obj = await self.read_claim(rec.namespace, rec.name)
+            except Exception as e:
+                report.errors.append(f"claim {rec.ref}: cannot read it, kept: {e}")
+                continue
+            why = (
+                "kubelet unprepared it while its group was held open"
+                if rec.state == RELEASING
+                else stale_reason(rec.uid, obj, self.driver, self.node)
+            )
+            if why is not None:
+                await self._release(uid, rec.ref, why, report)
+        # devices a claim bound that no checkpoint entry names (crash before the checkpoint
+        # was written, or a checkpoint set aside as corrupt)
+        owners = await asyncio.to_thread(self.host.owners)
+        claimed = {u for o in owners.values() if (u := claim_of(o)) is not None}
+        for uid in sorted(claimed - set(self.checkpoint.all())):
+            await self._release(uid, f"(uid {uid}, not checkpointed)", "unknown", report)
+        self.metric("vfio_dp_dra_held_groups", float(len(report.kept)))
+        for line in report.kept:
+            log.warning("reconcile: %s", line)
+        for line in report.errors:
+            log.error("reconcile: %s", line)
+        return report
+
+    async def _release(self, uid: str, ref: str, why: str, report: ReconcileReport) -> None:
+        async with self.lock(uid):
+            try:
+                restored = await asyncio.to_thread(self.release, uid, ref)
+            except Held as e:
+                report.kept.append(f"{e} ({why})")
+                return
+            except VfioError as e:
+                report.errors.append(f"claim {ref}: {e}")
+                return
+        report.unprepared.append(f"{ref}: {why}")
+        report.restored.extend(restored)
+        log.info("reconcile: unprepared claim %s: %s", ref, why)
+
+    def reverify(self, rec: ClaimRecord, report: ReconcileReport) -> None:
+        """After a reboot: do the claim's devices still exist with the same IDs and IOMMU
+        groups? Yes: trust it again. No: withdraw its CDI spec and metadata (a container
+        must not get another device's group) until kubelet prepares it again. Blocking."""
+        inv = self.host.scan(usage=False)
+        problems: list[str] = []
+        for d in rec.devices:
+            for addr_text, ids in zip(d.addresses, d.ids, strict=False):
+                dev = inv.devices.get(PciAddress.parse(addr_text))
+                if dev is None:
+                    problems.append(f"{addr_text} is gone")
+                elif dev.ids != ids:
+                    problems.append(f"{addr_text} is now {dev.ids}, was {ids}")
+                elif not d.admin_access and dev.iommu_group != d.iommu_group:
+                    problems.append(
+                        f"{addr_text} is in IOMMU group {dev.iommu_group}, was {d.iommu_group}"
+                    )
+        if not problems:
+            self.checkpoint.mark_verified(rec.uid)
+            report.reverified.append(rec.ref)
+            return
+        self.dirs.remove(rec.uid)
+        self.checkpoint.put(replace(rec, state=PREPARING))
+        report.invalidated.append(f"{rec.ref}: {'; '.join(problems)}")
+        log.warning(
+            "after reboot, claim %s no longer matches the hardware: %s",
+            rec.ref,
+            "; ".join(problems),
+        )

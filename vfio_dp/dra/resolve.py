@@ -1,0 +1,148 @@
+"""From a claim's allocation results to the IOMMU groups it gets, and the checks on them: pure.
+
+Each result's ``device`` (``pci-0000-3b-00-0``) names one IOMMU group on this node
+(:func:`vfio_dp.model.serving.dra_units`); :func:`resolve` pairs them (:class:`Chosen`),
+:func:`to_bind` says which groups Prepare must bind (``bind: onPrepare``), :func:`verify`
+checks what is handed over once bound, :func:`device_records` is what the checkpoint keeps.
+
+"Is this group on vfio-pci?" is decided in one place, :func:`off_vfio`: every endpoint of
+the group (``/sys/bus/pci/devices/<bdf>/driver`` → ``vfio-pci``), as the kernel requires
+before ``/dev/vfio/<N>`` can be used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vfio_dp.dra.checkpoint import DeviceRecord
+from vfio_dp.dra.claims import AllocationResult
+from vfio_dp.dra.slices import Device
+from vfio_dp.errors import ClaimError
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import Inventory
+from vfio_dp.model.serving import DraUnit
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """One allocation result of ours and the IOMMU group it stands for."""
+
+    result: AllocationResult
+    unit: DraUnit
+
+    @property
+    def gets_group(self) -> bool:
+        """``adminAccess`` results never bind and never get the VFIO group."""
+        return not self.result.admin_access
+
+
+def off_vfio(unit: DraUnit, inv: Inventory) -> list[PciAddress]:
+    """The endpoints of ``unit``'s group not on vfio-pci (gone ones included); empty: the
+    group is ready to hand over."""
+    return [a for a in unit.endpoints if (d := inv.devices.get(a)) is None or not d.on_vfio]
+
+
+def resolve(
+    who: str,
+    results: Sequence[AllocationResult],
+    units: Mapping[str, DraUnit],
+    inv: Inventory,
+    bound_by_claim: Callable[[DraUnit], bool],
+) -> tuple[Chosen, ...]:
+    """Pair each result with its group, or :class:`ClaimError`: no such group here, or a
+    group not published (its reasons) -- unless this claim already bound it and it is still
+    fully on vfio-pci (a repeat Prepare; binding it made it look "in use" to the slices)."""
+    chosen: list[Chosen] = []
+    for r in results:
+        unit = units.get(r.device)
+        if unit is None:
+            raise ClaimError(
+                who,
+                "no such device on this node (no IOMMU group of that name is selected "
+                "for path: dra); the ResourceSlices may be stale -- they are republished "
+                "within one resync",
+                r.device,
+            )
+        repeat = bound_by_claim(unit) and not off_vfio(unit, inv)
+        if not r.admin_access and not unit.published and not repeat:
+            raise ClaimError(who, "; ".join(unit.reasons), r.device)
+        chosen.append(Chosen(r, unit))
+    return tuple(chosen)
+
+
+def to_bind(chosen: Sequence[Chosen], inv: Inventory) -> list[PciAddress]:
+    """The groups (by first endpoint) Prepare binds: ``bind: onPrepare``, not on vfio-pci."""
+    return [
+        c.unit.primary
+        for c in chosen
+        if c.gets_group and c.unit.on_prepare and off_vfio(c.unit, inv)
+    ]
+
+
+def handed_over(chosen: Sequence[Chosen]) -> list[PciAddress]:
+    """Every endpoint of every group the claim gets."""
+    return [a for c in chosen if c.gets_group for a in c.unit.endpoints]
+
+
+def verify(
+    who: str,
+    chosen: Sequence[Chosen],
+    inv: Inventory,
+    published: Mapping[str, Device] | None,
+) -> None:
+    """Each handed-over group is viable, fully on vfio-pci, and still has the number it was
+    published with (``published``: the slice devices by name; None: not compared)."""
+    for c in chosen:
+        r, unit = c.result, c.unit
+        if not c.gets_group:
+            continue
+        group = inv.groups.get(unit.group)
+        if group is None or unit.primary not in group.devices:
+            raise ClaimError(who, f"IOMMU group {unit.group} is gone from sysfs", r.device)
+        dev = inv.devices.get(unit.primary)
+        if dev is None or dev.iommu_group != unit.group:
+            raise ClaimError(
+                who, f"{unit.primary} is no longer in IOMMU group {unit.group}", r.device
+            )
+        if not group.viable:
+            reasons = "; ".join(p.reason for p in group.problems)
+            raise ClaimError(who, f"IOMMU group {unit.group} is not viable: {reasons}", r.device)
+        off = off_vfio(unit, inv)
+        if off:
+            raise ClaimError(
+                who,
+                f"{', '.join(map(str, off))} of IOMMU group {unit.group} not on vfio-pci; select "
+                "the group with bind: onPrepare (or bind: true), or vfioctl bind --group "
+                f"{unit.primary}",
+                r.device,
+            )
+        if published is not None:
+            seen = published.get(r.device)
+            number = seen.iommu_group if seen is not None else None
+            if number is None:
+                raise ClaimError(who, "the device is not in the published slices", r.device)
+            if number != unit.group:
+                raise ClaimError(
+                    who,
+                    f"published as IOMMU group {number} but it is group {unit.group} now "
+                    "(renumbered, e.g. after a reboot); the slice is being republished: "
+                    "delete the pod so that the claim is allocated again",
+                    r.device,
+                )
+
+
+def device_records(chosen: Sequence[Chosen], inv: Inventory) -> tuple[DeviceRecord, ...]:
+    """What the checkpoint keeps of each device (its CDI IDs are added once written)."""
+    return tuple(
+        DeviceRecord(
+            requests=(c.result.request,),
+            pool=c.result.pool,
+            device=c.result.device,
+            iommu_group=c.unit.group if c.gets_group else None,
+            addresses=tuple(str(a) for a in c.unit.endpoints),
+            ids=tuple(inv.devices[a].ids for a in c.unit.endpoints),
+            admin_access=c.result.admin_access,
+        )
+        for c in chosen
+    )
