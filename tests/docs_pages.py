@@ -16,6 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+#: an inline code span; it may wrap onto the next line, never across a blank line
+_SPAN = re.compile(r"`((?:[^`\n]|\n(?!\s*\n))+)`")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Page:
 
     def code(self) -> list[str]:
         """Inline code spans and lines of fenced blocks (`` # `` comments cut)."""
-        spans = re.findall(r"`([^`\n]+)`", self.prose())
+        spans = [" ".join(s.split()) for s in re.findall(_SPAN, self.prose())]
         lines = [ln.split(" # ")[0] for _, b in _FENCE.findall(self.text) for ln in b.splitlines()]
         return spans + lines
 
@@ -53,7 +55,7 @@ PAGES = [README, *DOCS]
 
 def links(doc: Page) -> list[str]:
     """Targets of the Markdown links ``[text](target)`` outside code."""
-    prose = re.sub(r"`[^`\n]*`", "", doc.prose())
+    prose = _SPAN.sub("", doc.prose())
     return re.findall(r"\]\(([^)\s]+)\)", prose)
 
 

@@ -15,7 +15,9 @@ Every check runs over every page (``README.md`` and ``docs/*.md``, see :mod:`tes
   object shown with its kind is structurally valid against the client's models; every
   abridged copy of a shipped file (a block opening with ``# <path>, abridged``) is that file's
   content.
-- Every ``vfioctl <command> --option`` shown exists in the real CLI.
+- Every ``vfioctl <command> --option`` shown exists in the real CLI; every ``vfioctl`` command
+  line of a shell block is accepted by the real command's parser; the JSON fields the CLI
+  reference lists for ``list`` and ``groups`` are exactly the ones they print.
 - Every path named exists; every dotted name of our packages (``vfio_dp.host.host.Host.bind``)
   imports; every ``kubectl ... -k DIR`` names a kustomization; every ``logs ds/NAME`` names a
   shipped workload; the shell blocks never leave the reader in another directory (a bare
@@ -25,7 +27,13 @@ Every check runs over every page (``README.md`` and ``docs/*.md``, see :mod:`tes
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,6 +53,7 @@ from tests.docs_pages import (
     links,
     page,
 )
+from tests.sysfs_tree import gpu_host
 from vfio_dp.model.config import Config, load_config_text
 from vm_translate.spec import resolve_device_name
 from vm_translate.translate import translate
@@ -404,3 +413,116 @@ def test_image_step_names_the_base_images_entry() -> None:
     for name in names:
         assert name in [i["name"] for i in base["images"]]
         assert name in (REPO / "deploy/base/daemonset.yaml").read_text()
+
+
+def _shell_invocations() -> list[tuple[str, str]]:
+    """(page, line) for every ``vfioctl ...`` run in a shell block (``sudo`` allowed)."""
+    return [
+        (doc.name, line)
+        for doc in PAGES
+        for block in doc.blocks("sh")
+        for raw in block.splitlines()
+        if re.match(r"(?:sudo )?vfioctl ", line := raw.split(" # ")[0].strip())
+    ]
+
+
+@pytest.mark.parametrize("page_name,line", _shell_invocations())
+def test_every_vfioctl_command_line_shown_is_accepted(page_name: str, line: str) -> None:
+    """Parsed by the real command (options, types, arguments), not run."""
+    words = shlex.split(re.split(r"\s[|&;]", line)[0])
+    words = words[words.index("vfioctl") + 1 :]
+    cmd = _command(words[0])
+    assert cmd is not None, f"{page_name}: no command in `{line}`"
+    try:
+        cmd.make_context(f"vfioctl {words[0]}", words[1:])
+    except click.ClickException as e:
+        pytest.fail(f"{page_name}: `{line}` is refused: {e.format_message()}")
+
+
+# ------------------------------------------------------------------------ JSON fields
+
+
+def _documented_fields(command: str) -> set[str]:
+    """The field names the CLI reference lists for ``vfioctl <command> -o json`` (names in
+    parentheses are values or sub-fields, not fields)."""
+    text = page(REPO / "docs/cli.md").prose()
+    m = re.search(rf"JSON fields of `{command}`:(.*?)(?:\n\n|$)", text, re.S)
+    assert m, f"docs/cli.md lists the JSON fields of `{command}`"
+    para = m.group(1)
+    while (cut := re.sub(r"\([^()]*\)", "", para)) != para:
+        para = cut
+    return set(re.findall(r"`([a-z][a-z_]*)`", para))
+
+
+@pytest.mark.parametrize("command", ["list", "groups"])
+def test_the_json_fields_listed_are_the_json_fields(command: str, tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    args = [command, "-o", "json", "--root", str(tree.root)]
+    p = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows, f"vfioctl {command} printed no rows on the test host"
+    actual = set(rows[0])
+    documented = _documented_fields(command)
+    assert documented == actual, (
+        f"docs/cli.md lists for `{command}`: missing {sorted(actual - documented)}, "
+        f"not printed {sorted(documented - actual)}"
+    )
+
+
+def test_sections_the_code_points_to_exist() -> None:
+    """A comment elsewhere that sends the reader to ``README.md ("Heading")`` or
+    ``docs/page.md ("Heading")`` finds that heading there (headings may be longer)."""
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.split()
+    pointers = []
+    for name in files:
+        path = REPO / name
+        if path.suffix == ".md" or path == Path(__file__) or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for target, heading in re.findall(r"((?:docs/)?[\w-]+\.md) \(\"([^\"]+)\"\)", text):
+            pointers.append((name, target, heading))
+    assert pointers, "the Vagrantfile points to the README's Vagrant section"
+    for name, target, heading in pointers:
+        doc = page(REPO / target)
+        headings = re.findall(r"(?m)^#{1,6} (.+)$", doc.prose())
+        assert any(h.startswith(heading) for h in headings), (
+            f"{name} sends the reader to {target} ({heading!r}), which has no such heading"
+        )
+
+
+def test_the_install_shows_the_shipped_command_lines() -> None:
+    """ "What gets installed" quotes each base workload's command line exactly as shipped."""
+    shown = {
+        " ".join(span.split())
+        for span in re.findall(r"`(vfioctl\s[^`]+)`", page(REPO / "docs/install.md").prose())
+    }
+    for f in ("daemonset.yaml", "webhook-deployment.yaml"):
+        obj = yaml.safe_load((REPO / "deploy/base" / f).read_text())
+        (ctr,) = [c for c in obj["spec"]["template"]["spec"]["containers"] if c.get("args")]
+        line = " ".join([*ctr["command"], *map(str, ctr["args"])])
+        assert line in shown, f"docs/install.md does not show {f}'s command line: {line}"
+
+
+def test_the_architecture_page_states_every_import_contract() -> None:
+    """Its table of contracts names each ``[tool.importlinter]`` contract by its name."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    text = page(REPO / "docs/architecture.md").text.replace("\\|", "|")
+    missing = [c["name"] for c in contracts if c["name"] not in text]
+    assert contracts and not missing, f"docs/architecture.md does not state the contracts {missing}"
