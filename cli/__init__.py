@@ -5,6 +5,7 @@
 __all__ = [
     "certs_cmd",
     "common",
+    "deviceclass_cmd",
     "deviceplugin_cmd",
     "dra_cmd",
     "host_cmds",

@@ -134,3 +134,44 @@ def _translate_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - vm_translate always ships with cli
         return ()
     return (TranslateError,)
+
+
+def existing_dir(flag: str, path: str, create: bool, what: str) -> None:
+    """A kubelet directory the process serves in must exist (a typo would be created and
+    waited on forever); ``create`` (the ``--create-dirs`` flag) makes it instead."""
+    import os
+
+    from vfio_dp.errors import UsageError
+
+    if os.path.lexists(path):
+        return  # a directory, or something else there: the serving code says what is wrong
+    if create:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        return
+    raise UsageError(
+        f"{flag} {path}: no such directory; {what}. Give the kubelet's real path (the "
+        "kubelet's --root-dir, /var/lib/kubelet by default), or --create-dirs to create it"
+    )
+
+
+def single_instance(root: str, process: str, driver: str | None, wait: float) -> Any:
+    """Hold this node's lock for ``process`` (:mod:`vfio_dp.host.instance`) for the command's
+    life: a second instance waits up to ``wait`` seconds for the first to exit (saying so
+    with its pid), then fails naming it."""
+    import logging
+
+    from vfio_dp.host.instance import InstanceLock, lock_name
+    from vfio_dp.host.root import Root
+
+    lock = InstanceLock(Root(root), lock_name(process, driver))
+
+    def waiting(pid: int | None) -> None:
+        logging.getLogger("vfio_dp").warning(
+            "another %s of ours runs on this node%s: waiting up to %g s for it to exit",
+            process,
+            f" (pid {pid})" if pid else "",
+            wait,
+        )
+
+    lock.acquire(wait, waiting)
+    return lock

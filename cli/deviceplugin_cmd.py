@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import click
 
-from cli.common import option, root_option, run_guarded
+from cli.common import (
+    envvar_for,
+    existing_dir,
+    option,
+    root_option,
+    run_guarded,
+    single_instance,
+)
 
 
 @click.command("plugin")
@@ -66,6 +73,26 @@ from cli.common import option, root_option, run_guarded
     help="Address for the metrics port (default: all interfaces).",
 )
 @option(
+    "--node-name",
+    envvar=[envvar_for("--node-name"), "NODE_NAME"],
+    default=None,
+    help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
+    "from spec.nodeName. Without it such selectors are skipped.",
+)
+@option(
+    "--create-dirs",
+    is_flag=True,
+    help="Create missing kubelet directories instead of refusing them (a typo is otherwise "
+    "created and waited on forever).",
+)
+@option(
+    "--wait-for-other",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Seconds to wait for another instance of ours on this node to exit before failing.",
+)
+@option(
     "--log-level",
     default="info",
     show_default=True,
@@ -80,6 +107,9 @@ def plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    node_name: str | None,
+    create_dirs: bool,
+    wait_for_other: float,
     log_level: str,
 ) -> None:
     """Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.
@@ -96,18 +126,29 @@ def plugin(
 
     def body() -> int:
         from vfio_dp.deviceplugin.app import Options, run
+        from vfio_dp.host.root import Root
 
-        return run(
-            Options(
-                root=root,
-                kubelet_dir=kubelet_dir,
-                pod_resources_socket=pod_resources_socket,
-                cdi_dir=cdi_dir,
-                config_path=config_path,
-                resync=resync,
-                metrics_port=metrics_port,
-                metrics_host=metrics_host,
+        Root(root)  # a missing --root is named first
+        existing_dir(
+            "--kubelet-dir", kubelet_dir, create_dirs,
+            "the kubelet's device-plugin directory holds kubelet.sock",
+        )  # fmt: skip
+        lock = single_instance(root, "device-plugin", None, wait_for_other)
+        try:
+            return run(
+                Options(
+                    root=root,
+                    kubelet_dir=kubelet_dir,
+                    pod_resources_socket=pod_resources_socket,
+                    cdi_dir=cdi_dir,
+                    config_path=config_path,
+                    resync=resync,
+                    metrics_port=metrics_port,
+                    metrics_host=metrics_host,
+                    node_name=node_name,
+                )
             )
-        )
+        finally:
+            lock.release()
 
     run_guarded(body)

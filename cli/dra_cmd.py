@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import click
 
-from cli.common import envvar_for, option, root_option, run_guarded
+from cli.common import (
+    envvar_for,
+    existing_dir,
+    option,
+    root_option,
+    run_guarded,
+    single_instance,
+)
 
 DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (not imported: light)
 
@@ -83,6 +90,19 @@ DEFAULT_DRIVER = "vfio.dra.vfio-dp.io"  # = vfio_dp.dra.driver.DEFAULT_DRIVER (n
 )
 @option("--metrics-host", default="", help="Address for the metrics port (default: all).")
 @option(
+    "--create-dirs",
+    is_flag=True,
+    help="Create missing kubelet directories instead of refusing them (a typo is otherwise "
+    "created and waited on forever).",
+)
+@option(
+    "--wait-for-other",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Seconds to wait for another DRA plugin of ours for this driver to exit before failing.",
+)
+@option(
     "--log-level",
     default="info",
     show_default=True,
@@ -100,6 +120,8 @@ def dra_plugin(
     resync: float,
     metrics_port: int,
     metrics_host: str,
+    create_dirs: bool,
+    wait_for_other: float,
     log_level: str,
 ) -> None:
     """Publish this node's VFIO devices as DRA ResourceSlices (one device per IOMMU group)
@@ -126,6 +148,7 @@ def dra_plugin(
             )
         from vfio_dp.dra.driver import DraOptions, run
         from vfio_dp.dra.publisher import api_client
+        from vfio_dp.host.root import Root
 
         options = DraOptions(
             node_name=node_name,
@@ -143,6 +166,19 @@ def dra_plugin(
             client = api_client(kubeconfig)
         except ValueError as e:  # names the source tried, in kubectl's order
             raise UsageError(str(e)) from e
-        return run(options, client)
+        Root(root)  # a missing --root is named first
+        existing_dir(
+            "--kubelet-registry-dir", kubelet_registry_dir, create_dirs,
+            "the kubelet watches it for plugin registration sockets",
+        )  # fmt: skip
+        existing_dir(
+            "--kubelet-plugins-dir", kubelet_plugins_dir, create_dirs,
+            "the kubelet's plugins directory holds each driver's dra.sock directory",
+        )  # fmt: skip
+        lock = single_instance(root, "dra-plugin", driver_name, wait_for_other)
+        try:
+            return run(options, client)
+        finally:
+            lock.release()
 
     run_guarded(body)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.common import (
+    F,
+    envvar_for,
     fail,
     option,
     output_option,
@@ -47,10 +49,20 @@ def _host(root: str) -> Host:
     return Host(root, scan_processes=len(os.sched_getaffinity(0)))
 
 
-def _config(path: str | None) -> Config:
+def _config(path: str | None, node: str | None = None) -> Config:
     from vfio_dp.host.files import load_config
 
-    return load_config(path)
+    return load_config(path).for_node(node)
+
+
+def _node_option(f: F) -> F:
+    return option(
+        "--node-name",
+        envvar=[envvar_for("--node-name"), "NODE_NAME"],
+        default=None,
+        help="Read the config as this node does (selectors limited to nodes: apply only "
+        "where the name matches).",
+    )(f)
 
 
 def device_json(
@@ -78,6 +90,8 @@ def device_json(
         "path": serving.path,
         "resource": serving.resource,
         "dra_device": serving.dra_device,
+        "dra_resource": serving.dra_resource,
+        "served_by": serving.served_by,
         "not_served": serving.not_served,
         "in_use": [str(u) for u in dev.in_use],
     }
@@ -102,12 +116,14 @@ def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     help="Node config (YAML): the table gets what each path would serve (device-plugin "
     "resource, DRA device). Without it: what a process without --config would serve.",
 )
-def list_cmd(root: str, output: str, config: str | None) -> None:
+@_node_option
+def list_cmd(root: str, output: str, config: str | None, node_name: str | None) -> None:
     """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
-    path would serve: the device-plugin resource and the DRA device (null: not served)."""
+    path would serve: the resource, the path serving it (devicePlugin, or dra through the
+    DeviceClass whose extendedResourceName it is) and the DRA device (null: not served)."""
 
     def body() -> int:
-        cfg = _config(config)
+        cfg = _config(config, node_name)
         host = _host(root)
         inv = host.scan()
         names = host.names(inv)
@@ -119,7 +135,7 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
             return 0
         headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
         if config:
-            headers += ["resource", "dra device", "not served"]
+            headers += ["resource", "served by", "dra device", "not served"]
         print_table(
             headers,
             [
@@ -138,7 +154,12 @@ def list_cmd(root: str, output: str, config: str | None) -> None:
                     or None,
                     "; ".join(str(u) for u in d.in_use) or None,
                     *(
-                        (serving[a].resource, serving[a].dra_device, serving[a].not_served)
+                        (
+                            serving[a].resource or serving[a].dra_resource,
+                            serving[a].served_by,
+                            serving[a].dra_device,
+                            serving[a].not_served,
+                        )
                         if config
                         else ()
                     ),
@@ -177,15 +198,19 @@ def _report_operations(host: Host) -> None:
     default=None,
     help="Node config (YAML): say which path serves each group, or why none does.",
 )
-def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
+@_node_option
+def groups_cmd(
+    root: str, output: str, probe: bool, config: str | None, node_name: str | None
+) -> None:
     """Every IOMMU group: members, viability with reasons, the kernel's own verdict, and
-    which path serves it (a group split between paths is served by neither: why)."""
+    which path serves it under which resource name (a group split between paths is served
+    by neither: why)."""
 
     def body() -> int:
         from vfio_dp.errors import NoIommuError
         from vfio_dp.model.serving import group_paths, path_splits
 
-        cfg = _config(config)
+        cfg = _config(config, node_name)
         try:
             inv, status = _host(root).groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
@@ -196,6 +221,13 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
         groups = list(inv.groups.values())
         paths = group_paths(inv, cfg)
         splits = path_splits(inv, cfg)
+        serving = _serving(inv, cfg)
+        resources: dict[int, dict[str, str]] = {}
+        for a, s in serving.items():
+            group = inv.devices[a].iommu_group
+            name = s.resource or s.dra_resource
+            if group is not None and name and s.served_by:
+                resources.setdefault(group, {})[name] = s.served_by
         if output == "json":
             print_json(
                 [
@@ -214,6 +246,7 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                         "in_use": status[g.number].in_use,
                         "paths": {str(a): p for a, p in paths.get(g.number, {}).items()},
                         "not_served": splits.get(g.number),
+                        "resources": resources.get(g.number, {}),
                     }
                     for g in groups
                 ]
@@ -221,7 +254,7 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
             return 0
         kernel = {True: "viable", False: "not viable", None: None}
         print_table(
-            ["group", "viable", "kernel", "path", "devices", "problems"],
+            ["group", "viable", "kernel", "path", "resources", "devices", "problems"],
             [
                 (
                     g.number,
@@ -230,6 +263,7 @@ def groups_cmd(root: str, output: str, probe: bool, config: str | None) -> None:
                     "SPLIT"
                     if g.number in splits
                     else (",".join(sorted(set(paths.get(g.number, {}).values()))) or None),
+                    ", ".join(f"{n} ({p})" for n, p in resources.get(g.number, {}).items()) or None,
                     " ".join(
                         f"{a}({inv.devices[a].driver or '-'})"
                         for a in g.devices

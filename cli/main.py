@@ -22,6 +22,7 @@ LAZY_COMMANDS = {
     "sriov": "cli.sriov_cmd:sriov",
     "plugin": "cli.deviceplugin_cmd:plugin",
     "dra-plugin": "cli.dra_cmd:dra_plugin",
+    "deviceclasses": "cli.deviceclass_cmd:deviceclasses",
     "webhook": "cli.vm_cmds:webhook",
     "webhook-certs": "cli.certs_cmd:webhook_certs",
     "translate": "cli.vm_cmds:translate",

@@ -92,6 +92,25 @@ class ConfigError(UsageError):
         super().__init__(f"invalid configuration {clip(source, 400)}:\n" + "\n".join(lines))
 
 
+class PathConflictError(UsageError):
+    """One resource name would be served by both paths on one node (the device plugin and the
+    DRA plugin through its DeviceClass's extendedResourceName): ``conflicts`` lists each."""
+
+    def __init__(self, process: str, node: str | None, conflicts: list[str]) -> None:
+        self.process = process
+        self.conflicts = conflicts
+        where = f"node {node}" if node else "this node"
+        lines = "\n".join(f"  {clip(c, 600)}" for c in conflicts[:LISTED_PROBLEMS])
+        if len(conflicts) > LISTED_PROBLEMS:
+            lines += f"\n  ... and {len(conflicts) - LISTED_PROBLEMS} more"
+        super().__init__(
+            f"{process} refuses to start: on {where} a resource name would be served by both "
+            f"the device plugin and DRA:\n{lines}\none resource name goes through one path "
+            "on a node: give one of the selectors another resourceName or the same path, or "
+            "limit it to other nodes (nodes:)"
+        )
+
+
 class SocketPathError(VfioError):
     """Where a socket of ours must go, something else is (or the directory is unusable)."""
 

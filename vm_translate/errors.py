@@ -92,8 +92,12 @@ class LibvirtError(TranslateError):
     """libvirt refused a connection, a definition or an attach."""
 
 
-class TlsError(TranslateError):
-    """The webhook's certificate or key cannot be loaded or generated."""
+class TlsError(TranslateUsageError):
+    """The webhook's certificate or key cannot be loaded or generated (exit 2)."""
+
+
+class CertificateJobError(TranslateError):
+    """``vfioctl webhook-certs`` could not read or write the cluster's objects (exit 1)."""
 
 
 class NodeCheckError(TranslateError):

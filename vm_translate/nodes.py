@@ -29,6 +29,82 @@ _WHOLE = re.compile(r"[0-9]+")
 class NodeResources:
     name: str
     allocatable: Mapping[str, int] = field(default_factory=dict)
+    #: names a DeviceClass of another DRA driver serves (its CEL is not ours to evaluate):
+    #: not checked
+    unchecked: frozenset[str] = frozenset()
+
+
+def dra_capacity(
+    classes: Sequence[Mapping[str, Any]], slices: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, dict[str, int]], frozenset[str]]:
+    """What DRA serves as extended resources (KEP-5004): per node, each
+    ``extendedResourceName`` of our DeviceClasses → the devices published under it (the
+    ``resourceName`` attribute, at each pool's newest generation); and the names classes of
+    other drivers serve. From ``GET .../deviceclasses`` and ``.../resourceslices`` items::
+
+        {"spec": {"extendedResourceName": "devices.kubevirt.io/10de_1eb8", "selectors": [...]}}
+        {"spec": {"driver": "vfio.dra.vfio-dp.io", "nodeName": "node-a",
+                  "pool": {"name": "node-a", "generation": 3},
+                  "devices": [{"name": "pci-0000-3b-00-0", "attributes":
+                      {"resourceName": {"string": "devices.kubevirt.io/10de_1eb8"}}}]}}
+    """
+    from vfio_dp.dra.deviceclasses import ours
+
+    wanted: dict[tuple[str, str], str] = {}  # (driver, resourceName attribute) → resource
+    others: set[str] = set()
+    for c in classes:
+        spec = c.get("spec") or {}
+        name = spec.get("extendedResourceName") if isinstance(spec, Mapping) else None
+        if not isinstance(name, str) or not name:
+            continue
+        mine = ours(c)
+        if mine is None:
+            others.add(name)
+        else:
+            wanted[mine] = name
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        key = (str(spec.get("driver")), str(pool.get("name")))
+        newest[key] = max(newest.get(key, 0), int(pool.get("generation") or 0))
+    seen: set[tuple[str, str, str]] = set()
+    out: dict[str, dict[str, int]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        driver, node = str(spec.get("driver")), spec.get("nodeName")
+        if not isinstance(node, str) or int(pool.get("generation") or 0) != newest.get(
+            (driver, str(pool.get("name"))), -1
+        ):
+            continue
+        for d in spec.get("devices") or []:
+            attr = ((d.get("attributes") or {}).get("resourceName") or {}).get("string")
+            resource = wanted.get((driver, attr)) if isinstance(attr, str) else None
+            device_key = (driver, str(pool.get("name")), str(d.get("name")))
+            if resource is None or device_key in seen:
+                continue
+            seen.add(device_key)
+            counts = out.setdefault(node, {})
+            counts[resource] = counts.get(resource, 0) + 1
+    return out, frozenset(others - set(wanted.values()))
+
+
+def with_dra(
+    nodes: Sequence[NodeResources],
+    counts: Mapping[str, Mapping[str, int]],
+    unchecked: frozenset[str],
+) -> list[NodeResources]:
+    """``nodes`` with what DRA serves added: a name counts the larger of the device plugin's
+    allocatable and DRA's devices on that node (KEP-5004 uses DRA where no device plugin
+    advertises the name)."""
+    out: list[NodeResources] = []
+    for n in nodes:
+        merged = dict(n.allocatable)
+        for name, count in counts.get(n.name, {}).items():
+            merged[name] = max(merged.get(name, 0), count)
+        out.append(NodeResources(n.name, merged, unchecked))
+    return out
 
 
 def nodes_from_list(items: Sequence[Mapping[str, Any]]) -> list[NodeResources]:
@@ -55,18 +131,22 @@ def capacity_problems(requests: Mapping[str, int], nodes: Sequence[NodeResources
     if not wanted:
         return []
     for node in nodes:
-        if all(node.allocatable.get(k, 0) >= v for k, v in wanted.items()):
+        if all(k in node.unchecked or node.allocatable.get(k, 0) >= v for k, v in wanted.items()):
             return []
     problems: list[str] = []
     for name, count in wanted.items():
+        if any(name in n.unchecked for n in nodes):
+            continue
         best = max(nodes, key=lambda n: n.allocatable.get(name, 0), default=None)
         have = best.allocatable.get(name, 0) if best else 0
         if have < count:
             where = f" ({best.name})" if best and have else ""
             problems.append(
                 f"{name}: {count} requested but no schedulable node advertises more than "
-                f"{have}{where}; check the resource name and that the vfio_dp daemon runs on "
-                "the nodes with the device (kubectl get nodes -o json | jq '.items[].status.allocatable')"
+                f"{have}{where}; check the resource name and that the vfio_dp daemon (or, "
+                "for a name a DeviceClass serves through DRA, the DRA plugin) runs on the "
+                "nodes with the device (kubectl get nodes -o json | jq "
+                "'.items[].status.allocatable'; kubectl get resourceslices)"
             )
     if not problems:
         problems.append(

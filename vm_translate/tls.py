@@ -18,6 +18,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,9 +41,64 @@ def _load(ctx: ssl.SSLContext, cert_file: str, key_file: str) -> None:
         ctx.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as e:
         raise TlsError(
-            f"cannot load TLS certificate {cert_file} with key {key_file}: {e}; give a PEM "
-            "certificate chain and its private key (--tls-cert/--tls-key), or --self-signed"
+            f"cannot load the TLS certificate: {diagnose(cert_file, key_file) or e}; give a "
+            "PEM certificate chain (--tls-cert) and its private key (--tls-key), or --self-signed"
         ) from e
+
+
+_PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z ]+)-----")
+
+
+def _pem_kinds(data: bytes) -> set[str]:
+    return {m.decode() for m in _PEM_BEGIN.findall(data)}
+
+
+def _is_key(kinds: set[str]) -> bool:
+    return any(k.endswith("PRIVATE KEY") for k in kinds)
+
+
+def diagnose(cert_file: str, key_file: str) -> str | None:
+    """What is wrong with a certificate/key pair, naming the file: missing, unreadable, not
+    PEM, swapped, or a key that is not the certificate's. None when nothing is found."""
+    files = {"--tls-cert": cert_file, "--tls-key": key_file}
+    data: dict[str, bytes] = {}
+    for flag, path in files.items():
+        try:
+            with open(path, "rb") as f:
+                data[flag] = f.read(1 << 20)
+        except FileNotFoundError:
+            return f"{flag} {path}: no such file"
+        except OSError as e:
+            return f"{flag} {path}: cannot be read ({e.strerror or e})"
+    cert_kinds, key_kinds = _pem_kinds(data["--tls-cert"]), _pem_kinds(data["--tls-key"])
+    if "CERTIFICATE" not in cert_kinds and _is_key(cert_kinds) and "CERTIFICATE" in key_kinds:
+        return f"--tls-cert {cert_file} holds a private key and --tls-key {key_file} a certificate: the two files are swapped"
+    if "CERTIFICATE" not in cert_kinds:
+        return f"--tls-cert {cert_file} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+    if not _is_key(key_kinds):
+        return f"--tls-key {key_file} holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(data["--tls-cert"])
+    except ValueError as e:
+        return f"--tls-cert {cert_file}: the first certificate does not parse ({e})"
+    try:
+        key = serialization.load_pem_private_key(data["--tls-key"], password=None)
+    except TypeError:
+        return f"--tls-key {key_file} is encrypted: give an unencrypted key"
+    except ValueError as e:
+        return f"--tls-key {key_file}: the key does not parse ({e})"
+    pub = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*pub) != cert.public_key().public_bytes(*pub):
+        return (
+            f"--tls-key {key_file} is not the private key of --tls-cert {cert_file} (the first "
+            "certificate in it must be the serving certificate, then its chain)"
+        )
+    return None
 
 
 def _stamp(path: str) -> tuple[int, int, int]:

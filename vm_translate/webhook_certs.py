@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vm_translate.errors import TlsError
+from vm_translate.errors import CertificateJobError
 from vm_translate.tls import CertBundle, self_signed
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def ensure(
         current = core.read_namespaced_secret(secret, namespace, _request_timeout=10)
     except ApiException as e:
         if e.status != 404:
-            raise TlsError(f"cannot read Secret {namespace}/{secret}: {e.status} {e.reason}") from e
+            raise CertificateJobError(f"cannot read Secret {namespace}/{secret}: {e.status} {e.reason}") from e
         current = None
     have = bundle_of(current.data if current is not None else None)
     why = (
@@ -175,7 +175,7 @@ def ensure(
             webhook_config, _preload_content=False, _request_timeout=10
         )
     except ApiException as e:
-        raise TlsError(
+        raise CertificateJobError(
             f"cannot read MutatingWebhookConfiguration {webhook_config}: {e.status} {e.reason}; "
             "apply the overlay first (kubectl apply -k deploy/overlays/self-signed)"
         ) from e

@@ -86,7 +86,7 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     p = run("list", "--root", str(tree.root), "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     head, *lines = p.stdout.splitlines()
-    assert head.split()[-5:] == ["RESOURCE", "DRA", "DEVICE", "NOT", "SERVED"]
+    assert head.split()[-7:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "NOT", "SERVED"]
     line = {ln.split()[0]: ln for ln in lines}
     assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
     assert "pci-0000-65-00-0" in line["0000:65:00.0"]
@@ -146,7 +146,8 @@ def test_bind_refusals_exit_1_and_touch_nothing(tree: SysfsTree) -> None:
     assert p.returncode == 1
     assert "vfioctl bind --group 0000:3b:00.0" in p.stderr
     p = run("bind", "--root", str(tree.root), "0000:00:03.0")
-    assert p.returncode == 1 and "eth0 is up" in p.stderr and "--force" in p.stderr
+    assert p.returncode == 1 and "eth0 is up" in p.stderr and "only interface" in p.stderr
+    assert "--force" not in p.stderr  # the host's only interface: --force is never suggested
     assert tree.override_of("0000:3b:00.0") == before
     assert not (tree.root / "var/lib/vfio_dp/original").exists()
 
@@ -231,17 +232,16 @@ def test_check_names_the_real_fix_for_a_mounted_boot_disk(tree: SysfsTree) -> No
         "vda1 is mounted at / (the host's root filesystem)" in r and "pick another device" in r
         for r in reasons
     ), reasons
-    # bind is offered only together with what --force takes from the host
-    binds = [r for r in reasons if "vfioctl bind" in r]
-    assert binds and all("vfioctl bind --force 0000:00:02.0" in r for r in binds), binds
-    assert not any("fix: vfioctl bind" in r for r in reasons), reasons
+    # the host's root disk: never a bind hint, never --force (issue 21 item 8)
+    assert not any("vfioctl bind" in r or "--force" in r for r in reasons), reasons
+    assert any("must stay the host's" in r for r in reasons), reasons
 
 
 def test_check_warns_that_the_only_interface_up_is_the_hosts_network(tree: SysfsTree) -> None:
     reasons = _check(tree, "0000:00:03.0")
     assert any("eth0 is up" in r and "only interface that is up" in r for r in reasons), reasons
-    assert not any("fix: vfioctl bind" in r for r in reasons), reasons
-    assert any("--force" in r and "takes it from the host" in r for r in reasons), reasons
+    # the host's only interface: never a bind hint, never --force
+    assert not any("vfioctl bind" in r or "--force" in r for r in reasons), reasons
 
 
 def test_check_says_a_bridge_cannot_be_passed_through(tree: SysfsTree) -> None:

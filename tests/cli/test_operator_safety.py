@@ -79,3 +79,32 @@ def test_dry_run_from_the_environment_still_works(bound: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("# 0000:65:00.0: back to e1000e")
     assert (bound / "var/lib/vfio_dp/original/0000:65:00.0.json").exists()
+
+
+def test_groups_says_used_by_the_host_not_bind_the_group(tmp_path: Path) -> None:
+    """A group holding the host's root disk: "used by the host", never a bind hint."""
+    from dataclasses import replace
+
+    from vfio_dp.host import Host
+    from vfio_dp.model.device import HostUse, analyse_group
+
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:00:02.0", "1af4", "1001", "010000", driver="virtio-pci", group=3))
+    t.add(Dev("0000:00:02.1", "1af4", "1001", "010000", driver="virtio-pci", group=3))
+    root_use = HostUse(
+        "block device vda1 is mounted at / (the host's root filesystem)",
+        "pick another device: the host cannot run without its root disk",
+        critical=True,
+    )
+    inv = Host(str(tmp_path)).scan(usage=False)
+    members = [
+        replace(d, in_use=(root_use,)) if str(a).endswith(".0") else d
+        for a, d in sorted(inv.devices.items())
+    ]
+    g = analyse_group(3, members)
+    assert not g.viable
+    (p0,) = [p for p in g.problems if str(p.address).endswith(".0")]
+    assert "is used by the host" in p0.reason and "cannot be passed through" in p0.reason
+    assert "vfioctl bind" not in p0.reason and "--force" not in p0.reason
+    (p1,) = [p for p in g.problems if str(p.address).endswith(".1")]
+    assert "vfioctl bind --group 0000:00:02.1" in p1.reason  # a plain sibling still may be

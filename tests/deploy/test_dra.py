@@ -107,6 +107,7 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
         ("", "nodes", "get"),
         *(("resource.k8s.io", "resourceslices", v) for v in ("list", "create", "update", "delete")),
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "deviceclasses", "get"),
     }
     assert needed == granted, granted ^ needed
     assert not any(r in ("secrets", "pods", "*") or v == "*" for _, r, v in granted)

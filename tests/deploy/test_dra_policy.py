@@ -26,8 +26,8 @@ import yaml
 from tests.deploy.conftest import DEPLOY, Obj, find, kubectl
 from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
-from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader
+from tests.dra.apiserver_standin import CLAIMS, DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
+from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
 from vfio_dp.model.dra_metadata import Attribute
@@ -122,6 +122,23 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         assert asyncio.run(read("vms", "gone")) is None
         ours += api.requests[before:]
         assert {r.code for r in api.requests[before:]} == {200, 404}
+        # an extended-resource claim's request → its DeviceClass's resource (KEP-5004)
+        api.seed(
+            DEVICE_CLASSES,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "nic"},
+                "spec": {
+                    "extendedResourceName": "devices.kubevirt.io/8086_10d3",
+                    "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}],
+                },
+            },
+        )
+        classes = class_reader(client)
+        before = len(api.requests)
+        assert asyncio.run(classes("nic")) == "devices.kubevirt.io/8086_10d3"
+        ours += api.requests[before:]
         assert {r.code for r in ours} <= {200, 201, 404}, ours
         return {_rbac_verb(r.method, r.path, r.query) for r in ours}
     finally:
@@ -151,6 +168,7 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
         "nodes": {"get"},
         "resourceslices": {"list", "create", "update", "delete"},
         "resourceclaims": {"get"},  # Prepare reads the one claim kubelet names
+        "deviceclasses": {"get"},  # and an extended-resource request's class
     }
     assert granted == used
     groups = {g for rule in rules for g in rule["apiGroups"]}

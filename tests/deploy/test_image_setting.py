@@ -53,3 +53,23 @@ def test_no_overlay_sets_its_own_image() -> None:
     for overlay in INSTALLABLE:
         data = yaml.safe_load((DEPLOY / overlay / "kustomization.yaml").read_text())
         assert "images" not in data, overlay
+
+
+def test_the_operators_own_overlay_from_the_install_page_sets_every_image(
+    tmp_path: Path,
+) -> None:
+    """docs/install.md's `my-site` overlay, next to a fresh copy of the checkout, renders with
+    the operator's registry in every container (Job and CronJob included)."""
+    import re
+
+    text = (DEPLOY.parent / "docs/install.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "my-site/kustomization.yaml" in b]
+    fresh_copy(tmp_path / "vfio-dp")
+    site = tmp_path / "my-site"
+    site.mkdir()
+    (site / "kustomization.yaml").write_text(block.replace("REGISTRY", "registry.example.com/team"))
+    objs = render(site)
+    specs = [o["spec"]["template"]["spec"] for k in ("DaemonSet", "Deployment", "Job") for o in all_of(objs, k)]
+    specs += [o["spec"]["jobTemplate"]["spec"]["template"]["spec"] for o in all_of(objs, "CronJob")]
+    images = {c["image"] for s in specs for c in s.get("containers", []) + s.get("initContainers", [])}
+    assert images == {"registry.example.com/team/vfio-dp:0.1.0"}, images

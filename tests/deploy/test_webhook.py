@@ -105,8 +105,14 @@ def test_rbac_is_nodes_read_only_and_only_with_check_nodes(
     assert spec["automountServiceAccountToken"] is True
     assert len(grants) == 1 and grants[0]["kind"] == "ClusterRoleBinding"
     role = find(objs, "ClusterRole", grants[0]["roleRef"]["name"])
+    # nodes, and for names DRA serves (KEP-5004) its classes and slices: read only
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["deviceclasses", "resourceslices"],
+            "verbs": ["list"],
+        },
     ]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.deviceplugin.conftest import NIC, NIC_ID
 from tests.deviceplugin.kubelet_standin import KubeletStandin
 from tests.sysfs_tree import SysfsTree
-from tests.waiting import wait_until_async
+from tests.waiting import wait_until, wait_until_async
 from vfio_dp.model import naming
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,14 +130,62 @@ def test_a_directory_where_the_socket_goes_is_a_clear_error(tree: SysfsTree, kdi
 
 
 def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(tree: SysfsTree, tmp_path: Path) -> None:
-    """A --kubelet-dir below a regular file cannot be created: said plainly, exit 1."""
-    kfile = tmp_path / "kubelet"
+    """A --kubelet-dir that is a regular file: said plainly (a usage error, exit 2)."""
+    kfile = tmp_path / "device-plugins"
     kfile.write_text("")
-    proc = spawn(tree, str(kfile / "device-plugins"))
+    proc = spawn(tree, str(kfile))
     _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 2, err
     assert "Traceback" not in err
-    assert f"cannot serve a socket at {kfile / 'device-plugins'}: it is not a directory" in err
+    assert "Invalid value for '--kubelet-dir'" in err and f"'{kfile}' is a file" in err
+
+
+def test_a_missing_kubelet_dir_is_refused_unless_asked_to_create_it(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    """A typo must not be created and waited on forever (issue 21 item 6)."""
+    missing = tmp_path / "nonexistent" / "dp"
+    proc = spawn(tree, str(missing))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert f"vfioctl: --kubelet-dir {missing}: no such directory" in err
+    assert "--create-dirs" in err and not missing.exists()
+    proc = spawn(tree, str(missing), "--create-dirs")
+    try:
+        wait_until(missing.is_dir, timeout=20, what="--create-dirs made the directory")
+    finally:
+        proc.kill()  # it waits for a kubelet that is not there; only the directory matters
+        proc.communicate(timeout=20)
+
+
+def test_a_second_instance_waits_for_the_first_then_fails_naming_it(
+    tree: SysfsTree, kdir: str
+) -> None:
+    """Two `vfioctl plugin` on one node would delete each other's sockets forever: the
+    second one waits (bounded, saying for whom) and fails; after the first exits it serves."""
+    first = spawn(tree, kdir)
+    lock = tree.root / "run/vfio_dp/device-plugin.lock"
+    try:
+        wait_until(
+            lambda: lock.exists() and lock.read_text().strip() == str(first.pid),
+            timeout=20, what="the first instance holds the lock",
+        )  # fmt: skip
+        second = spawn(tree, kdir, "--wait-for-other", "1")
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 1, err
+        assert "waiting up to 1 s for it to exit" in err and f"(pid {first.pid})" in err
+        assert f"the device plugin (vfioctl plugin) already runs on this node (pid {first.pid})" in err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
+    third = spawn(tree, kdir, "--wait-for-other", "1")
+    try:
+        wait_until(
+            lambda: lock.read_text().strip() == str(third.pid), timeout=20, what="the next one takes over"
+        )
+    finally:
+        third.kill()
+        third.communicate(timeout=20)
 
 
 GRPCURL = _near_python("grpcurl")

@@ -1389,3 +1389,289 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+
+# == KEP-5004: extended resources served by DRA (issue 23) ====================================
+# DeviceClasses (cluster-scoped; ``spec.extendedResourceName``) and Pods (namespaced, with a
+# status subresource carrying ``extendedResourceClaimStatus``) are served like the kinds
+# above, through the same decoding and validation core; :func:`schedule_extended_resources`
+# is the scheduler's part of KEP-5004, as upstream documents it:
+#
+# - a container's limit on a name some DeviceClass serves (its ``extendedResourceName``, or
+#   the implicit ``deviceclass.resource.kubernetes.io/<class>``; of several classes naming
+#   it, the newest, ties to the lexicographically first) on a node whose ``allocatable`` does
+#   not list it (no device plugin advertises it there) becomes a request of ONE claim per pod:
+#   ``generateName <pod>-extended-resources-``, annotation
+#   ``resource.kubernetes.io/extended-resource-claim: "true"``, owner the pod, one request per
+#   (container, resource) named ``container-<i>-request-<j>`` (NOT part of the API),
+#   ``exactly: {deviceClassName, allocationMode: ExactCount, count}``;
+# - it is allocated on the node's slices (each pool's newest generation; devices the class's
+#   CEL selects, evaluated with cel-python; none another claim holds; none with a NoSchedule
+#   or NoExecute taint) and reserved for the pod;
+# - the pod gets ``spec.nodeName`` and ``status.extendedResourceClaimStatus{resourceClaimName,
+#   requestMappings[{containerName, resourceName, requestName}]}``.
+
+DEVICE_CLASSES = Kind(
+    "deviceclasses", "DeviceClass", RESOURCE_GROUP, "v1", "V1DeviceClass", False,
+    ("metadata.name",), False,
+)  # fmt: skip
+PODS = Kind("pods", "Pod", "", "v1", "V1Pod", True, ("metadata.name", "spec.nodeName"), True)
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+_MAX_SELECTORS = 32
+_MAX_CEL = 10 * 1024
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _cel_problem(expression: str) -> str | None:
+    """Why kube-apiserver would refuse this CEL expression (it compiles every one)."""
+    if not expression:
+        return "Required value"
+    if len(expression) > _MAX_CEL:
+        return f"Too long: may not be more than {_MAX_CEL} bytes"
+    import celpy  # a test extra (pyproject); the stand-in compiles as the real server does
+
+    try:
+        celpy.Environment().compile(expression)
+    except Exception as e:  # celpy raises its own parse errors
+        return f"Invalid value: compilation failed: {str(e)[:200]}"
+    return None
+
+
+def _extended_resource_problem(name: str) -> str | None:
+    """kube-apiserver's ``IsExtendedResourceName`` for a DeviceClass's name field."""
+    domain, sep, short = name.partition("/")
+    if not sep or "/" in short:
+        return "must be a domain-prefixed path (such as example.com/gpu)"
+    if _dns_subdomain(domain) or not _QUALIFIED_NAME.fullmatch(short) or len(short) > 63:
+        return "must be a qualified name: <DNS subdomain>/<name of 1-63 characters>"
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return "the kubernetes.io namespace is reserved (the implicit deviceclass.resource.kubernetes.io/<class> name needs no field)"
+    return None
+
+
+def validate_device_class(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    causes = _meta_problems(DEVICE_CLASSES, obj.get("metadata") or {})
+    spec = obj.get("spec") or {}
+    selectors = spec.get("selectors") or []
+    if len(selectors) > _MAX_SELECTORS:
+        causes.append(
+            (
+                "spec.selectors",
+                f"Too many: {len(selectors)}: must have at most {_MAX_SELECTORS} items",
+            )
+        )
+    for i, sel in enumerate(selectors):
+        cel = (sel or {}).get("cel")
+        if cel is None:
+            causes.append((f"spec.selectors[{i}]", "Required value: exactly one of `cel`"))
+        elif why := _cel_problem(cel.get("expression") or ""):
+            causes.append((f"spec.selectors[{i}].cel.expression", why))
+    name = spec.get("extendedResourceName")
+    if name is not None and (why := _extended_resource_problem(name)):
+        causes.append(("spec.extendedResourceName", f"Invalid value: {name[:120]!r}: {why}"))
+    return causes
+
+
+def validate_pod(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+    causes = _meta_problems(PODS, obj.get("metadata") or {})
+    spec = obj.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        causes.append(("spec.containers", "Required value"))
+    for i, ctr in enumerate(containers):
+        p = f"spec.containers[{i}]"
+        if why := _dns_label(ctr.get("name") or ""):
+            causes.append((f"{p}.name", f"Invalid value: {why}"))
+        res = ctr.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for rname, value in {**requests, **limits}.items():
+            if "/" not in rname or rname.partition("/")[0].endswith("kubernetes.io"):
+                continue  # cpu, memory, hugepages-*: not modelled here
+            if not re.fullmatch(r"[0-9]+", str(value)):
+                causes.append(
+                    (f"{p}.resources", f"Invalid value: {value!r}: must be an integer for {rname}")
+                )
+            elif (
+                rname in requests and rname in limits and str(requests[rname]) != str(limits[rname])
+            ):
+                causes.append(
+                    (f"{p}.resources.requests", f"Invalid value: must be equal to {rname} limit")
+                )
+    if old is not None:
+        if spec.get("containers") != (old.get("spec") or {}).get("containers"):
+            causes.append(("spec.containers", "Forbidden: pod updates may not change containers"))
+        was = (old.get("spec") or {}).get("nodeName")
+        if was and spec.get("nodeName") != was:
+            causes.append(("spec.nodeName", "Forbidden: a pod's node may not change"))
+    return causes
+
+
+KINDS = (*KINDS, DEVICE_CLASSES, PODS)
+VALIDATORS.update({"deviceclasses": validate_device_class, "pods": validate_pod})
+
+
+class Unschedulable(AssertionError):
+    """The stand-in scheduler cannot place the pod's extended resources on the node."""
+
+
+def _class_for(api: ApiServerStandin, resource: str) -> dict[str, Any] | None:
+    classes = api.objects(DEVICE_CLASSES)
+    if resource.startswith(IMPLICIT_CLASS_PREFIX):
+        name = resource.removeprefix(IMPLICIT_CLASS_PREFIX)
+        return next((c for c in classes if c["metadata"]["name"] == name), None)
+    named = [c for c in classes if (c.get("spec") or {}).get("extendedResourceName") == resource]
+    if not named:
+        return None
+    newest = max(c["metadata"]["creationTimestamp"] for c in named)
+    tied = [c for c in named if c["metadata"]["creationTimestamp"] == newest]
+    return min(tied, key=lambda c: c["metadata"]["name"])
+
+
+def _cel_device(driver: str, device: dict[str, Any]) -> dict[str, Any]:
+    """A slice device as a DRA CEL expression sees it (bare attribute names: driver's domain)."""
+    attrs: dict[str, dict[str, Any]] = {}
+    for name, value in (device.get("attributes") or {}).items():
+        domain, _, ident = name.rpartition("/")
+        attrs.setdefault(domain or driver, {})[ident] = next(iter(value.values()))
+    return {"driver": driver, "attributes": attrs}
+
+
+def _selects(device_class: dict[str, Any], driver: str, device: dict[str, Any]) -> bool:
+    import celpy
+
+    env = celpy.Environment()
+    activation = {"device": celpy.json_to_cel(_cel_device(driver, device))}
+    for sel in (device_class.get("spec") or {}).get("selectors") or []:
+        result = env.program(env.compile(sel["cel"]["expression"])).evaluate(activation)
+        if isinstance(result, Exception) or not bool(result):
+            return False  # a runtime error does not select (the scheduler reports it)
+    return True
+
+
+def schedule_extended_resources(
+    api: ApiServerStandin, namespace: str, pod_name: str, node: str
+) -> dict[str, Any] | None:
+    """Bind the pod to ``node`` and, when it asks for names DRA serves there, make and
+    allocate its extended-resource claim (see this section's header). Returns the claim
+    (None: nothing DRA-backed). Raises :class:`Unschedulable` naming what is missing."""
+    pod = api.objects(PODS, namespace)
+    pod = next(p for p in pod if p["metadata"]["name"] == pod_name)
+    node_obj = next(n for n in api.objects(NODES) if n["metadata"]["name"] == node)
+    allocatable = (node_obj.get("status") or {}).get("allocatable") or {}
+    requests: list[dict[str, Any]] = []
+    mappings: list[dict[str, str]] = []
+    classes: dict[str, dict[str, Any]] = {}
+    for i, ctr in enumerate(pod["spec"]["containers"]):
+        j = 0
+        for resource, count in ((ctr.get("resources") or {}).get("limits") or {}).items():
+            cls = _class_for(api, resource)
+            if cls is None or resource in allocatable:
+                # not DRA-backed, or a device plugin advertises it on this node (listed, even
+                # at 0: the kubelet keeps a stopped plugin's name for its grace period)
+                continue
+            name = f"container-{i}-request-{j}"
+            j += 1
+            classes[name] = cls
+            requests.append(
+                {
+                    "name": name,
+                    "exactly": {
+                        "deviceClassName": cls["metadata"]["name"],
+                        "allocationMode": "ExactCount",
+                        "count": int(str(count)),
+                    },
+                }
+            )
+            mappings.append(
+                {"containerName": ctr["name"], "resourceName": resource, "requestName": name}
+            )
+    bound = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+    if not requests:
+        with api.lock:
+            api._replace(PODS, namespace, pod_name, bound, status=False)
+        return None
+    taken = {
+        (r["driver"], r["pool"], r["device"])
+        for c in api.objects(CLAIMS)
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        )
+        or []
+    }
+    slices = [s for s in api.objects(SLICES) if s["spec"].get("nodeName") == node]
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), s["spec"]["pool"]["generation"])
+    free = [
+        (s["spec"]["driver"], s["spec"]["pool"]["name"], d)
+        for s in slices
+        if s["spec"]["pool"]["generation"]
+        == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]
+        for d in s["spec"].get("devices") or []
+        if not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in d.get("taints") or [])
+    ]
+    results: list[dict[str, str]] = []
+    for req in requests:
+        want = req["exactly"]["count"]
+        for driver, pool, device in free:
+            key = (driver, pool, device["name"])
+            if want and key not in taken and _selects(classes[req["name"]], driver, device):
+                taken.add(key)
+                results.append(
+                    {
+                        "request": req["name"],
+                        "driver": driver,
+                        "pool": pool,
+                        "device": device["name"],
+                    }
+                )
+                want -= 1
+        if want:
+            raise Unschedulable(
+                f"pod {namespace}/{pod_name}: {want} more device(s) of class "
+                f"{req['exactly']['deviceClassName']} needed on node {node} for {req['name']}"
+            )
+    meta = pod["metadata"]
+    claim = {
+        "apiVersion": CLAIMS.api_version,
+        "kind": CLAIMS.kind,
+        "metadata": {
+            "generateName": f"{pod_name}-extended-resources-",
+            "namespace": namespace,
+            "annotations": {EXTENDED_RESOURCE_CLAIM: "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"devices": {"requests": requests}},
+    }
+    with api.lock:
+        made = api._create(CLAIMS, namespace, claim)
+        made["status"] = {
+            "allocation": {
+                "devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": meta["uid"]}],
+        }  # fmt: skip
+        made = api._replace(CLAIMS, namespace, made["metadata"]["name"], made, status=True)
+        bound = api._replace(PODS, namespace, pod_name, bound, status=False)
+        bound["status"] = {
+            **(bound.get("status") or {}),
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": made["metadata"]["name"],
+                "requestMappings": mappings,
+            },
+        }
+        api._replace(PODS, namespace, pod_name, bound, status=True)
+    return made

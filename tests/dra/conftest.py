@@ -3,6 +3,7 @@ are limited to 107 bytes) and a valid ResourceSlice to start cases from."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -28,8 +29,11 @@ def apiserver(tmp_path: Path) -> Iterator[ApiServerStandin]:
 
 @pytest.fixture
 def kdirs() -> Iterator[tuple[str, str]]:
-    """(registry dir, plugins dir), short enough for unix socket paths."""
+    """(registry dir, plugins dir), short enough for unix socket paths; both exist, as the
+    kubelet makes them when it starts (the plugin refuses a missing one)."""
     d = tempfile.mkdtemp(prefix="kdra", dir="/tmp")
+    for sub in ("plugins_registry", "plugins"):
+        os.mkdir(f"{d}/{sub}")
     yield f"{d}/plugins_registry", f"{d}/plugins"
     shutil.rmtree(d, ignore_errors=True)
 

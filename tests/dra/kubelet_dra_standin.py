@@ -502,6 +502,54 @@ class KubeletDraStandin:
             )
         return {uid: r.error for uid, r in response.claims.items()}
 
+    async def prepare_pod(
+        self, pod: dict[str, Any], claims: list[dict[str, Any]]
+    ) -> dict[str, list[str]]:
+        """As kubelet's DRA manager does for one pod: NodePrepareResources for the pod's
+        claims (one call per driver; any error fails the pod: AssertionError), then each
+        container's CDI device IDs — for the extended-resource claim
+        (``status.extendedResourceClaimStatus``) the devices of the requests its
+        ``requestMappings`` give that container (KEP-5004); for a claim a container names in
+        ``resources.claims`` (through ``spec.resourceClaims[].resourceClaimName``), the
+        devices of that request, or all of the claim's."""
+        ns = pod["metadata"]["namespace"]
+        by_uid = {c["metadata"]["uid"]: c for c in claims}
+        drivers: dict[str, list[tuple[str, str, str]]] = {}
+        for c in claims:
+            results = c["status"]["allocation"]["devices"]["results"]
+            for d in sorted({r["driver"] for r in results}):
+                drivers.setdefault(d, []).append((ns, c["metadata"]["uid"], c["metadata"]["name"]))
+        devices: dict[str, list[Any]] = {}  # claim name -> prepared devices (all drivers)
+        for driver, refs in drivers.items():
+            answer = await self.prepare(driver, refs)
+            for uid, result in answer.items():
+                if result.error:
+                    raise AssertionError(f"NodePrepareResources: {result.error}")
+                devices.setdefault(by_uid[uid]["metadata"]["name"], []).extend(result.devices)
+
+        def ids(claim: str, request: str | None) -> list[str]:
+            return [
+                i
+                for d in devices.get(claim, [])
+                if request is None or request in d.request_names
+                for i in d.cdi_device_ids
+            ]
+
+        out: dict[str, list[str]] = {c["name"]: [] for c in pod["spec"]["containers"]}
+        ext = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+        if ext:
+            for m in ext["requestMappings"]:
+                out[m["containerName"]].extend(ids(ext["resourceClaimName"], m["requestName"]))
+        named = {
+            c["name"]: c.get("resourceClaimName") for c in pod["spec"].get("resourceClaims") or []
+        }
+        for ctr in pod["spec"]["containers"]:
+            for ref in (ctr.get("resources") or {}).get("claims") or []:
+                claim = named.get(ref["name"])
+                if claim:
+                    out[ctr["name"]].extend(ids(claim, ref.get("request")))
+        return out
+
     async def wait_for(
         self, what: str, predicate: Callable[[KubeletDraStandin], bool], timeout: float = 10.0
     ) -> None:

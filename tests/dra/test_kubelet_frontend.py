@@ -398,7 +398,7 @@ async def test_a_kubelet_dir_that_is_a_file_is_a_clear_error(
     kdirs: tuple[str, str], handler: RecordingHandler
 ) -> None:
     registry, plugins = kdirs
-    os.makedirs(os.path.dirname(registry), exist_ok=True)
+    os.rmdir(registry)  # the fixture made it, as the kubelet does; here a file stands there
     with open(registry, "w") as fh:
         fh.write("not a directory")
     f = KubeletFrontEnd(DRIVER, registry, plugins, handler)

@@ -11,6 +11,9 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
   PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1), a front-end's own need
   (:meth:`NodeCore.rescan`) and every ``resync`` seconds;
+- one path per resource name on this node: a config under which the device plugin and the DRA
+  plugin would both serve one name is refused (at start: the process exits naming the
+  selectors; on reload: the previous config is kept);
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
   process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
   recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
@@ -42,14 +45,15 @@ from typing import Any, Protocol, TypeVar
 from vfio_dp.core.metrics import Metrics, serve_http
 from vfio_dp.core.policy import autobind_groups, newly_bound
 from vfio_dp.core.uevents import UeventSource
-from vfio_dp.errors import BindError, ConfigError, HostError
+from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.sriov import Sriov
 from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, Config, load_config_bytes
+from vfio_dp.model.config import DEFAULT_CONFIG, DEVICE_PLUGIN, DRA, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
+from vfio_dp.model.serving import resource_path_conflicts
 
 log = logging.getLogger("vfio_dp.core")
 
@@ -74,6 +78,8 @@ class CoreOptions:
     path: str = DEVICE_PLUGIN
     #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
     usage: bool = False
+    #: this node's name: selectors with ``nodes`` apply only where it matches (None: never)
+    node_name: str | None = None
     #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
     owner: str = BOUND_BY_DEVICE_PLUGIN
 
@@ -132,8 +138,13 @@ class NodeCore:
     async def start(self) -> None:
         """Load the config (raises :class:`ConfigError`), scan (binding ``bind: true``
         devices), tell the observers, and start the resync and watch loops."""
-        self.config = load_config(self.options.config_path)
+        self.config = load_config(self.options.config_path).for_node(self.options.node_name)
         self._remember_config()
+        if self.config.node_limited and self.options.node_name is None:
+            log.warning(
+                "the config limits selectors to nodes (nodes:) but this process does not know "
+                "its node name: those selectors are skipped; set --node-name (NODE_NAME)"
+            )
         loop = asyncio.get_running_loop()
         loop.set_default_executor(self.executor)
         log.info(
@@ -213,6 +224,8 @@ class NodeCore:
                 made = await self._reconcile_sriov()
             inv = await self._scan(trigger)
             self.metrics.inc("vfio_dp_scans_total", trigger=trigger.split()[0])
+            if trigger == "start":  # before binding anything
+                self._refuse_path_conflicts(inv, self.config)
             known = self.inventory.devices if self.inventory else {}
             fresh = set(inv.devices) if bind_all else set(inv.devices) - set(known)
             if bind_only:
@@ -232,6 +245,13 @@ class NodeCore:
             self._last_scan = time.monotonic()
             return snapshot
 
+    def _refuse_path_conflicts(self, inv: Inventory, config: Config) -> None:
+        """Raise :class:`PathConflictError` when a resource name would be served by both
+        paths on this node (:func:`vfio_dp.model.serving.resource_path_conflicts`)."""
+        conflicts = resource_path_conflicts(inv, config)
+        if conflicts:
+            process = "the DRA plugin" if self.options.path == DRA else "the device-plugin daemon"
+            raise PathConflictError(process, self.options.node_name, conflicts)
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""
@@ -363,7 +383,10 @@ class NodeCore:
         self.config_text = text
         try:  # in a worker thread: /healthz and the kubelet's calls keep being answered
             new: Config = await self.run(load_config_bytes, text, path)
-        except ConfigError as e:
+            new = new.for_node(self.options.node_name)
+            if self.inventory is not None:
+                self._refuse_path_conflicts(self.inventory, new)
+        except (ConfigError, PathConflictError) as e:
             self.metrics.inc("vfio_dp_config_reloads_total", result="rejected")
             log.error("%s\nkeeping the previous configuration", e)
             return

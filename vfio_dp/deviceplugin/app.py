@@ -82,6 +82,7 @@ class Options:
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
     #: the kubelet's PodResources API: which VFs running pods hold (SR-IOV count changes)
     pod_resources_socket: str = podresources.DEFAULT_SOCKET
+    node_name: str | None = None  # for selectors limited to nodes (``nodes:``)
 
     def core(self) -> CoreOptions:
         return CoreOptions(
@@ -92,6 +93,7 @@ class Options:
             metrics_host=self.metrics_host,
             uevents=self.uevents,
             path=DEVICE_PLUGIN,
+            node_name=self.node_name,
             owner=BOUND_BY_DEVICE_PLUGIN,
         )
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vfio_dp.dra import extended
 from vfio_dp.errors import ClaimError
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming
@@ -98,6 +99,10 @@ class ClaimView:
     allocated: bool
     results: tuple[AllocationResult, ...]
     opaque_config: tuple[tuple[str, tuple[str, ...]], ...]  # (driver, requests) per entry
+    #: made by the scheduler for a pod's extended-resource limits (KEP-5004)
+    extended: bool = False
+    #: request → its ``exactly.deviceClassName`` (how an extended request finds its resource)
+    request_classes: tuple[tuple[str, str], ...] = ()
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -138,6 +143,8 @@ def view_claim(obj: Mapping[str, Any]) -> ClaimView:
         allocated=isinstance(_get(obj, "status", "allocation"), dict),
         results=tuple(results),
         opaque_config=tuple(configs),
+        extended=extended.is_extended(obj),
+        request_classes=tuple(extended.request_classes(obj).items()),
     )
 
 

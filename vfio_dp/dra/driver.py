@@ -46,17 +46,18 @@ from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.holds import checkpoint_holds
 from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader
+from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DRA
 from vfio_dp.model.device import Inventory
-from vfio_dp.model.serving import DraUnit, dra_units
+from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
 
@@ -97,6 +98,7 @@ class DraOptions:
             uevents=self.uevents,
             path=DRA,
             usage=True,
+            node_name=self.node_name,
             owner=BOUND_BY_DRA_PLUGIN,
         )
 
@@ -143,6 +145,7 @@ class DraPlugin:
             cdi_dir=options.cdi_dir,
             plugins_dir=options.plugins_dir,
             read_claim=claim_reader(client),
+            read_class=class_reader(client),
             config=lambda: self.core.config,
             published=self._published_devices,
             metrics=self.metrics,
@@ -224,7 +227,7 @@ class DraPlugin:
     # -- the core's observer -------------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         inv, config = snapshot.inventory, snapshot.config
-        units = dra_units(inv, config)
+        units = await self._withdraw_held(inv, dra_units(inv, config))
         holds = health.claim_holds(self.claims.checkpoint.all().values())
         shown = [
             u for u in units if u.primary in inv.devices and (u.published or u.name in holds.held)
@@ -258,9 +261,7 @@ class DraPlugin:
         for d in devices:
             h = self.health.states[d.name]
             self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
-            self.metrics.set(
-                "vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device
-            )
+            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device)
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
         self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
@@ -310,6 +311,23 @@ class DraPlugin:
         for u in units:
             if not u.published and snapshot.trigger in ("start", "config"):
                 log.info("IOMMU group %d not published: %s", u.group, "; ".join(u.reasons))
+
+    async def _withdraw_held(self, inv: Inventory, units: list[DraUnit]) -> list[DraUnit]:
+        """Withdraw published groups whose ``/dev/vfio/<N>`` a process holds open while no
+        claim of ours is prepared on them (:func:`vfio_dp.model.serving.withdraw_held`)."""
+        ours = {d.iommu_group for r in self.claims.checkpoint.all().values() for d in r.devices}
+        nodes = {
+            u.group: f"/dev/vfio/{inv.groups[u.group].node}"
+            for u in units
+            if u.published and u.group not in ours and u.group in inv.groups
+        }
+        if not nodes:
+            return units
+        scan = await self.core.run(scan_holders, self.core.host.fs, nodes.values())
+        held = {g: scan.describe(n) for g, n in nodes.items() if scan.held(n)}
+        if scan.unreadable:
+            log.warning("%s", scan.describe(next(iter(nodes.values()))))
+        return withdraw_held(units, held)
 
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")

@@ -10,7 +10,9 @@ request mounting its metadata file read-only (:mod:`vfio_dp.dra.cdi`), and kubel
                                       "<driver>/vfio=<uid>-metadata-gpu"]
 
 The metadata mount goes with the request's first device only; ``adminAccess`` devices get
-the mount and never the group. :class:`ClaimDirs` writes and removes them (the one atomic
+the mount and never the group. An extended-resource claim's group devices also carry their
+request's ``PCI_RESOURCE_<NAME>`` / ``PCIDEVICE_<NAME>`` (:mod:`vfio_dp.dra.extended`);
+ordinary claims get no variables. :class:`ClaimDirs` writes and removes them (the one atomic
 writer; metadata first, then the CDI spec that points at it).
 """
 
@@ -45,10 +47,15 @@ def build(
     plugins_dir: str,
     slice_devices: Mapping[str, Device],
     group_nodes: Mapping[str, Sequence[str]],
+    env: Mapping[str, Sequence[str]] | None = None,
 ) -> ClaimFiles:
     """The claim's files. ``slice_devices``: each chosen device's slice form (as the
     hardware is now), by name;
-    ``group_nodes``: the device nodes of each group handed over, by DRA device name."""
+    ``group_nodes``: the device nodes of each group handed over, by DRA device name;
+    ``env``: request → its ``NAME=value`` variables (an extended-resource claim's, from
+    :func:`vfio_dp.dra.extended.request_env`), set in full on EVERY group device of that
+    request and on no other (kubelet gives a container only its requests' devices; CDI env is
+    last-wins)."""
     by_request: dict[str, list[tuple[str, md.MetadataDevice]]] = {}
     for c in chosen:
         r = c.result
@@ -82,7 +89,9 @@ def build(
         ids: list[str] = []
         if c.gets_group:
             gdev = cdi.CdiDevice(
-                cdi.group_device_name(claim.uid, c.unit.name), tuple(group_nodes[c.unit.name])
+                cdi.group_device_name(claim.uid, c.unit.name),
+                tuple(group_nodes[c.unit.name]),
+                env=tuple((env or {}).get(r.request, ())),
             )
             group_devices.append(gdev)
             ids.append(cdi.device_id(driver, gdev.name))

@@ -17,6 +17,10 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    claim left on these groups; then verify each group is viable, on vfio-pci, and still has
    the number published;
 4. **write** the KEP-5304 metadata file per request and the claim's CDI spec (:mod:`.edits`);
+   for a claim the scheduler made for a pod's extended-resource limits (KEP-5004), each
+   request's devices also carry the variables the device plugin's Allocate gives
+   (:mod:`.extended`: request → deviceClassName → the class's resource, read before any
+   bind);
 5. **record** the claim as ``prepared`` and answer every CDI device ID.
 
 ``adminAccess: true`` results never bind and never get the VFIO group: their device carries
@@ -41,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from vfio_dp.dra import cdi, resolve
+from vfio_dp.dra import cdi, extended, resolve
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, Checkpoint, ClaimRecord, DeviceRecord
 from vfio_dp.dra.claims import (
     AllocationResult,
@@ -95,6 +99,7 @@ class ClaimPreparer:
         published: Callable[[], Mapping[str, Device]] | None = None,
         metrics: Metrics | None = None,
         checkpoint: Checkpoint | None = None,
+        read_class: extended.ClassResource | None = None,
     ) -> None:
         """``config``: the node core's current configuration. ``published``: the devices the
         publisher last wrote, by name; None: compare with the current scan."""
@@ -103,6 +108,7 @@ class ClaimPreparer:
         self.node = node
         self.dirs = ClaimDirs(self.driver, cdi_dir, plugins_dir)
         self.read_claim = read_claim
+        self.read_class = read_class
         self.config = config
         self.published = published
         self.metrics = metrics
@@ -169,6 +175,7 @@ class ClaimPreparer:
         who = _describe(claim)
         view = await self._read(claim)
         wanted = ours(view, self.driver, self.node, who)
+        resources = await self._resources(view, wanted, who)
         inv = await asyncio.to_thread(self.host.scan)
         chosen = await asyncio.to_thread(self._resolve, who, claim.uid, wanted, inv)
         records = resolve.device_records(chosen, inv)
@@ -177,7 +184,7 @@ class ClaimPreparer:
             await self._record(claim, view, PREPARING, records)
         inv = await self._take(who, claim.uid, chosen, inv)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
-        files = await asyncio.to_thread(self._write, claim, view, chosen, inv)
+        files = await asyncio.to_thread(self._write, claim, view, chosen, inv, resources)
         ids = [d.cdi_device_ids for d in files.prepared]
         records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
         await self._record(claim, view, PREPARED, records)
@@ -192,6 +199,23 @@ class ClaimPreparer:
                 _describe(claim), f"cannot read the ResourceClaim from the API server: {e}"
             ) from e
         return check_current(claim, obj)
+
+    async def _resources(
+        self, view: ClaimView, wanted: Sequence[AllocationResult], who: str
+    ) -> dict[str, str]:
+        """An extended-resource claim's request → resource (empty for an ordinary claim)."""
+        if not view.extended:
+            return {}
+        if self.read_class is None:
+            raise ClaimError(
+                who,
+                "this plugin reads no DeviceClasses: it cannot name the resource of an "
+                "extended-resource claim",
+            )
+        requests = sorted({r.request for r in wanted if not r.admin_access})
+        return await extended.request_resources(
+            dict(view.request_classes), requests, self.read_class, who
+        )
 
     def _resolve(
         self, who: str, uid: str, wanted: Sequence[AllocationResult], inv: Inventory
@@ -233,9 +257,20 @@ class ClaimPreparer:
         return inv
 
     def _write(
-        self, claim: ClaimRef, view: ClaimView, chosen: Sequence[Chosen], inv: Inventory
+        self,
+        claim: ClaimRef,
+        view: ClaimView,
+        chosen: Sequence[Chosen],
+        inv: Inventory,
+        resources: Mapping[str, str],
     ) -> ClaimFiles:
         """Read what the files show (PCIe roots, device nodes), build them, write them."""
+        config = self.config()
+        endpoints: dict[str, list[PciAddress]] = {}
+        for c in chosen:
+            if c.result.request in resources and c.gets_group:
+                found = extended.resource_endpoints(c.unit, inv, config)
+                endpoints.setdefault(c.result.request, []).extend(found)
         roots = self.host.pcie_roots([c.unit.primary for c in chosen])
         nodes = {
             c.unit.name: self.host.device_nodes(
@@ -252,6 +287,7 @@ class ClaimPreparer:
             plugins_dir=self.dirs.plugins_dir,
             slice_devices={c.unit.name: device_for(c.unit, inv, roots) for c in chosen},
             group_nodes=nodes,
+            env=extended.request_env(resources, endpoints),
         )
         self.dirs.write(claim.uid, files)
         return files

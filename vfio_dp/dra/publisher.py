@@ -364,3 +364,31 @@ def claim_reader(client: Any) -> Any:
         return await asyncio.to_thread(get, namespace, name)
 
     return read
+
+
+def class_reader(client: Any) -> Any:
+    """``await read(name)`` → the extended resource the DeviceClass ``name`` serves
+    (``spec.extendedResourceName``, else ``deviceclass.resource.kubernetes.io/<name>``), read
+    when asked — a class created after the plugin started is used at once. A missing class
+    raises :class:`LookupError`; any other API failure raises :class:`PublishError`."""
+    from vfio_dp.dra.deviceclasses import extended_resource_name
+
+    api = k8s.ResourceV1Api(client)
+
+    def get(name: str) -> str:
+        try:
+            resp = api.read_device_class(name, _preload_content=False)
+        except k8s.exceptions.ApiException as e:
+            if e.status == 404:
+                raise LookupError(f"DeviceClass {name} does not exist") from None
+            raise _api_error(f"reading DeviceClass {name}", e) from e
+        raw: Any = resp
+        data = json.loads(raw.data)
+        if not isinstance(data, dict):
+            raise LookupError(f"DeviceClass {name}: the API server sent no object")
+        return extended_resource_name(data)
+
+    async def read(name: str) -> str:
+        return await asyncio.to_thread(get, name)
+
+    return read

@@ -23,26 +23,26 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from vfio_dp.errors import InstanceRunningError
+from vfio_dp.errors import DriverNameError, InstanceRunningError
 from vfio_dp.host.root import Root
+from vfio_dp.model.naming import dns_subdomain_problem
 
 RUN_DIR = ("run", "vfio_dp")
 DEVICE_PLUGIN = "device-plugin"
 SUFFIX = ".lock"
-_DRIVER = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
 
 
 def lock_name(process: str, driver: str | None = None) -> str:
     """``device-plugin`` → ``device-plugin.lock``; the DRA plugin's is per driver name."""
     if process == DEVICE_PLUGIN:
         return DEVICE_PLUGIN + SUFFIX
-    if driver is None or not _DRIVER.fullmatch(driver):  # the validator proper is naming's
-        raise ValueError(f"a DRA plugin lock needs a valid driver name, not {driver!r}")
+    why = "it is missing" if driver is None else dns_subdomain_problem(driver, 63)
+    if why is not None or driver is None:
+        raise DriverNameError(str(driver), why or "it is missing")
     return f"dra-plugin.{driver}{SUFFIX}"
 
 

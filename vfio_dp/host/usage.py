@@ -151,6 +151,7 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
                 HostUse(
                     "boot GPU (boot_vga=1): the host console is on it",
                     "pick another GPU (the host would lose its console)",
+                    critical=True,
                 )
             )
         if dev.sriov_numvfs:
@@ -190,12 +191,15 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
                 used.append((owner, name, why))
         for owner, name, why in used:
             fix = f"bring it down first: ip link set {name} down"
-            if "is up" in why and up_count == 1:
+            only = "is up" in why and up_count == 1
+            if only:
                 fix = (
                     f"pick another device: {name} is the host's only interface that is up, "
-                    f"so taking it cuts the host off the network (else: ip link set {name} down)"
+                    "so taking it cuts the host off the network"
                 )
-            reasons[owner].append(HostUse(f"network interface {name} {' and '.join(why)}", fix))
+            reasons[owner].append(
+                HostUse(f"network interface {name} {' and '.join(why)}", fix, critical=only)
+            )
     blocks = _class_members(root, "block")
     if blocks:
         majmin, sources = _mounted(root)
@@ -211,6 +215,7 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
                     HostUse(
                         f"block device {name} is mounted at / (the host's root filesystem)",
                         "pick another device: the host cannot run without its root disk",
+                        critical=True,
                     )
                 )
             elif where is not None:

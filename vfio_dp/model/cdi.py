@@ -99,9 +99,15 @@ class CdiDevice:
     name: str
     device_nodes: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    env: tuple[str, ...] = ()  # ``NAME=value`` (runtimes apply CDI env last-wins)
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        for e in self.env:
+            name, sep, _ = e.partition("=")
+            # names may hold '-' (KubeVirt keeps it: PCI_RESOURCE_..._MLX-VF); OCI env is KEY=value
+            if not sep or not name or "\0" in e:
+                raise CdiError(f"CDI device {self.name!r}: env {e[:80]!r} is not NAME=value")
         if not self.device_nodes and not self.mounts:
             # CDI rejects a device with empty edits ("invalid device, empty device edits")
             raise CdiError(f"CDI device {self.name!r} would have no edits")
@@ -126,6 +132,8 @@ def build_spec(
         edits: dict[str, object] = {}
         if dev.device_nodes:
             edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
+        if dev.env:
+            edits["env"] = list(dev.env)
         if dev.mounts:
             edits["mounts"] = [
                 {

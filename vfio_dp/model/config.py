@@ -18,6 +18,9 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
       - subsystemVendor: "15d9"
         subsystemDevice: "0a01"
       - drivers: [vfio-pci]                 # current driver (recorded original one with bind)
+      - vendor: "10de"
+        path: dra
+        nodes: ["node-a", "gpu-*"]          # only on these nodes (names, shell globs)
       - addresses: ["0000:01:00.0"]          # SR-IOV PFs, named one by one
         numVfs: 2                           # make 2 VFs on each; this selector takes the VFs
         resourceName: nvme-vf               # (vfDriver: vfio-pci, the default, binds them)
@@ -29,8 +32,13 @@ Within one selector every given field must match (a list matches any of its valu
 device-plugin daemon, ``vfioctl plugin``; the default) or ``dra`` (``vfioctl dra-plugin``).
 ``bind``: ``false`` (default), ``true`` (bound to vfio-pci at start and on hotplug by the
 process of the selector's path) or ``onPrepare`` (only with ``path: dra``: bound when a claim
-is prepared). With no configuration at all (or no ``selectors``) every device already on
-vfio-pci is served by whichever process runs — run only one of them that way.
+is prepared). ``nodes`` limits a selector to the nodes whose name matches one of its
+patterns (``fnmatch``, case-sensitive), so one ConfigMap can move a cluster from one path to
+the other node by node; a process that does not know its node name (``--node-name``,
+``NODE_NAME``) skips such selectors, and so does every offline reader except where it says
+otherwise (the webhook's names, :mod:`vfio_dp.model.routes`). With no configuration at all
+(or no ``selectors``) every device already on vfio-pci is served by whichever process runs —
+run only one of them that way.
 
 SR-IOV (the habits of the SR-IOV network operator): ``numVfs`` asks a number of VFs of each
 PF named in ``addresses`` (never a broad match: only named PFs are ever changed); such a
@@ -42,6 +50,8 @@ where they share vendor:device (QEMU's NVMe does).
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +64,7 @@ from vfio_dp.model.device import VFIO_PCI, PciDevice
 
 _HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
 _DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NODE_PATTERN = re.compile(r"[a-z0-9.*?\[\]!-]{1,253}")
 
 _SELECTOR_KEYS = {
     "vendor",
@@ -66,6 +77,7 @@ _SELECTOR_KEYS = {
     "resourceName",
     "bind",
     "path",
+    "nodes",
     "taintEffect",
     "sriov",
     "numVfs",
@@ -101,6 +113,13 @@ class Selector:
     bind: bool = False  # bound to vfio-pci at start / hotplug
     path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
+    nodes: tuple[str, ...] = ()  # node-name patterns; empty = every node
+
+    def on_node(self, node: str | None) -> bool:
+        """Does this selector apply on ``node`` (None: a process that does not know it)?"""
+        if not self.nodes:
+            return True
+        return node is not None and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
     taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
     sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
     num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
@@ -171,6 +190,17 @@ class Config:
     selectors: tuple[Selector, ...] = field(default_factory=lambda: _DEFAULT_SELECTORS)
     #: True without a config (or without ``selectors``): every path serves what is selected
     any_path: bool = False
+    #: the node this config is read on (:meth:`for_node`); None: unknown (offline readers)
+    node: str | None = None
+
+    def for_node(self, node: str | None) -> Config:
+        """This config as read on ``node``: selectors whose ``nodes`` do not match are skipped."""
+        return self if node == self.node else dataclasses.replace(self, node=node)
+
+    @property
+    def node_limited(self) -> bool:
+        """Does any selector apply only on some nodes?"""
+        return any(s.nodes for s in self.selectors)
 
     def selector_serves(self, sel: Selector, path: str) -> bool:
         """Is ``sel``'s device served by the process of ``path``?"""
@@ -192,7 +222,7 @@ class Config:
     def select(self, dev: PciDevice) -> Selector | None:
         """The first selector that matches ``dev``, or None."""
         for sel in self.selectors:
-            if sel.matches(dev):
+            if sel.on_node(self.node) and sel.matches(dev):
                 return sel
         return None
 
@@ -411,6 +441,23 @@ def _parse_selector(
         bind = raw_bind
     else:
         problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
+    nodes: list[str] = []
+    if "nodes" in raw:
+        values = _as_list(raw["nodes"])
+        if not values:
+            problems.append((f"{where}.nodes", raw["nodes"], "must be a non-empty list"))
+        for v in values or []:
+            if not isinstance(v, str) or not _NODE_PATTERN.fullmatch(v):
+                problems.append(
+                    (
+                        f"{where}.nodes",
+                        v,
+                        "must be a node name or a shell pattern of one (lowercase "
+                        "a-z, 0-9, '-', '.', with * ? [ ]), e.g. node-a or gpu-*",
+                    )
+                )
+            else:
+                nodes.append(v)
     taint_effect = raw.get("taintEffect", NO_SCHEDULE)
     if taint_effect not in TAINT_EFFECTS:
         problems.append(
@@ -440,6 +487,7 @@ def _parse_selector(
         bind=bind,
         path=path,
         bind_on_prepare=on_prepare,
+        nodes=tuple(nodes),
         taint_effect=taint_effect,
         sriov=sriov,
         num_vfs=num_vfs,
@@ -454,6 +502,7 @@ def _parse_selector(
         resource_name=resource_name,
         path=path,
         bind_on_prepare=on_prepare,
+        nodes=tuple(nodes),
         taint_effect=taint_effect,
         vf_driver=vf_driver,
     )

@@ -38,20 +38,25 @@ def is_dma_safe_driver(driver: str | None) -> bool:
 class HostUse(str):
     """One use the host makes of a device (found by :mod:`vfio_dp.host.usage`): the string
     itself is the use, e.g. ``network interface eth0 is up``, as listed and joined everywhere;
-    ``fix`` says what frees it (``bring it down first: ip link set eth0 down``)."""
+    ``fix`` says what frees it (``bring it down first: ip link set eth0 down``).
+
+    ``critical``: the host cannot do without it (its root disk, its only interface that is up,
+    its boot GPU): no message ever suggests ``--force`` for it."""
 
     fix: str
+    critical: bool
 
-    def __new__(cls, what: str, fix: str) -> HostUse:
+    def __new__(cls, what: str, fix: str, critical: bool = False) -> HostUse:
         self = super().__new__(cls, what)
         self.fix = fix
+        self.critical = critical
         return self
 
-    def __reduce__(self) -> tuple[type[HostUse], tuple[str, str]]:
-        return (HostUse, (str(self), self.fix))
+    def __reduce__(self) -> tuple[type[HostUse], tuple[str, str, bool]]:
+        return (HostUse, (str(self), self.fix, self.critical))
 
     def __repr__(self) -> str:
-        return f"HostUse({str(self)!r}, fix={self.fix!r})"
+        return f"HostUse({str(self)!r}, fix={self.fix!r}, critical={self.critical!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,21 @@ def analyse_group(number: int, members: list[PciDevice], *, noiommu: bool = Fals
     problems: list[GroupProblem] = []
     for dev in sorted(members, key=lambda d: d.address):
         if is_dma_safe_driver(dev.driver):
+            continue
+        if dev.in_use and not dev.is_bridge:  # the host's, not a "bind the group" case
+            problems.append(
+                GroupProblem(
+                    dev.address,
+                    f"device {dev.describe()} is used by the host ({'; '.join(dev.in_use)}); "
+                    + (
+                        "this group cannot be passed through: "
+                        + next(u.fix for u in dev.in_use if u.critical)
+                        if any(u.critical for u in dev.in_use)
+                        else f"free it first ({'; '.join(u.fix for u in dev.in_use)}), then "
+                        f"vfioctl bind --group {dev.address}"
+                    ),
+                )
+            )
             continue
         if dev.is_bridge:
             fix = (

@@ -137,7 +137,10 @@ def plan_bind(
             if force:
                 forced.append(msg)
             else:
-                refusals.append(f"{msg}; {use.fix} (or pass --force to take it from the host)")
+                refusals.append(
+                    f"{msg}; {use.fix}"
+                    + ("" if use.critical else " (or pass --force to take it from the host)")
+                )
         targets.append(addr)
     return BindPlan(tuple(targets), tuple(already), tuple(refusals), tuple(forced))
 
@@ -277,7 +280,11 @@ def plan_check(
         if not dev.on_vfio and never is None:
             many = grp is not None and len(grp.endpoints(inv.devices)) > 1
             fix = f"vfioctl bind --group {a}" if many else f"vfioctl bind {a}"
-            if dev.in_use:
+            if any(u.critical for u in dev.in_use):
+                reasons.append(
+                    f"{dev.describe()} is not on vfio-pci and must stay the host's (see above)"
+                )
+            elif dev.in_use:
                 reasons.append(
                     f"{dev.describe()} is not on vfio-pci; free it as above, then: {fix} "
                     f"(or {fix.replace('bind', 'bind --force', 1)} takes it from the host "

@@ -72,6 +72,7 @@ def selector_condition(sel: Selector) -> str:
         ("subsystem device", sel.subsystem_devices),
         ("address", tuple(str(a) for a in sel.addresses)),
         ("driver", sel.drivers),
+        ("on nodes", sel.nodes),
     ):
         if values:
             parts.append(f"{label} {' or '.join(values)}")
@@ -127,15 +128,23 @@ def routes_for_ids(
     selector order."""
     vendor, device = vendor.lower(), device.lower()
     admitting = [s for s in config.selectors if s.admits_ids(vendor, device)]
+    # the node is an unknown too: each pattern a selector names (as a node name), and a
+    # node none of them names (None: node-limited selectors do not apply)
+    nodes: list[str | None] = [None, *dict.fromkeys(p for s in admitting for p in s.nodes)]
+    if config.node is not None:
+        nodes = [config.node]  # read on a known node
     found: dict[int, Route] = {}
-    for dev in _candidates(admitting, vendor, device, class_code):
-        sel = config.select(dev)
-        if sel is None:
-            continue
-        index = config.selectors.index(sel)
-        if index not in found:
-            path = ANY if config.any_path else sel.path
-            found[index] = Route(path, config.name_for(sel, dev), index, selector_condition(sel))
+    for node in nodes:
+        on_node = config.for_node(node)
+        for dev in _candidates(admitting, vendor, device, class_code):
+            sel = on_node.select(dev)
+            if sel is None:
+                continue
+            index = config.selectors.index(sel)
+            if index not in found:
+                path = ANY if config.any_path else sel.path
+                name = config.name_for(sel, dev)
+                found[index] = Route(path, name, index, selector_condition(sel))
     return [found[i] for i in sorted(found)]
 
 
@@ -148,6 +157,8 @@ def routes_for_name(
     folded = resource.lower()
     out: dict[int, Route] = {}
     for index, sel in enumerate(config.selectors):
+        if not (config.node is None or sel.on_node(config.node)):
+            continue
         if sel.resource_name and sel.resource_name.lower() == folded:
             path = ANY if config.any_path else sel.path
             out[index] = Route(path, sel.resource_name, index, selector_condition(sel))

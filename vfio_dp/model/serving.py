@@ -24,10 +24,10 @@ daemon, the DRA plugin, the webhook (through :meth:`Config.resources_for_ids`) a
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DRA, NO_EXECUTE, NO_SCHEDULE, Config
+from vfio_dp.model.config import DEVICE_PLUGIN, DRA, NO_EXECUTE, NO_SCHEDULE, Config
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.naming import dra_device_name
 
@@ -187,6 +187,36 @@ class DeviceServing:
     resource: str | None  # the device-plugin resource it is listed under (None: not)
     dra_device: str | None  # the DRA device (its group's) it is published as (None: not)
     not_served: str | None  # why the path its selector names does not serve it
+    #: the resource its DRA device is requested as (a DeviceClass's extendedResourceName)
+    dra_resource: str | None = None
+
+    @property
+    def served_by(self) -> str | None:
+        """The path that serves it now (None: neither)."""
+        if self.resource is not None:
+            return DEVICE_PLUGIN
+        if self.dra_device is not None:
+            return DRA
+        return None
+
+
+def withdraw_held(units: list[DraUnit], held: dict[int, str]) -> list[DraUnit]:
+    """``units`` with every published group in ``held`` (group → who holds its
+    ``/dev/vfio/<N>`` open, e.g. a VM the device plugin started before the node moved to
+    DRA) withdrawn, the holder as the reason: a VFIO group is opened by one process only, so
+    a claim for it could never be prepared. Callers leave out the groups their own prepared
+    claims hold."""
+    out: list[DraUnit] = []
+    for u in units:
+        why = held.get(u.group)
+        if u.published and why is not None:
+            reason = (
+                f"{why}, outside any claim of ours (a VFIO group is opened by one process "
+                "only: a VM started through the device plugin keeps it until it stops)"
+            )
+            u = replace(u, reasons=(reason,))
+        out.append(u)
+    return out
 
 
 def device_serving(
@@ -205,6 +235,7 @@ def device_serving(
         resource = dp_membership.get(addr)
         unit = by_endpoint.get(addr)
         dra_name = unit.name if unit is not None and unit.published else None
+        dra_resource = unit.resource_name if unit is not None and unit.published else None
         why: str | None = None
         if dev.iommu_group is not None and dev.iommu_group in splits and path is not None:
             why = splits[dev.iommu_group]
@@ -214,5 +245,48 @@ def device_serving(
             and not unit.published
         ):
             why = "; ".join(unit.reasons)
-        out[addr] = DeviceServing(path, resource, dra_name, why)
+        out[addr] = DeviceServing(path, resource, dra_name, why, dra_resource)
+    return out
+
+
+def resource_path_conflicts(inventory: Inventory, config: Config) -> list[str]:
+    """Every resource name both paths would serve on this node, each with the selectors and
+    devices on either side (empty without a config: one process serves everything).
+
+    The device plugin's names are its selected devices' names; DRA's are its groups'
+    (:func:`dra_units`: the first selected endpoint's name — a companion's own name is not
+    served). A name on both would be advertised by the device plugin AND reachable through a
+    DeviceClass's ``extendedResourceName``; KEP-5004 leaves that undefined, so neither
+    process starts."""
+    if config.any_path:
+        return []
+    sides: dict[str, dict[str, dict[int, list[PciAddress]]]] = defaultdict(
+        lambda: {DEVICE_PLUGIN: defaultdict(list), DRA: defaultdict(list)}
+    )
+    for addr in sorted(inventory.devices):
+        dev = inventory.devices[addr]
+        sel = config.select(dev)
+        if sel is None or dev.is_bridge or sel.path != DEVICE_PLUGIN:
+            continue
+        sides[config.name_for(sel, dev)][DEVICE_PLUGIN][config.selectors.index(sel)].append(addr)
+    for unit in dra_units(inventory, config):
+        for addr in unit.endpoints:
+            sel = config.select_for(inventory.devices[addr], DRA)
+            if (
+                sel is not None
+                and config.name_for(sel, inventory.devices[addr]) == unit.resource_name
+            ):
+                sides[unit.resource_name][DRA][config.selectors.index(sel)].append(addr)
+                break
+    out: list[str] = []
+    for name in sorted(sides):
+        by_path = sides[name]
+        if not (by_path[DEVICE_PLUGIN] and by_path[DRA]):
+            continue
+        said = "; ".join(
+            f"selectors[{i}] (path: {path}) takes {', '.join(map(str, addrs))}"
+            for path in (DEVICE_PLUGIN, DRA)
+            for i, addrs in sorted(by_path[path].items())
+        )
+        out.append(f"{name}: {said}")
     return out
