@@ -29,6 +29,7 @@ bench:
 	$(PYTHON) bench/webhook_bench.py
 	$(PYTHON) bench/compare_tools.py
 	$(PYTHON) bench/dra_bench.py
+	$(PYTHON) bench/dra_health_bench.py
 
 # The container image as one OCI archive in dist/ (load it on nodes without a registry:
 # docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.

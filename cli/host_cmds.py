@@ -21,8 +21,10 @@ from cli.common import (
     root_option,
     run_guarded,
 )
+from cli.dra_cmd import DEFAULT_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from vfio_dp.dra.health import GroupView
     from vfio_dp.errors import RefusedError
     from vfio_dp.host import BindResult, Host
     from vfio_dp.host.sriov import SriovResult
@@ -106,6 +108,40 @@ def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg))
 
 
+def _dra_view(host: Host, inv: Inventory, cfg: Config, driver: str) -> dict[int, GroupView]:
+    """By IOMMU group: the health and taint the DRA plugin would publish now (its pure rules,
+    the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
+    import time
+
+    from vfio_dp.dra import health
+    from vfio_dp.dra.checkpoint import peek
+    from vfio_dp.host.vfio import group_nodes_present
+    from vfio_dp.model.serving import dra_units
+
+    records, problem = peek(host, driver)
+    if problem:
+        click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
+    units = dra_units(inv, cfg)
+    holds = health.claim_holds(records)
+    present = group_nodes_present(host.fs, health.nodes_to_check(inv, units, holds))
+    missing = {g for g, ok in present.items() if not ok}
+    return health.node_view(units, inv, holds, missing, driver, time.time())
+
+
+def _view_json(v: GroupView | None) -> dict[str, object]:
+    if v is None:
+        return {"dra_health": None, "dra_message": None, "dra_taint": None}
+    return {"dra_health": v.health, "dra_message": v.message or None, "dra_taint": v.taint}
+
+
+dra_driver_option = option(
+    "--dra-driver",
+    default=DEFAULT_DRIVER,
+    show_default=True,
+    help="With --config: the DRA driver whose prepared claims (checkpoint) count.",
+)
+
+
 @click.command("list")
 @root_option
 @output_option
@@ -114,10 +150,14 @@ def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
     type=click.Path(dir_okay=False),
     default=None,
     help="Node config (YAML): the table gets what each path would serve (device-plugin "
-    "resource, DRA device). Without it: what a process without --config would serve.",
+    "resource, DRA device, the DRA health and taint). Without it: what a process without "
+    "--config would serve.",
 )
 @_node_option
-def list_cmd(root: str, output: str, config: str | None, node_name: str | None) -> None:
+@dra_driver_option
+def list_cmd(
+    root: str, output: str, config: str | None, node_name: str | None, dra_driver: str
+) -> None:
     """Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each
     path would serve: the resource, the path serving it (devicePlugin, or dra through the
     DeviceClass whose extendedResourceName it is) and the DRA device (null: not served)."""
@@ -128,14 +168,21 @@ def list_cmd(root: str, output: str, config: str | None, node_name: str | None) 
         inv = host.scan()
         names = host.names(inv)
         serving = _serving(inv, cfg)
-        rows = [device_json(d, serving[a], names) for a, d in inv.devices.items()]
+        view = _dra_view(host, inv, cfg, dra_driver)
+        rows = [
+            {
+                **device_json(d, serving[a], names),
+                **_view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
+            }
+            for a, d in inv.devices.items()
+        ]
         if output == "json":
             print_json(rows)
             _report_operations(host)
             return 0
         headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
         if config:
-            headers += ["resource", "served by", "dra device", "not served"]
+            headers += ["resource", "served by", "dra device", "dra health", "not served"]
         print_table(
             headers,
             [
@@ -158,6 +205,7 @@ def list_cmd(root: str, output: str, config: str | None, node_name: str | None) 
                             serving[a].resource or serving[a].dra_resource,
                             serving[a].served_by,
                             serving[a].dra_device,
+                            _dra_cell(view, d.iommu_group, serving[a].dra_device),
                             serving[a].not_served,
                         )
                         if config
@@ -171,6 +219,15 @@ def list_cmd(root: str, output: str, config: str | None, node_name: str | None) 
         return 0
 
     run_guarded(body)
+
+
+def _dra_cell(view: dict[int, GroupView], group: int | None, device: str | None) -> str | None:
+    from vfio_dp.dra.health import describe
+
+    v = view.get(group) if group is not None else None
+    if v is None or (device is None and not v.held):
+        return None
+    return describe(v)
 
 
 def _report_operations(host: Host) -> None:
@@ -196,11 +253,18 @@ def _report_operations(host: Host) -> None:
     "--config",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Node config (YAML): say which path serves each group, or why none does.",
+    help="Node config (YAML): say which path serves each group, or why none does, and the "
+    "health and taint the DRA plugin would publish.",
 )
 @_node_option
+@dra_driver_option
 def groups_cmd(
-    root: str, output: str, probe: bool, config: str | None, node_name: str | None
+    root: str,
+    output: str,
+    probe: bool,
+    config: str | None,
+    node_name: str | None,
+    dra_driver: str,
 ) -> None:
     """Every IOMMU group: members, viability with reasons, the kernel's own verdict, and
     which path serves it under which resource name (a group split between paths is served
@@ -211,8 +275,9 @@ def groups_cmd(
         from vfio_dp.model.serving import group_paths, path_splits
 
         cfg = _config(config, node_name)
+        host = _host(root)
         try:
-            inv, status = _host(root).groups(probe=probe)
+            inv, status = host.groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
             click.echo(f"vfioctl: {e}", err=True)
             if output == "json":
@@ -228,6 +293,7 @@ def groups_cmd(
             name = s.resource or s.dra_resource
             if group is not None and name and s.served_by:
                 resources.setdefault(group, {})[name] = s.served_by
+        view = _dra_view(host, inv, cfg, dra_driver)
         if output == "json":
             print_json(
                 [
@@ -247,6 +313,8 @@ def groups_cmd(
                         "paths": {str(a): p for a, p in paths.get(g.number, {}).items()},
                         "not_served": splits.get(g.number),
                         "resources": resources.get(g.number, {}),
+                        "dra_device": view[g.number].device if g.number in view else None,
+                        **_view_json(view.get(g.number)),
                     }
                     for g in groups
                 ]
@@ -254,7 +322,8 @@ def groups_cmd(
             return 0
         kernel = {True: "viable", False: "not viable", None: None}
         print_table(
-            ["group", "viable", "kernel", "path", "resources", "devices", "problems"],
+            ["group", "viable", "kernel", "path", "resources", "devices", "problems"]
+            + (["dra health"] if config else []),
             [
                 (
                     g.number,
@@ -274,6 +343,7 @@ def groups_cmd(
                         + ([splits[g.number]] if g.number in splits else [])
                     )
                     or None,
+                    *((_dra_group_cell(view, g.number),) if config else ()),
                 )
                 for g in groups
             ],
@@ -281,6 +351,13 @@ def groups_cmd(
         return 0
 
     run_guarded(body)
+
+
+def _dra_group_cell(view: dict[int, GroupView], group: int) -> str | None:
+    from vfio_dp.dra.health import describe
+
+    v = view.get(group)
+    return None if v is None else describe(v)
 
 
 def _report(

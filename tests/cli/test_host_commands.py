@@ -86,8 +86,9 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     p = run("list", "--root", str(tree.root), "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     head, *lines = p.stdout.splitlines()
-    assert head.split()[-7:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "NOT", "SERVED"]
+    assert head.split()[-9:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "DRA", "HEALTH", "NOT", "SERVED"]
     line = {ln.split()[0]: ln for ln in lines}
+    assert line["0000:65:00.0"].split()[-3:-1] == ["pci-0000-65-00-0", "HEALTHY"]
     assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
     assert "pci-0000-65-00-0" in line["0000:65:00.0"]
     assert "split between paths" in line["0000:3b:00.1"]
@@ -95,6 +96,10 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     rows = {r["address"]: r for r in json.loads(j.stdout)}
     assert rows["0000:65:00.0"]["path"] == "dra" and rows["0000:65:00.0"]["resource"] is None
     assert rows["0000:3b:00.1"]["dra_device"] is None
+    assert (
+        rows["0000:65:00.0"]["dra_health"] == "HEALTHY"
+        and rows["0000:65:00.0"]["dra_taint"] is None
+    )
     assert rows["0000:3b:00.0"]["path"] == "devicePlugin"
     assert "IOMMU group 45 is split between paths" in rows["0000:3b:00.0"]["not_served"]
     assert rows["0000:af:00.0"]["path"] is None and rows["0000:af:00.0"]["resource"] is None
@@ -345,3 +350,40 @@ def test_list_skips_a_device_with_garbage_and_says_why(tree: SysfsTree) -> None:
     assert "0000:65:00.0" not in rows and "0000:3b:00.0" in rows
     assert not any("\x00" in (r["resource"] or "") for r in rows.values())
     assert "0000:65:00.0/uevent" in p.stderr and "skipped" in p.stderr
+
+
+def test_groups_show_the_taint_of_a_prepared_group_gone_bad(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    """A claim holds the NIC's group (checkpoint); the NIC is off vfio-pci: the DRA plugin
+    keeps it published with a NoSchedule taint, and vfioctl says so."""
+    from vfio_dp.dra.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
+    from vfio_dp.host.root import Root
+
+    driver = "vfio.dra.vfio-dp.io"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('selectors: [{vendor: "8086", device: "10d3", path: dra}]\n')
+    group = json.loads(run("list", "--root", str(tree.root), "-o", "json").stdout)
+    group_of = {r["address"]: r["iommu_group"] for r in group}["0000:65:00.0"]
+    Checkpoint(Root(str(tree.root)), driver).put(
+        ClaimRecord("vms", "vm-nic", "u1", PREPARED, "", None, (
+            DeviceRecord(("nic",), "node-a", "pci-0000-65-00-0", group_of, ("0000:65:00.0",),
+                         ("8086:10d3",)),))
+    )  # fmt: skip
+    healthy = run(
+        "groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe", "-o", "json"
+    )
+    (g,) = [r for r in json.loads(healthy.stdout) if r["group"] == group_of]
+    assert g["dra_health"] == "HEALTHY" and g["dra_taint"] is None
+    tree.set_driver("0000:65:00.0", "e1000e")
+    p = run("groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe")
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stdout.splitlines() if ln.split()[0] == str(group_of)]
+    assert line.endswith("UNHEALTHY, tainted host-driver:NoSchedule")
+    j = run("groups", "--root", str(tree.root), "--config", str(cfg), "--no-probe", "-o", "json")
+    (g,) = [r for r in json.loads(j.stdout) if r["group"] == group_of]
+    assert g["dra_device"] == "pci-0000-65-00-0" and g["dra_health"] == "UNHEALTHY"
+    assert (
+        g["dra_taint"]["key"] == f"{driver}/unhealthy" and g["dra_taint"]["effect"] == "NoSchedule"
+    )
+    assert "left vfio-pci for host driver e1000e" in g["dra_message"]

@@ -55,6 +55,7 @@ BUILTIN_KINDS: dict[tuple[str, str], str] = {
     ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
     ("resource.k8s.io/v1", "ResourceSlice"): "V1ResourceSlice",
+    ("resource.k8s.io/v1", "DeviceTaintRule"): "V1DeviceTaintRule",
 }
 
 _LIST = re.compile(r"^(?:List|list)\[(.+)\]$")

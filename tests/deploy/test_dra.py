@@ -108,6 +108,8 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
         *(("resource.k8s.io", "resourceslices", v) for v in ("list", "create", "update", "delete")),
         ("resource.k8s.io", "resourceclaims", "get"),
         ("resource.k8s.io", "deviceclasses", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
     }
     assert needed == granted, granted ^ needed
     assert not any(r in ("secrets", "pods", "*") or v == "*" for _, r, v in granted)
@@ -161,7 +163,9 @@ def test_device_classes_select_exactly_the_intended_devices(
     assert selected(main) == {d["name"] for d in devices}
     other = {**devices[0], "driver": "gpu.nvidia.com"}  # another driver's device
     assert not _cel(main["spec"]["selectors"][0]["cel"]["expression"])(other)
-    by_class = {dc["metadata"]["name"]: selected(dc) for dc in examples if dc["kind"] == "DeviceClass"}
+    by_class = {
+        dc["metadata"]["name"]: selected(dc) for dc in examples if dc["kind"] == "DeviceClass"
+    }
     assert by_class == {
         "vfio-nvidia-t4.vfio.dra.vfio-dp.io": {"pci-0000-3b-00-0"},
         "vfio-intel-82574l.vfio.dra.vfio-dp.io": set(),  # a device-plugin NIC here
@@ -171,7 +175,9 @@ def test_device_classes_select_exactly_the_intended_devices(
 
 
 def test_examples_are_valid_and_the_template_names_an_example_class(examples: list[Obj]) -> None:
-    problems = [f"{o['kind']}/{o['metadata']['name']}: {p}" for o in examples for p in check_object(o)]
+    problems = [
+        f"{o['kind']}/{o['metadata']['name']}: {p}" for o in examples for p in check_object(o)
+    ]
     problems += [e for o in examples for e in deserialize_errors(o)]
     assert not problems, "\n".join(problems)
     classes = {o["metadata"]["name"] for o in examples if o["kind"] == "DeviceClass"}

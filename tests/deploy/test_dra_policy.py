@@ -27,6 +27,7 @@ from tests.deploy.conftest import DEPLOY, Obj, find, kubectl
 from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.dra.apiserver_standin import CLAIMS, DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
+from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus
 from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
@@ -61,6 +62,8 @@ def _rbac_verb(method: str, path: str, query: dict[str, str]) -> tuple[str, str]
     if rest[0] == "namespaces" and len(rest) > 2:  # .../namespaces/<ns>/<plural>[/<name>]
         rest = rest[2:]
     resource, named = rest[0], len(rest) > 1
+    if len(rest) > 2:  # .../<plural>/<name>/<subresource>
+        resource = f"{resource}/{rest[2]}"
     if method == "GET":
         verb = "get" if named else ("watch" if query.get("watch") in ("1", "true") else "list")
     elif method == "DELETE":
@@ -122,6 +125,11 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         assert asyncio.run(read("vms", "gone")) is None
         ours += api.requests[before:]
         assert {r.code for r in api.requests[before:]} == {200, 404}
+        # the claim's device status: written after Prepare, removed at Unprepare
+        before = len(api.requests)
+        assert _write_status(client, driver, got["metadata"]["uid"], [STATUS])
+        assert _write_status(client, driver, got["metadata"]["uid"], [])
+        ours += api.requests[before:]
         # an extended-resource claim's request → its DeviceClass's resource (KEP-5004)
         api.seed(
             DEVICE_CLASSES,
@@ -145,6 +153,64 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         api.stop()
 
 
+STATUS = DeviceStatus(
+    pool="node-a",
+    device="pci-0000-3b-00-0",
+    health="HEALTHY",
+    message="ready",
+    since="2026-11-24T19:00:00Z",
+    addresses=("0000:3b:00.0",),
+    iommu_group=45,
+    devnodes=("/dev/vfio/vfio", "/dev/vfio/45"),
+    bound_by="claim:x",
+)
+
+
+def _write_status(client: Any, driver: str, uid: str, ours: list[DeviceStatus]) -> bool:
+    return ClaimStatusWriter(client, driver).write("vms", "vm-gpu", uid, ours)
+
+
+def test_the_api_server_enforces_the_plugins_rbac_on_claim_status(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    """With the deploy's ClusterRole loaded into the stand-in, the status write passes; without
+    the synthetic resourceclaims/driver rule (or for another driver name) it is a 403."""
+    objs = rendered[TARGET]
+    _, _, driver = _dra(objs)
+    binding = find(objs, "ClusterRoleBinding", "vfio-dp-dra")
+    rules = find(objs, "ClusterRole", binding["roleRef"]["name"])["rules"]
+    api = ApiServerStandin(str(tmp_path / "api"))
+    api.start()
+    try:
+        claim = api.seed(
+            CLAIMS,
+            {
+                "metadata": {"name": "vm-gpu", "namespace": "vms"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "t4", "exactly": {"deviceClassName": driver}}]
+                    }
+                },
+            },
+        )
+        uid = claim["metadata"]["uid"]
+        client = api.client()
+        api.rules = rules
+        assert _write_status(client, driver, uid, [STATUS])
+        (entry,) = api.objects(CLAIMS, "vms")[0]["status"]["devices"]
+        assert entry["driver"] == driver and entry["conditions"][0]["status"] == "True"
+        api.rules = [r for r in rules if "resourceclaims/driver" not in r["resources"]]
+        with pytest.raises(Exception, match=r"HTTP 403.*associated-node:update"):
+            _write_status(client, driver, uid, [])
+        api.rules = rules
+        with pytest.raises(Exception, match="403"):  # another driver's name is not ours
+            _write_status(client, "gpu.example.com", uid, [STATUS])
+        assert _write_status(client, driver, uid, [])  # removed: only our entry went
+        assert "devices" not in (api.objects(CLAIMS, "vms")[0].get("status") or {})
+    finally:
+        api.stop()
+
+
 def test_rbac_verbs_equal_what_the_publisher_sends(
     rendered: dict[str, list[Obj]], tmp_path: Path
 ) -> None:
@@ -160,6 +226,11 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
     for rule in rules:
         for r in rule["resources"]:
             granted.setdefault(r, set()).update(rule["verbs"])
+    # the synthetic subresource is never requested, only checked: for our driver name only
+    (synthetic,) = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
+    assert synthetic["resourceNames"] == [driver]
+    assert synthetic["verbs"] == ["associated-node:update"]
+    del granted["resourceclaims/driver"]
     sent = plugin_requests(tmp_path, driver)
     used: dict[str, set[str]] = {}
     for resource, verb in sent:
@@ -169,6 +240,7 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
         "resourceslices": {"list", "create", "update", "delete"},
         "resourceclaims": {"get"},  # Prepare reads the one claim kubelet names
         "deviceclasses": {"get"},  # and an extended-resource request's class
+        "resourceclaims/status": {"update"},  # our entries of status.devices
     }
     assert granted == used
     groups = {g for rule in rules for g in rule["apiGroups"]}
@@ -378,6 +450,20 @@ def test_example_vmi_on_dra_is_accepted_and_resolves_to_the_example_template(
     requests = {r["name"]: r for r in tmpl["spec"]["spec"]["devices"]["requests"]}
     assert "t4" in requests
     find(examples, "DeviceClass", requests["t4"]["exactly"]["deviceClassName"])
+
+
+def test_example_maintenance_rule_is_a_valid_device_taint_rule(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """deploy/examples/dra/maintenance.yaml (documented for admins): a valid DeviceTaintRule
+    selecting one device of our driver, NoSchedule (never NoExecute by default)."""
+    _, _, driver = _dra(rendered[TARGET])
+    rule = yaml.safe_load((DEPLOY / "examples/dra/maintenance.yaml").read_text())
+    assert check_object(rule) == [] and deserialize_errors(rule) == []
+    selector = rule["spec"]["deviceSelector"]
+    assert selector["driver"] == driver and selector["device"].startswith("pci-")
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    assert not rule["spec"]["taint"]["key"].startswith(driver)  # the admin's key, not ours
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,7 @@ def test_its_command_on_a_temp_tree(objs: list[Obj], tmp_path: Path) -> None:
                          timeout=60, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("# 0000:65:00.0: back to e1000e")
+    # the scenario: another process holds the lock until killed ("held" says when it has it)
     hold = ("import sys,time; from vfio_dp.host.instance import InstanceLock, lock_name; "
             "from vfio_dp.host.root import Root; "
             "InstanceLock(Root(sys.argv[1]), lock_name('device-plugin')).acquire(0); "

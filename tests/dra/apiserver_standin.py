@@ -44,6 +44,12 @@ Watch streams (``?watch=true``) send ``{"type", "object"}`` lines: with ``resour
 unset or ``"0"`` first an ADDED per existing object, then every change after it; they end at
 ``timeoutSeconds`` or :meth:`ApiServerStandin.stop`. No event history is compacted.
 
+RBAC (when :attr:`ApiServerStandin.rules` is set, e.g. to a deploy ClusterRole's rules):
+every request is authorized as the API server's RBAC authorizer would (403 Forbidden naming
+the user, verb and resource); a write of a ResourceClaim's ``status.devices`` additionally
+needs ``associated-node:update|patch`` on ``resourceclaims/driver`` named after each driver
+whose entries change (Kubernetes >= 1.36, ``../shared/reference/dra.md``).
+
 Tests may reach into :attr:`ApiServerStandin.store` only through :meth:`seed`, :meth:`objects`
 and :attr:`requests` (what was called), never to make a refused object accepted.
 """
@@ -152,7 +158,14 @@ CLAIMS = Kind(
 )
 # What the self-signed overlay's certificate Job touches (vfioctl webhook-certs).
 SECRETS = Kind(
-    "secrets", "Secret", "", "v1", "V1Secret", True, ("metadata.name", "metadata.namespace", "type"), False
+    "secrets",
+    "Secret",
+    "",
+    "v1",
+    "V1Secret",
+    True,
+    ("metadata.name", "metadata.namespace", "type"),
+    False,
 )
 WEBHOOK_CONFIGS = Kind(
     "mutatingwebhookconfigurations",
@@ -602,7 +615,12 @@ def validate_secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tup
     data = obj.get("data") or {}
     for key, value in data.items():
         if not _SECRET_KEY.fullmatch(key) or len(key) > 253:
-            causes.append((f"data[{key[:60]}]", "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"))
+            causes.append(
+                (
+                    f"data[{key[:60]}]",
+                    "Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                )
+            )
         try:
             base64.b64decode(value, validate=True)
         except ValueError:
@@ -630,15 +648,24 @@ def validate_webhook_config(
             causes.append((f"{where}.name", f"Duplicate value: {name[:80]!r}"))
         seen.add(name)
         if name.count(".") < 2 or _dns_subdomain(name):
-            causes.append((f"{where}.name", "Invalid value: should be a domain with at least three segments"))
+            causes.append(
+                (f"{where}.name", "Invalid value: should be a domain with at least three segments")
+            )
         cc = hook.get("clientConfig") or {}
         if bool(cc.get("url")) == bool(cc.get("service")):
-            causes.append((f"{where}.clientConfig", "Required value: exactly one of url or service is required"))
+            causes.append(
+                (
+                    f"{where}.clientConfig",
+                    "Required value: exactly one of url or service is required",
+                )
+            )
         if "caBundle" in cc:
             try:
                 base64.b64decode(cc["caBundle"], validate=True)
             except ValueError:
-                causes.append((f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data"))
+                causes.append(
+                    (f"{where}.clientConfig.caBundle", "Invalid value: illegal base64 data")
+                )
         if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
             causes.append((f"{where}.sideEffects", "Unsupported value"))
         if not hook.get("admissionReviewVersions"):
@@ -707,6 +734,15 @@ def parse_label_selector(text: str) -> list[Callable[[dict[str, str]], bool]]:
         else:
             raise _bad_request(f"unable to parse requirement: {term[:80]!r}")
     return preds
+
+
+def _rbac_verb(method: str, named: bool, query: dict[str, str]) -> str:
+    """The RBAC verb of a request (k8s.io/apiserver's RequestInfoFactory)."""
+    if method == "GET":
+        return "get" if named else ("watch" if query.get("watch") in ("1", "true") else "list")
+    if method == "DELETE":
+        return "delete" if named else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 def _json_merge(target: Any, patch: Any) -> Any:
@@ -828,6 +864,11 @@ class ApiServerStandin:
         self.thread: threading.Thread | None = None
         self.kubeconfig = os.path.join(directory, "kubeconfig")
         self.url = ""
+        #: RBAC: None lets every request of the token through; a list of ClusterRole
+        #: ``rules`` makes the stand-in authorize each request against them (403 otherwise),
+        #: including the granular claim-status check of Kubernetes >= 1.36 (see authorize)
+        self.rules: list[dict[str, Any]] | None = None
+        self.user = "system:serviceaccount:vfio-dp:vfio-dp-dra"
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -995,8 +1036,48 @@ class ApiServerStandin:
             raise _not_found(kind, name)
         return obj
 
+    def authorize(self, group: str, resource: str, verb: str, name: str) -> None:
+        """RBAC as the API server applies ClusterRole rules (group, resource incl.
+        ``/subresource``, verb, optional ``resourceNames``); 403 Forbidden otherwise."""
+        if self.rules is None:
+            return
+        for rule in self.rules:
+            if (
+                group in rule.get("apiGroups", ())
+                and resource in rule.get("resources", ())
+                and (verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ()))
+                and (not rule.get("resourceNames") or name in rule["resourceNames"])
+            ):
+                return
+        where = f' in API group "{group}"' if group else ""
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'User "{self.user}" cannot {verb} resource "{resource}"{where}'
+            + (f' named "{name[:80]}"' if name else ""),
+        )
+
+    def _authorize_claim_status(self, old: dict[str, Any], new: dict[str, Any], verb: str) -> None:
+        """KEP-4817 granular authorization (DRAResourceClaimGranularStatusAuthorization, beta
+        on in 1.36): a write of ``status.devices`` also needs ``associated-node:<verb>`` (a
+        node-bound token, as ours) on ``resourceclaims/driver`` named after EVERY driver
+        whose entries it adds, changes or removes."""
+
+        def entries(obj: dict[str, Any]) -> dict[tuple[str, str, str], Any]:
+            return {
+                (d.get("driver", ""), d.get("pool", ""), d.get("device", "")): d
+                for d in ((obj.get("status") or {}).get("devices") or [])
+            }
+
+        before, after = entries(old), entries(new)
+        drivers = {k[0] for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        for driver in sorted(drivers):
+            self.authorize(
+                RESOURCE_GROUP, "resourceclaims/driver", f"associated-node:{verb}", driver
+            )
+
     def _replace(
-        self, kind: Kind, ns: str, name: str, body: Any, *, status: bool
+        self, kind: Kind, ns: str, name: str, body: Any, *, status: bool, verb: str = "update"
     ) -> dict[str, Any]:
         old = self._get(kind, ns, name)
         new = self._decode(kind, body)
@@ -1012,6 +1093,8 @@ class ApiServerStandin:
             merged = copy.deepcopy(old)
             merged["status"] = new.get("status")
             new = merged
+            if kind is CLAIMS:
+                self._authorize_claim_status(old, new, verb)
         elif kind.has_status:
             new["status"] = copy.deepcopy(old.get("status"))
         for server_owned in (
@@ -1061,7 +1144,7 @@ class ApiServerStandin:
                 f"the API-server stand-in does not support patch content type {content_type[:80]!r} "
                 "(server-side apply is not served)",
             )
-        return self._replace(kind, ns, name, patched, status=status)
+        return self._replace(kind, ns, name, patched, status=status, verb="patch")
 
     def _delete(self, kind: Kind, ns: str, name: str, options: Any) -> dict[str, Any]:
         obj = self._get(kind, ns, name)
@@ -1317,6 +1400,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self.headers.get("Authorization") != f"Bearer {self.api.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             kind, ns, name, sub, query = self._route()
+            self.api.authorize(
+                kind.group,
+                kind.plural + ("/status" if sub else ""),
+                _rbac_verb(method, bool(name), query),
+                name,
+            )
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             if method == "GET" and not name and query.get("watch") in ("true", "1"):
                 self._watch(kind, ns, query)

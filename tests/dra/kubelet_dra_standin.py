@@ -296,8 +296,6 @@ class KubeletDraStandin:
                 view.health_version = next(
                     (v for v in self.health_versions if v in info.supported_versions), ""
                 )
-                if view.health_version:
-                    view.health_task = asyncio.create_task(self._follow_health(view))
                 self.instances.setdefault(info.name, []).append(view)
                 self._sync(info.name)
                 try:
@@ -307,6 +305,8 @@ class KubeletDraStandin:
                 except grpc.aio.AioRpcError as e:
                     attempt.error = f"NotifyRegistrationStatus failed: {e.code().name}"
                 attempt.accepted = True
+                if view.health_version:  # kubelet follows health once the plugin is registered
+                    view.health_task = asyncio.create_task(self._follow_health(view))
         finally:
             async with self.changed:
                 self.changed.notify_all()

@@ -24,6 +24,7 @@ from vfio_dp.host import Host
 
 GPU, AUDIO = "0000:3b:00.0", "0000:3b:00.1"
 GPU_DEVICE = "pci-0000-3b-00-0"
+FOREIGN = {"driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0"}
 VF_DEVICE = "pci-0000-af-00-1"
 
 
@@ -45,11 +46,29 @@ class Rig:
         await self.kubelet.wait_for(what, lambda _k: predicate(), timeout)
 
     async def run_gpu_pod(self) -> None:
-        stored = self.api.seed(CLAIMS, claim("vm-gpu", [gpu_result()]))
+        body = claim("vm-gpu", [gpu_result()])
+        body["status"]["devices"] = [FOREIGN]  # another driver's entry: kept as it is
+        stored = self.api.seed(CLAIMS, body)
         m = stored["metadata"]
+        self.claim_ref = (m["namespace"], m["uid"], m["name"])
         await self.kubelet.run_pod(
             DRIVER, "virt-launcher-vm", m["namespace"], [(m["uid"], m["name"])]
         )
+
+    def ready(self) -> str | None:
+        """Our entry's Ready condition status in the claim (None: no entry of ours)."""
+        (obj,) = self.api.objects(CLAIMS, "vms")
+        devices = (obj.get("status") or {}).get("devices") or []
+        assert FOREIGN in devices
+        ours = [d for d in devices if d["driver"] == DRIVER]
+        if not ours:
+            return None
+        (entry,) = ours
+        (cond,) = entry["conditions"]
+        assert cond["type"] == "Ready" and entry["data"]["iommuGroup"] == 45
+        assert entry["data"]["pciAddresses"] == [GPU, AUDIO]
+        assert entry["data"]["boundBy"] == f"claim:{self.claim_ref[1]}"
+        return str(cond["status"])
 
     def pod_health(self) -> list[dict[str, Any]]:
         pod = self.kubelet.pods["virt-launcher-vm"]
@@ -73,22 +92,24 @@ async def rig(
         registry, NODE, api_client=apiserver.client(), health_versions=(request.param,)
     )
     await kubelet.start()
-    plugin = DraPlugin(
-        DraOptions(
-            node_name=NODE, driver_name=DRIVER, registry_dir=registry, plugins_dir=plugins,
-            cdi_dir=str(tmp_path / "cdi"), config_path=str(config), root=str(tree.root),
-            resync=0.2, metrics_port=0, uevents=False,
-        ),
-        apiserver.client(),
-        host=Host(tree.root, kernel=SimulatedKernel(tree)),
+    options = DraOptions(
+        node_name=NODE, driver_name=DRIVER, registry_dir=registry, plugins_dir=plugins,
+        cdi_dir=str(tmp_path / "cdi"), config_path=str(config), root=str(tree.root),
+        resync=0.2, metrics_port=0, uevents=False,
     )  # fmt: skip
+    kernel = SimulatedKernel(tree)
+    plugin = DraPlugin(options, apiserver.client(), host=Host(tree.root, kernel=kernel))
     await plugin.start()
     await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
     assert kubelet.plugins[DRIVER].health_version == request.param
+    rig = Rig(apiserver, kubelet, plugin, tree)
+    rig.restart_plugin = lambda: DraPlugin(  # type: ignore[attr-defined]
+        options, apiserver.client(), host=Host(tree.root, kernel=kernel)
+    )
     try:
-        yield Rig(apiserver, kubelet, plugin, tree)
+        yield rig
     finally:
-        await plugin.stop()
+        await rig.plugin.stop()
         await kubelet.stop()
 
 
@@ -122,6 +143,7 @@ async def test_prepared_group_unbound_underneath_is_tainted_not_withdrawn(rig: R
         "the pod's device healthy",
         lambda: rig.pod_health()[0]["resources"][0]["health"] == "Healthy",
     )
+    assert rig.ready() == "True"  # written by Prepare, through the status subresource
     start = time.monotonic()
     rig.tree.set_driver(AUDIO, None)  # someone unbinds the audio function under the VM
 
@@ -145,6 +167,7 @@ async def test_prepared_group_unbound_underneath_is_tainted_not_withdrawn(rig: R
     assert taint["key"] == f"{DRIVER}/unhealthy" and taint["value"] == "unbound"
     assert taint["effect"] == "NoSchedule" and taint["timeAdded"].endswith("Z")
     assert rig.plugin.metrics.get("vfio_dp_dra_device_tainted", device=GPU_DEVICE) == 1
+    await rig.wait("the claim's Ready condition False", lambda: rig.ready() == "False")
     # debounced (one confirming scan) yet well within a second of the next scan
     assert took < 10, took
     # rebound: healthy again, the taint goes, the device never left the pool
@@ -187,3 +210,19 @@ async def test_an_unprepared_group_that_goes_bad_is_withdrawn(rig: Rig) -> None:
 def _latest_devices(rig: Rig) -> set[tuple[str, str]]:
     latest = rig.plugin.health_stream.latest or ()
     return {(NODE, r.device) for r in latest}
+
+
+async def test_a_restart_publishes_the_same_taint(rig: Rig) -> None:
+    """Prepared claims come from the checkpoint: a restarted plugin publishes the held, broken
+    group with the same taint (same timeAdded), adopting the slices without a write."""
+    await rig.run_gpu_pod()
+    rig.tree.set_driver(AUDIO, None)
+    await rig.wait("the taint", lambda: rig.devices().get(GPU_DEVICE, {}).get("taints"))
+    before = rig.devices()[GPU_DEVICE]["taints"]
+    await rig.plugin.stop()
+    rig.plugin = rig.restart_plugin()  # type: ignore[attr-defined]
+    await rig.plugin.start()
+    await rig.wait("a reconcile", lambda: rig.plugin.publisher.written_devices is not None)
+    assert rig.plugin.publisher.writes == 0  # adopted: exactly what is on the server
+    assert rig.devices()[GPU_DEVICE]["taints"] == before
+    assert rig.plugin.health.states[GPU_DEVICE].held

@@ -965,7 +965,7 @@ class GuestRig:
                             self._collect(jobs, workdir, _read(console_path), 0.0, 0.0),
                             self._partial(jobs),
                         )
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # the poll period of this watch over QEMU
             finally:
                 if proc.poll() is None:
                     proc.kill()

@@ -27,7 +27,7 @@ from vfio_dp.host.root import Root
 lock = InstanceLock(Root(sys.argv[1]), sys.argv[2])
 lock.acquire(0)
 print("held", flush=True)
-time.sleep(float(sys.argv[3]))
+time.sleep(float(sys.argv[3]))  # the scenario: hold the lock this long (or until killed)
 """
 
 

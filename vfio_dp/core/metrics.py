@@ -68,6 +68,10 @@ class Metrics:
             "Health changes of prepared DRA devices, by the new health.",
         ),
         "vfio_dp_dra_health_streams": ("gauge", "Open DRAResourceHealth streams (kubelet)."),
+        "vfio_dp_dra_claim_status_errors_total": (
+            "counter",
+            "ResourceClaim status.devices writes that failed (RBAC, API server).",
+        ),
         "vfio_dp_dra_held_groups": (
             "gauge",
             "IOMMU groups a released claim bound that stay on vfio-pci: a process holds them open.",

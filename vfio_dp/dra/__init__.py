@@ -11,7 +11,9 @@ over those), ``reconcile`` (Unprepare's release, reconcile, re-verify after a re
 ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 device-metadata files; the format
 is :mod:`vfio_dp.model.dra_metadata`), ``checkpoint`` (prepared claims, with the boot ID);
 for health: ``health`` (pure: the pool by group state, taints, the health list) and
-``health_stream`` (the gRPC shell of ``DRAResourceHealth.NodeWatchResources``). Generated
+``health_stream`` (the gRPC shell of ``DRAResourceHealth.NodeWatchResources``),
+``claim_status`` (our entries of a claim's ``status.devices``: built purely, written through
+the status subresource). Generated
 protobuf code lives in ``_pb`` and is imported only by ``kubelet`` and ``health_stream``.
 Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this ``__init__``
 imports nothing: grpc and the generated code only in ``kubelet`` and ``health_stream``, the
@@ -23,6 +25,7 @@ Kubernetes client only in ``publisher``.
 __all__ = [
     "cdi",
     "checkpoint",
+    "claim_status",
     "claims",
     "deviceclasses",
     "driver",

@@ -278,3 +278,24 @@ class Checkpoint:
         rec = self.get(uid)
         if rec is not None:
             self.put(rec)
+
+
+def peek(host: Host, driver: str) -> tuple[list[ClaimRecord], str | None]:
+    """The checkpointed claims, read-only (``vfioctl``: never moves a bad file aside, never
+    writes): (records, None), or ([], why) when the file cannot be read or parsed."""
+    path = host.state_file(file_name(driver))
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return [], None
+    except OSError as e:
+        return [], f"cannot read the DRA checkpoint {path}: {e.strerror or e}"
+    try:
+        data = json.loads(raw)
+        body = data.get("claims") if isinstance(data, dict) else None
+        if not isinstance(body, dict) or len(raw) > _MAX_BYTES:
+            raise ValueError("not a DRA checkpoint")
+        return [_claim_from_json(c) for c in body.values()], None
+    except (ValueError, TypeError, KeyError, AttributeError, DraError) as e:
+        return [], f"the DRA checkpoint {path} is unreadable ({e})"

@@ -38,15 +38,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vfio_dp.core.health import HealthModel, assess
+from vfio_dp.core.health import HEALTHY, HealthModel, assess
 from vfio_dp.core.node import CoreOptions, NodeCore, Snapshot
 from vfio_dp.dra import health
+from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
+from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
 from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
 from vfio_dp.dra.holds import checkpoint_holds
 from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
+from vfio_dp.dra.publisher import PublishError, SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
@@ -138,6 +140,8 @@ class DraPlugin:
         self._last: dict[str, Device] = {}  # every device as last built (held, gone ones)
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
+        #: this node's device taints on the server at start, by device name
+        self._on_server: dict[str, list[dict[str, str]]] = {}
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
@@ -150,6 +154,8 @@ class DraPlugin:
             published=self._published_devices,
             metrics=self.metrics,
         )
+        self.status_writer = ClaimStatusWriter(client, options.driver_name)
+        self._status_tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
         self._reconcile: asyncio.Task[None] | None = None
@@ -166,7 +172,10 @@ class DraPlugin:
         )
         self.publisher.start()
         # the first scan must know the prepared claims: a held group is never withdrawn
+        # (blocking reads on the core's executor, which core.start makes the default anyway)
+        asyncio.get_running_loop().set_default_executor(self.core.executor)
         await self.claims._ensure_loaded()
+        self._on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
@@ -191,7 +200,10 @@ class DraPlugin:
             self._watch.cancel()
         if self._reconcile is not None:
             self._reconcile.cancel()
+        self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
+        if self._status_tasks:  # status writes under way finish (each has its own timeouts)
+            await asyncio.wait(set(self._status_tasks), timeout=15)
         await self.publisher.stop()
         await self.core.close()
         log.info("stopped")
@@ -251,8 +263,14 @@ class DraPlugin:
             **{u.name: u.taint_effect for u in units},
         }
         devices = health.pool_devices(
-            self.health.states, built, self._last, self._effects, self.options.driver_name
+            self.health.states,
+            built,
+            self._last,
+            self._effects,
+            self.options.driver_name,
+            previous={d.name: d.taints for d in self.devices} or self._on_server,
         )
+        self._on_server = {}
         self._log_changes(snapshot, units, devices, update.changed)
         self.devices = devices
         self.metrics.set("vfio_dp_dra_devices", len(devices))
@@ -265,8 +283,26 @@ class DraPlugin:
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(devices)
         self.health_stream.publish(health.reports(self.health.states, [d.name for d in devices]))
+        for h in update.changed:
+            if h.held:
+                self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
+
+    async def _published_on_server(self) -> dict[str, list[dict[str, str]]]:
+        """The taints of this node's devices on the server now, by name (a restart keeps
+        their ``timeAdded``, so the slices are adopted unchanged); {} when unreadable."""
+        try:
+            current = await asyncio.to_thread(self.publisher.list_current)
+        except PublishError as e:
+            log.info("could not read the published slices at start (%s); publishing anew", e)
+            return {}
+        return {
+            d["name"]: list(d.get("taints") or [])
+            for s in current.values()
+            for d in s.get("spec", {}).get("devices") or []
+            if isinstance(d, dict) and "name" in d
+        }
 
     def _confirm_scan(self) -> None:
         self._confirm = None
@@ -275,11 +311,8 @@ class DraPlugin:
     def _missing_nodes(
         self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
     ) -> set[int]:
-        """Groups that should have ``/dev/vfio/<N>`` (held, or published on vfio-pci) but
-        have none. Blocking (one directory listing)."""
-        wanted = {h.group for h in holds.held.values() if h.group is not None}
-        wanted |= {u.group for u in units if u.published and not u.on_prepare}
-        groups = [inv.groups[g] for g in wanted if g in inv.groups]
+        """Groups that should have ``/dev/vfio/<N>`` but have none. Blocking (one listing)."""
+        groups = health.nodes_to_check(inv, units, holds)
         present = group_nodes_present(self.core.host.fs, groups)
         return {g for g, ok in present.items() if not ok}
 
@@ -333,12 +366,73 @@ class DraPlugin:
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
 
+    # -- the claims' device status (KEP-4817) --------------------------------------------
+    def _statuses(self, rec: ClaimRecord) -> list[DeviceStatus]:
+        """Our entries for one prepared claim, from the health model. Blocking (reads the
+        bind records: who bound the group)."""
+        out: list[DeviceStatus] = []
+        owners = self.core.host.owners()
+        for d in rec.devices:
+            if d.admin_access or d.iommu_group is None or not d.addresses:
+                continue
+            h = self.health.states.get(d.device)
+            bound = owners.get(PciAddress.parse(d.addresses[0]))
+            out.append(
+                DeviceStatus(
+                    pool=d.pool,
+                    device=d.device,
+                    health=h.health if h else HEALTHY,
+                    message=h.message if h else "prepared: viable and on vfio-pci",
+                    since=health.rfc3339(h.since if h else time.time()),
+                    addresses=d.addresses,
+                    iommu_group=d.iommu_group,
+                    devnodes=("/dev/vfio/vfio", f"/dev/vfio/{d.iommu_group}"),
+                    bound_by=bound or "none (it was on vfio-pci already)",
+                )
+            )
+        return out
+
+    async def _write_status(
+        self, namespace: str, name: str, uid: str, rec: ClaimRecord | None
+    ) -> None:
+        """Write (``rec``) or remove (None) our entries of a claim's status; never raises."""
+
+        def job() -> None:
+            ours = self._statuses(rec) if rec is not None else []
+            self.status_writer.write(namespace, name, uid, ours)
+
+        try:
+            await asyncio.to_thread(job)
+        except (StatusError, OSError, ValueError) as e:
+            self.metrics.inc("vfio_dp_dra_claim_status_errors_total")
+            log.error("claim %s/%s: device status not written: %s", namespace, name, e)
+
+    def _status_changed(self, device: str) -> None:
+        """A held device changed health: rewrite the status of every claim holding it."""
+        for rec in self.claims.checkpoint.all().values():
+            if rec.state == PREPARED and any(d.device == device for d in rec.devices):
+                task = asyncio.create_task(
+                    self._write_status(rec.namespace, rec.name, rec.uid, rec)
+                )
+                self._status_tasks.add(task)
+                task.add_done_callback(self._status_tasks.discard)
+
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        return await self.claims.prepare(claims)
+        results = await self.claims.prepare(claims)
+        for c in claims:
+            r = results.get(c.uid)
+            rec = self.claims.checkpoint.get(c.uid)
+            if r is not None and not r.error and rec is not None and rec.state == PREPARED:
+                await self._write_status(c.namespace, c.name, c.uid, rec)
+        return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return await self.claims.unprepare(claims)
+        errors = await self.claims.unprepare(claims)
+        for c in claims:
+            if errors.get(c.uid) == "":
+                await self._write_status(c.namespace, c.name, c.uid, None)
+        return errors
 
 
 async def serve(options: DraOptions, client: Any) -> int:

@@ -24,14 +24,16 @@ group still held open after Unprepare) are *in flight*: their devices keep their
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
-from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, Held
+from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
 from vfio_dp.dra.slices import Device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
+from vfio_dp.model.device import Inventory, IommuGroup
+from vfio_dp.model.serving import DraUnit
 
 TAINT_NAME = "unhealthy"
 MAX_TAINTS = 16  # per device (resource.k8s.io/v1 validation)
@@ -98,10 +100,13 @@ def pool_devices(
     last: Mapping[str, Device],
     effects: Mapping[str, str],
     driver: str,
+    previous: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> list[Device]:
     """The devices of the pool, by name: ``built`` are this scan's devices of every unit
-    whose functions are present; ``last`` what was published before (for held devices the
-    scan cannot describe); ``effects`` each device's taint effect."""
+    whose functions are present; ``last`` what was built before (for held devices the scan
+    cannot describe); ``effects`` each device's taint effect; ``previous`` the taints published
+    by device name (after a restart: what the server holds): the same taint keeps its
+    ``timeAdded``."""
     out: list[Device] = []
     for name in sorted(states):
         h = states[name]
@@ -112,8 +117,14 @@ def pool_devices(
         base = built.get(name) or last.get(name)
         if base is None:
             continue  # never described (cannot happen after a publish); nothing to show
-        tainted = h.health == UNHEALTHY
-        taints = (taint(h, driver, effects.get(name, NO_SCHEDULE)),) if tainted else ()
+        taints: tuple[Mapping[str, str], ...] = ()
+        if h.health == UNHEALTHY:
+            t = taint(h, driver, effects.get(name, NO_SCHEDULE))
+            for old in (previous or {}).get(name) or ():
+                same = all(old.get(k) == t[k] for k in ("key", "value", "effect"))
+                if same and old.get("timeAdded"):
+                    t["timeAdded"] = old["timeAdded"]
+            taints = (t,)
         out.append(replace(base, taints=taints))
     return out
 
@@ -140,3 +151,66 @@ def reports(states: Mapping[str, DeviceHealth], published: Iterable[str]) -> lis
             message = message[: MAX_MESSAGE - 3] + "..."
         out.append(Report(name, h.health, message, int(h.checked)))
     return out
+
+
+def nodes_to_check(
+    inventory: Inventory, units: Sequence[DraUnit], holds: ClaimHolds
+) -> list[IommuGroup]:
+    """Groups that must have ``/dev/vfio/<N>``: held ones, and published ones on vfio-pci
+    (an idle ``bind: onPrepare`` group has none until Prepare binds it)."""
+    wanted = {h.group for h in holds.held.values() if h.group is not None}
+    wanted |= {u.group for u in units if u.published and not u.on_prepare}
+    return [inventory.groups[g] for g in sorted(wanted) if g in inventory.groups]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """What the DRA plugin would publish and report for one IOMMU group, now (``vfioctl``)."""
+
+    device: str
+    group: int
+    health: str
+    message: str
+    held: bool  # a prepared claim holds it
+    published: bool
+    taint: dict[str, str] | None
+
+
+def node_view(
+    units: Sequence[DraUnit],
+    inventory: Inventory,
+    holds: ClaimHolds,
+    missing_nodes: Set[int],
+    driver: str,
+    now: float,
+) -> dict[int, GroupView]:
+    """One scan's answer, without debounce (a fresh model takes every verdict at once): by
+    IOMMU group, every group the DRA path selects or a claim holds."""
+    model = HealthModel()
+    verdicts = assess(units, inventory, holds.held, missing_nodes)
+    model.update(verdicts, held=set(holds.held), in_flight=holds.in_flight, now=now)
+    groups = {u.name: u.group for u in units}
+    groups.update({n: h.group for n, h in holds.held.items() if h.group is not None})
+    effects = {u.name: u.taint_effect for u in units}
+    out: dict[int, GroupView] = {}
+    for name, h in model.states.items():
+        if name not in groups:
+            continue
+        tainted = h.held and h.health == UNHEALTHY
+        out[groups[name]] = GroupView(
+            device=name,
+            group=groups[name],
+            health=h.health,
+            message=h.message,
+            held=h.held,
+            published=h.held or h.health == HEALTHY,
+            taint=taint(h, driver, effects.get(name, NO_SCHEDULE)) if tainted else None,
+        )
+    return out
+
+
+def describe(v: GroupView) -> str:
+    """``HEALTHY``, ``UNHEALTHY, withdrawn``, ``UNHEALTHY, tainted <value>:<effect>``."""
+    if v.taint is not None:
+        return f"{v.health}, tainted {v.taint['value']}:{v.taint['effect']}"
+    return v.health if v.published else f"{v.health}, withdrawn"

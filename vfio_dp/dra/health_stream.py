@@ -49,6 +49,7 @@ class HealthStream:
         self.timeout_seconds = timeout_seconds
         self.latest: tuple[Report, ...] | None = None
         self.sent = 0  # responses sent, all streams (metrics, tests)
+        self.closed = False
         self._subscribers: set[asyncio.Event] = set()
 
     @property
@@ -58,6 +59,12 @@ class HealthStream:
     def publish(self, reports: Sequence[Report]) -> None:
         """The new full list; every stream sends it (the event loop's thread only)."""
         self.latest = tuple(reports)
+        for wake in self._subscribers:
+            wake.set()
+
+    def close(self) -> None:
+        """End every stream cleanly (the plugin stops: the RPCs finish, none is cancelled)."""
+        self.closed = True
         for wake in self._subscribers:
             wake.set()
 
@@ -88,9 +95,11 @@ class HealthStream:
         self._subscribers.add(wake)
         log.info("kubelet opened a %s health stream (%d open)", version, self.streams)
         try:
-            while True:
+            while not self.closed:
                 await wake.wait()
                 wake.clear()
+                if self.closed:
+                    return
                 self.sent += 1
                 yield self.response(pb)
         finally:

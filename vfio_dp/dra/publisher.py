@@ -223,6 +223,10 @@ class SlicePublisher:
         )
         return {s["metadata"]["name"]: s for s in answer.get("items") or []}
 
+    def list_current(self) -> dict[str, Slice]:
+        """This node's slices of our driver on the server, by name (blocking)."""
+        return self._list()
+
     def reconcile(self, devices: list[Device]) -> bool:
         """Make the server hold exactly ``devices`` for this node; True when it wrote.
 

@@ -237,9 +237,7 @@ class Host:
         ``force`` (the unbind would block until the VM lets go). Planned by
         :func:`vfio_dp.model.plan.plan_unbind` from the state read under the devices' locks.
         """
-        return operations.unbind(
-            self, list(addresses), driver=driver, force=force, dry_run=dry_run
-        )
+        return operations.unbind(self, list(addresses), driver=driver, force=force, dry_run=dry_run)
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):

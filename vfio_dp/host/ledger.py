@@ -132,9 +132,7 @@ class Ledger:
             self.state.remove(address)
 
     # -- journals ------------------------------------------------------------------------
-    def begin_bind(
-        self, runner: str, targets: Sequence[PciDevice], owner: str
-    ) -> Operation | None:
+    def begin_bind(self, runner: str, targets: Sequence[PciDevice], owner: str) -> Operation | None:
         """Write the journal (run by ``runner``) and every device's bind record (owned by
         ``owner``), all before the first sysfs write; a failure here undoes what was
         written and refuses the bind (:class:`StateWriteError`), changing nothing."""

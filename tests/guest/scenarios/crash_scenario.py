@@ -159,12 +159,12 @@ def traced(args: list[str], trace: list[str], *, daemon: list[str] | None = None
         if time.monotonic() > deadline:
             p.kill()
             break
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll period
     tracer = subprocess.Popen([*trace, "-p", str(p.pid)])
     while _proc_field(p.pid, "TracerPid") in ("0", "") and p.poll() is None:
         if tracer.poll() is not None or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll period
     t1 = time.monotonic()
     first_err: list[float] = []
     chunks: dict[str, list[str]] = {"out": [], "err": []}
@@ -185,11 +185,11 @@ def traced(args: list[str], trace: list[str], *, daemon: list[str] | None = None
     if daemon:
         while p.poll() is None and time.monotonic() < deadline:
             bound = all(driver(a) == "vfio-pci" for a in daemon)
-            if bound and not glob.glob(f"{STATE}/ops/*.json"):
-                time.sleep(0.5)
+            said = any("bind: true: bound" in line for line in chunks["err"])  # it says so
+            if bound and said and not glob.glob(f"{STATE}/ops/*.json"):
                 p.send_signal(signal.SIGTERM)
                 break
-            time.sleep(0.2)
+            time.sleep(0.2)  # the poll period
     try:
         p.wait(timeout=max(10.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

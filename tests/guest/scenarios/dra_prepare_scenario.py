@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -171,7 +170,7 @@ async def main() -> None:
     results["child"] = {"rc": child.returncode, "stderr": child.stderr[-2000:]}
     results["drivers_after_kill"] = drivers()
     node = f"/dev/vfio/{group_of(LONE2)}"
-    holder = subprocess.Popen(
+    holder = subprocess.Popen(  # the scenario: a process holding the group open until killed
         [sys.executable, "-c",
          f"import os,time; fd=os.open({node!r}, os.O_RDWR); print('open', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True,
@@ -225,4 +224,3 @@ elif __name__ == "__main__":
         results["crash"] = traceback.format_exc()
     with open(os.path.join(OUT, "dra.json"), "w") as f:
         json.dump(results, f, indent=1)
-    time.sleep(0.1)

@@ -109,7 +109,7 @@ while time.monotonic() < deadline and qemu.poll() is None:
         fds = []
     if any(f.startswith("anon_inode:[vfio-device]") for f in fds):
         break
-    time.sleep(0.5)
+    time.sleep(0.5)  # the poll period (QEMU under TCG takes seconds to open the device)
 results["qemu_running"] = qemu.poll() is None
 results["qemu_fds"] = fds
 snapshot("s3_qemu_holds_lone")
