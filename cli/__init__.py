@@ -12,6 +12,7 @@ __all__ = [
     "host_cmds",
     "inventory_cmds",
     "main",
+    "sriov_cmd",
     "vm_cmds",
     "webhook_cmd",
 ]

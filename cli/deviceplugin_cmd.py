@@ -12,9 +12,11 @@ import click
 
 from cli.common import (
     configure_logging,
+    default_of,
     dir_option,
     existing_dir,
     front_end_options,
+    option,
     run_guarded,
     single_instance,
 )
@@ -27,6 +29,14 @@ from vfio_dp.deviceplugin.options import Options
     Options,
     "kubelet_dir",
     "The kubelet's device-plugin dir as this process sees it (never joined with --root).",
+)
+@option(
+    "--pod-resources-socket",
+    default=default_of(Options, "pod_resources_socket"),
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The kubelet's PodResources API socket as this process sees it: which devices "
+    "running pods hold (an SR-IOV VF count change never destroys one).",
 )
 @dir_option(
     "--cdi-dir",
@@ -53,6 +63,7 @@ def plugin(
     config_path: str | None,
     root: str,
     kubelet_dir: str,
+    pod_resources_socket: str,
     cdi_dir: str | None,
     resync: float,
     metrics_port: int,
@@ -83,6 +94,7 @@ def plugin(
                 Options(
                     root=root,
                     kubelet_dir=kubelet_dir,
+                    pod_resources_socket=pod_resources_socket,
                     cdi_dir=cdi_dir,
                     config_path=config_path,
                     resync=resync,

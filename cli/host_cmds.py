@@ -23,7 +23,9 @@ from cli.common import (
 )
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from vfio_dp.errors import RefusedError
     from vfio_dp.host import BindResult, Host
+    from vfio_dp.host.sriov import SriovResult
     from vfio_dp.model.address import PciAddress
 
 
@@ -63,7 +65,9 @@ def report_operations(host: Host) -> None:
         click.echo(f"vfioctl: warning: {p}", err=True)
 
 
-def _report(result: BindResult, output: str, verb: str) -> None:
+def _report(
+    result: BindResult, output: str, verb: str, sriov: list[SriovResult] | None = None
+) -> None:
     if output == "name":
         print_names(
             [str(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]]
@@ -72,17 +76,35 @@ def _report(result: BindResult, output: str, verb: str) -> None:
     if output in MACHINE:
         print_json(
             {
+                **(
+                    {}
+                    if sriov is None
+                    else {
+                        "sriov": [
+                            {"address": str(r.pf), "count": r.target, "steps": r.steps}
+                            for r in sriov
+                        ]
+                    }
+                ),
                 "dry_run": result.dry_run,
                 "bound": [str(a) for a in result.bound],
                 "restored": [{"address": str(a), "driver": d} for a, d in result.restored],
                 "already": [str(a) for a in result.already],
                 "steps": [str(s) for s in result.steps],
                 "warnings": result.warnings,
-            }
+            },
+            output,
         )
         return
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    for r in sriov or ():
+        if result.dry_run:
+            click.echo(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
+            for step in r.steps:
+                click.echo(step)
+        elif not r.already:
+            click.echo(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
     if result.dry_run:  # a script a person can paste: comments say where each device goes
         for a, d in result.restored:
             click.echo(f"# {a}: back to {d or 'no driver'}")
@@ -95,6 +117,27 @@ def _report(result: BindResult, output: str, verb: str) -> None:
         click.echo(f"{a}: restored to {d or 'no driver'}")
     for a in result.already:
         click.echo(f"{a}: already {verb}")
+
+
+def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
+    """Every SR-IOV PF vfio_dp changed back to the VF count it had (before the binds are
+    given back: the VFs' own bind records go with them); a PF with a held VF is refused."""
+    from vfio_dp.deviceplugin.podresources import DEFAULT_SOCKET, holds
+    from vfio_dp.dra.holds import checkpoint_holds
+    from vfio_dp.errors import RefusedError
+    from vfio_dp.host.sriov import Sriov
+
+    held = checkpoint_holds(host.fs)
+    for a, who in holds(DEFAULT_SOCKET).items():  # pods the kubelet gave a VF
+        held.setdefault(a, []).extend(who)
+    sr = Sriov(host)
+    try:
+        results, recovered = sr.restore_all(extra=held, dry_run=dry_run)
+    except RefusedError as e:
+        return [], e
+    for r in recovered:
+        click.echo(f"warning: {r}", err=True)
+    return results, None
 
 
 @click.command("bind")
@@ -161,15 +204,29 @@ def unbind_cmd(
             from vfio_dp.host.root import Root
 
             host = host_for(root)
+            from vfio_dp.errors import VfioError
+
             with none_running(Root(root), "unbind --all refused"):
-                result = host.unbind_all(dry_run=dry_run)
-            if output not in MACHINE and not (result.restored or result.already or result.steps):
+                # VF counts first: destroying made VFs drops their bind records too
+                sriov, refused = _restore_vf_counts(host, dry_run)
+                try:
+                    result = host.unbind_all(dry_run=dry_run)
+                except VfioError as e:
+                    if refused is None:
+                        raise
+                    raise type(refused)([*refused.reasons, str(e)]) from e
+            if refused is not None:  # the rest was restored; say what was not, and fail
+                _report(result, output, "off vfio-pci", sriov)
+                raise refused
+            if output not in MACHINE and not (
+                result.restored or result.already or result.steps or sriov
+            ):
                 click.echo(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
                 )
                 return 0
-            _report(result, output, "off vfio-pci")
+            _report(result, output, "off vfio-pci", sriov)
             return 0
         addrs = _parse(addresses)
         host = host_for(root)

@@ -19,6 +19,7 @@ LAZY_COMMANDS = {
     "bind": "cli.host_cmds:bind_cmd",
     "unbind": "cli.host_cmds:unbind_cmd",
     "check": "cli.host_cmds:check_cmd",
+    "sriov": "cli.sriov_cmd:sriov",
     "plugin": "cli.deviceplugin_cmd:plugin",
     "dra-plugin": "cli.dra_cmd:dra_plugin",
     "deviceclasses": "cli.deviceclass_cmd:deviceclasses",

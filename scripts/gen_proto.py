@@ -22,6 +22,7 @@ PROTO_ROOT = REPO / "proto"
 PROTOS = [
     "vfio_dp/deviceplugin/_pb/deviceplugin/v1beta1/api.proto",
     # vendored verbatim from kubernetes/kubelet pkg/apis/... (see each file's header)
+    "vfio_dp/deviceplugin/_pb/podresources/v1/api.proto",
     "vfio_dp/dra/_pb/pluginregistration/v1/api.proto",
     "vfio_dp/dra/_pb/dra/v1/api.proto",
     "vfio_dp/dra/_pb/dra/v1beta1/api.proto",

@@ -306,7 +306,8 @@ def test_every_vfioctl_command_shown_exists() -> None:
 def test_every_vfioctl_option_shown_exists(page_name: str, command: str, option: str) -> None:
     cmd = _command(command)
     assert cmd is not None, f"{page_name}: no command {command!r}"
-    opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+    cmds = [cmd, *getattr(cmd, "commands", {}).values()]  # a group: its subcommands' too
+    opts = {o for c in cmds for p in c.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
     assert option in opts, (
         f"{page_name}: `vfioctl {command}` has no {option} (it has {sorted(opts)})"
     )

@@ -5,6 +5,7 @@ simulator on a temp tree)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from tests.kernel_sim import SimulatedKernel
@@ -38,7 +39,7 @@ def test_start_reload_and_give_back(tmp_path: Path) -> None:
     cfg.write_text(CONFIG.format(pf=PF, n=2))
     core = NodeCore(
         CoreOptions(root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False),
-        Host(tree.root, kernel=sim, owner="daemon"),
+        Host(tree.root, kernel=sim, owner="device-plugin"),
     )
     autoprobe = tree.dev_dir(PF) / "sriov_drivers_autoprobe"
 
@@ -63,3 +64,79 @@ def test_start_reload_and_give_back(tmp_path: Path) -> None:
             await core.close()
 
     asyncio.run(scenario())
+
+
+class Killed(BaseException):
+    """The process died (SIGKILL): nothing catches this."""
+
+
+def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> None:
+    tree = nvme_tree(tmp_path / "root")
+
+    class KilledAfterCount(SimulatedKernel):
+        def write(self, path: str, data: str) -> None:
+            super().write(path, data)
+            if path.endswith("sriov_numvfs"):
+                raise Killed(path)
+
+    from vfio_dp.host.sriov import Sriov
+
+    # an older version's daemon (owner "daemon"): the device plugin recovers its journal
+    dying = Host(tree.root, kernel=KilledAfterCount(tree), owner="daemon")
+    with contextlib.suppress(Killed):
+        Sriov(dying, by="daemon").set(PciAddress.parse(PF), 2)
+    ops = tree.root / "var/lib/vfio_dp/sriov/ops"
+    assert [p.name for p in ops.glob("*.json")] == [f"{PF}.json"] and VF1 in tree.devs
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG.format(pf=PF, n=2))
+    sim = SimulatedKernel(tree)
+    core = NodeCore(
+        CoreOptions(root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False),
+        Host(tree.root, kernel=sim, owner="device-plugin"),
+    )
+
+    async def scenario() -> None:
+        await core.start()
+        await core.close()
+
+    asyncio.run(scenario())
+    numvfs = [d.strip() for p, d in sim.writes if p.endswith("sriov_numvfs")]
+    assert numvfs == ["0", "2"]  # put back first, then made again by the config
+    assert list(ops.glob("*.json")) == []
+    assert tree.driver_of(VF1) == tree.driver_of(VF2) == "vfio-pci"
+    assert any("undid the interrupted" in m for m in core._sriov_said)
+
+
+def test_each_path_reconciles_only_its_own_selectors(tmp_path: Path) -> None:
+    """The DRA plugin's core neither makes the device plugin's VFs nor gives them back."""
+    from vfio_dp.model.config import DRA
+
+    tree = nvme_tree(tmp_path / "root")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG.format(pf=PF, n=2))  # path: devicePlugin (the default)
+
+    def core(path: str, sim: SimulatedKernel) -> NodeCore:
+        owner = "dra-plugin" if path == DRA else "device-plugin"
+        opts = CoreOptions(
+            root=str(tree.root),
+            config_path=str(cfg),
+            metrics_port=0,
+            uevents=False,
+            path=path,
+            owner=owner,
+        )
+        return NodeCore(opts, Host(tree.root, kernel=sim, owner=owner))
+
+    async def start_stop(c: NodeCore) -> None:
+        await c.start()
+        await c.close()
+
+    dra_sim = SimulatedKernel(tree)
+    asyncio.run(start_stop(core(DRA, dra_sim)))
+    assert dra_sim.writes == [] and VF1 not in tree.devs
+    asyncio.run(start_stop(core("devicePlugin", SimulatedKernel(tree))))
+    assert VF2 in tree.devs
+    cfg.write_text('selectors:\n- {vendor: "8086", path: dra}\n')  # the DRA config has none
+    dra_sim = SimulatedKernel(tree)
+    asyncio.run(start_stop(core(DRA, dra_sim)))
+    assert not any("sriov" in p for p, _ in dra_sim.writes) and VF2 in tree.devs

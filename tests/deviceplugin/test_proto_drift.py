@@ -9,6 +9,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = "vfio_dp/deviceplugin/_pb/deviceplugin/v1beta1"
+# the kubelet's PodResources API, vendored verbatim from kubernetes/kubelet pkg/apis/...
+GENERATED_PODRESOURCES = "vfio_dp/deviceplugin/_pb/podresources/v1"
 # kubelet plugin registration and DRA, vendored verbatim from kubernetes/kubelet pkg/apis/...
 GENERATED_DRA = [
     "vfio_dp/dra/_pb/pluginregistration/v1",
@@ -30,7 +32,7 @@ def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
     names = ["api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi"]
     drifted = [
         f"{d}/{n}"
-        for d in [GENERATED, *GENERATED_DRA]
+        for d in [GENERATED, GENERATED_PODRESOURCES, *GENERATED_DRA]
         for n in names
         if (tmp_path / d / n).read_bytes() != (REPO / d / n).read_bytes()
     ]
@@ -56,6 +58,23 @@ def test_wire_names_and_fields_match_the_kubelet() -> None:
     assert numbers[("ContainerPreferredAllocationRequest", "allocation_size")] == 3
     assert numbers[("ContainerAllocateResponse", "cdi_devices")] == 5
     assert api_pb2.Device(ID="0000:65:00.0").ID == "0000:65:00.0"
+
+
+def test_podresources_wire_names_match_the_kubelet() -> None:
+    from vfio_dp.deviceplugin._pb.podresources.v1 import api_pb2
+
+    fd = api_pb2.DESCRIPTOR
+    assert fd.package == "v1"
+    methods = fd.services_by_name["PodResourcesLister"].methods_by_name
+    assert methods["List"].input_type.name == "ListPodResourcesRequest"
+    numbers = {
+        (m.name, f.name): f.number for m in fd.message_types_by_name.values() for f in m.fields
+    }
+    assert numbers[("ListPodResourcesResponse", "pod_resources")] == 1
+    assert numbers[("PodResources", "containers")] == 3
+    assert numbers[("ContainerResources", "devices")] == 2
+    assert numbers[("ContainerDevices", "resource_name")] == 1
+    assert numbers[("ContainerDevices", "device_ids")] == 2
 
 
 def _numbers(fd: Any) -> dict[tuple[str, str], int]:

@@ -60,6 +60,8 @@ def test_exactly_the_right_devices_with_exactly_the_attributes(tmp_path: Path) -
     assert "resource.kubernetes.io/numaNode" not in nvme  # the kernel does not know it
     assert devices["pci-0000-af-00-1"]["resourceName"] == {"string": "devices.kubevirt.io/mlx-vf"}
     assert "groupFunctions" not in devices["pci-0000-af-00-1"]
+    assert devices["pci-0000-af-00-1"]["pfPciBusID"] == {"string": "0000:af:00.0"}
+    assert "pfPciBusID" not in gpu  # only VFs have a PF
 
 
 def test_why_the_others_are_not_published(tmp_path: Path) -> None:

@@ -65,13 +65,16 @@ class Guest:
         *,
         topology: Topology | None = None,
         modules: Sequence[str] | None = None,
+        extra_qemu_args: Sequence[str] = (),
     ) -> Guest:
-        """A guest with another PCI topology or another set of preloaded modules."""
+        """A guest with another PCI topology, another set of preloaded modules, or extra
+        QEMU devices (e.g. the SR-IOV NVMe controller of test_sriov_real_kernel.py)."""
         return Guest(
             GuestRig(
                 topology=topology or self.rig.topology,
                 modules=tuple(modules) if modules is not None else self.rig.modules,
                 kernel_version=self.kernel.version,
+                extra_qemu_args=tuple(extra_qemu_args),
             )
         )
 

@@ -151,3 +151,17 @@ def test_unbind_all_under_the_shared_locks_takes_its_own_device_locks(tmp_path: 
     # before the instance locks had their own directory, this waited 10 s on our own shared
     # lock of the device's bind lock and failed with LockTimeoutError
     assert [str(a) for a, _ in result.restored] == ["0000:65:00.0"]
+
+
+def test_none_running_leaves_the_device_locks_alone(root: Path) -> None:
+    """``<bdf>.lock`` (a device's bind lock, same directory) is not a process lock: holding
+    it shared would make ``unbind --all``'s own bind steps wait on themselves."""
+    from vfio_dp.host.state import StateStore
+    from vfio_dp.model.address import PciAddress
+
+    r = Root(str(root))
+    store = StateStore(r)
+    with store.locked([PciAddress.parse("0000:01:00.0")]):
+        pass  # the device's lock file now exists, as after any bind
+    with none_running(r, "x"), store.locked([PciAddress.parse("0000:01:00.0")], timeout=0.5):
+        pass

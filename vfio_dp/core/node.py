@@ -58,7 +58,6 @@ from vfio_dp.host import Host
 from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.sriov import Sriov
-from vfio_dp.host.state import BOUND_BY_DAEMON
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config, load_config_bytes
 from vfio_dp.model.device import Inventory
@@ -108,10 +107,10 @@ class NodeCore:
         #: extra health checks of the front-ends: each returns None or why it is unhealthy
         self.health_checks: list[Callable[[], str | None]] = []
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
-        self.vf_holds: list[Callable[[], Mapping[PciAddress, Sequence[str]]]] = []
-        # SR-IOV count records keep the node core's shared name (either front-end gives back
-        # what a node core changed); bind records and journals name the front-end
-        self.sriov = Sriov(self.host, by=BOUND_BY_DAEMON)
+        self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
+        #: SR-IOV count records name the front-end (``device-plugin``, ``dra-plugin``): each
+        #: node process gives back only the PFs it changed (its own path's numVfs selectors)
+        self.sriov = Sriov(self.host, by=options.owner)
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -291,17 +290,14 @@ class NodeCore:
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""
-        holds: dict[PciAddress, list[str]] = {}
-        for hold in self.vf_holds:
-            try:
-                for a, who in hold().items():
-                    holds.setdefault(a, []).extend(who)
-            except Exception:
-                log.exception("a front-end could not say which VFs it holds")
-        wanted = {pf: n for pf, (n, _) in self.config.wanted_vfs().items()}
+        wanted = {  # only the numVfs selectors of this process's path
+            pf: n
+            for pf, (n, sel) in self.config.wanted_vfs().items()
+            if self.config.selector_serves(sel, self.options.path)
+        }
         made: list[PciAddress] = []
         try:
-            said, made = await self.run(self.sriov.reconcile, wanted, holds)
+            said, made = await self.run(self._reconcile_sriov_sync, wanted)
         except HostError as e:
             said = [f"SR-IOV: {e}"]
         for msg in said:
@@ -309,6 +305,21 @@ class NodeCore:
                 (log.warning if "not set" in msg else log.info)("%s", msg)
         self._sriov_said = set(said)
         return made
+
+    def _reconcile_sriov_sync(
+        self, wanted: dict[PciAddress, int]
+    ) -> tuple[list[str], list[PciAddress]]:
+        """On the host-I/O executor: ask the front-ends who holds which VF (a gRPC call to
+        the kubelet, a checkpoint read), then :meth:`Sriov.reconcile`."""
+        holds: dict[PciAddress | str, list[str]] = {}
+        for hold in self.vf_holds:
+            try:
+                for a, who in hold().items():
+                    holds.setdefault(a, []).extend(who)
+            except Exception as e:  # unknown holds: hold everything (refuse, retry later)
+                log.exception("a front-end could not say which VFs it holds")
+                holds.setdefault("*", []).append(f"a front-end could not say ({e})")
+        return self.sriov.reconcile(wanted, holds)
 
     async def _rescan_after_bind(self, inv: Inventory) -> Inventory:
         if self.options.usage:

@@ -6,7 +6,8 @@ PreStartContainer against the record); ``allocation_store`` keeps that record on
 (``var/lib/vfio_dp/allocations.json``, written atomically through the root).
 Modules: ``app`` (lifecycle: sockets per resource, registration, kubelet-restart detection,
 the core's observer), ``options`` (``vfioctl plugin``'s options), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
-(protobuf ↔ typed values, nothing else). Scanning, config
+(protobuf ↔ typed values, nothing else), ``podresources`` (a client of the kubelet's
+PodResources API: which devices running pods hold). Scanning, config
 reload, uevents, ``bind: true`` and metrics live in :mod:`vfio_dp.core`. Generated protobuf code lives in ``_pb`` and is imported only here
 (import-linter contract); never imports :mod:`vfio_dp.dra`.
 Import-light: nothing heavy is imported by this ``__init__``.
@@ -21,5 +22,6 @@ __all__ = [
     "cdi",
     "listing",
     "options",
+    "podresources",
     "servicer",
 ]

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import make_socket_dir
-from vfio_dp.deviceplugin import servicer
+from vfio_dp.deviceplugin import podresources, servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
     allocate,
@@ -62,6 +62,7 @@ from vfio_dp.errors import PluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
+from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
@@ -97,6 +98,7 @@ class Daemon(FrontEnd):
         super().__init__(core or NodeCore(options.core(), host), log)
         self.options = options
         self.core.subscribe(self)
+        self.core.vf_holds.append(self._pod_holds)  # SR-IOV: never destroy a pod's VF
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
@@ -109,6 +111,18 @@ class Daemon(FrontEnd):
         return self.core.config
 
     # -- lifecycle ---------------------------------------------------------------------
+    def _pod_holds(self) -> dict[PciAddress | str, list[str]]:
+        """Which PCI functions running pods were allocated (any plugin naming devices by
+        PCI address), from the kubelet's PodResources API; a device held stands for its
+        whole IOMMU group."""
+        inv = self.core.inventory
+        out: dict[PciAddress | str, list[str]] = {}
+        for key, who in podresources.holds(self.options.pod_resources_socket).items():
+            group = inv.group_of(key) if inv is not None and isinstance(key, PciAddress) else None
+            for a in group.devices if group is not None else (key,):
+                out.setdefault(a, []).extend(who)
+        return out
+
     async def start(self) -> None:
         """Load the config (raises :class:`ConfigError`), scan, serve and start registering.
 

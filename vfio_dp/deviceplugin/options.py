@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from vfio_dp.core.options import FrontEndOptions
+from vfio_dp.deviceplugin.podresources import DEFAULT_SOCKET
 from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.config import DEVICE_PLUGIN
 
@@ -23,3 +24,5 @@ class Options(FrontEndOptions):
 
     kubelet_dir: str = "/var/lib/kubelet/device-plugins"
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off
+    #: the kubelet's PodResources API: which VFs running pods hold (SR-IOV count changes)
+    pod_resources_socket: str = DEFAULT_SOCKET

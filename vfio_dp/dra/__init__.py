@@ -33,6 +33,7 @@ __all__ = [
     "extended",
     "health",
     "health_stream",
+    "holds",
     "kubelet",
     "metadata",
     "options",

@@ -44,6 +44,7 @@ from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
 from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
 from vfio_dp.dra.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.health_stream import HealthStream
+from vfio_dp.dra.holds import checkpoint_holds
 from vfio_dp.dra.kubelet import KubeletFrontEnd
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.prepare import ClaimPreparer
@@ -98,6 +99,8 @@ class DraPlugin(FrontEnd):
         )
         super().__init__(NodeCore(options.core(), host), log)
         self.core.subscribe(self)
+        # a VF a prepared claim holds is never destroyed by an SR-IOV count change
+        self.core.vf_holds.append(lambda: checkpoint_holds(self.core.host.fs, options.driver_name))
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
         self.devices: list[Device] = []

@@ -23,6 +23,9 @@ slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``
                   "numaNode": {"int": 0}, "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
                   "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"}}}]}}
 
+An SR-IOV VF also carries its PF's address, ``"pfPciBusID": {"string": "0000:af:00.0"}``
+(with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs).
+
 Driver attributes are bare identifiers, i.e. in the driver's own domain (CEL:
 ``device.attributes["<driver>"].vendorID``), as upstream's example driver publishes them. Invariants (tested against the API-server
 stand-in's copy of upstream validation): names are DNS labels/subdomains, at most 32
@@ -122,6 +125,8 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
         # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
         attrs[f"{STANDARD}/numaNode"] = Attribute("int", dev.numa_node)
+    if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
+        attrs["pfPciBusID"] = Attribute("string", str(dev.physfn))
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)

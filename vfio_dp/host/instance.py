@@ -125,13 +125,19 @@ class InstanceLock:
 
 
 def lock_files(root: Root) -> list[str]:
-    """Names of the lock files present (a process of ours ran here since boot)."""
+    """Names of the process lock files present (a process of ours ran here since boot); the
+    per-device ``<bdf>.lock`` files of :mod:`.state` share the directory and are not ours to
+    hold here (a shared lock on one would block this very process's own bind steps)."""
     try:
         d = root.open_dir(*RUN_DIR)
     except FileNotFoundError:
         return []
     try:
-        return sorted(n for n in os.listdir(d) if n.endswith(SUFFIX))
+        return sorted(
+            n
+            for n in os.listdir(d)
+            if n == DEVICE_PLUGIN + SUFFIX or (n.startswith("dra-plugin.") and n.endswith(SUFFIX))
+        )
     finally:
         os.close(d)
 

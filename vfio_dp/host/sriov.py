@@ -41,8 +41,9 @@ from vfio_dp.model.sriov import (
     record_after,
 )
 
-#: who holds a VF, from outside the host layer (a prepared claim, a pod's allocation)
-Held = Mapping[PciAddress, Sequence[str]]
+#: who holds a VF, from outside the host layer (a prepared claim, a pod's allocation); the
+#: key ``"*"`` holds every VF (a record that cannot be read: refuse rather than guess)
+Held = Mapping[PciAddress | str, Sequence[str]]
 
 
 @dataclass(slots=True)
@@ -68,6 +69,14 @@ class PfView:
     record: SriovRecord | None
     held: dict[PciAddress, list[str]]
     interrupted: SriovOp | None = None
+
+    def why_not(self, wanted: int | None) -> list[str]:
+        """Why the PF does not have ``wanted`` VFs: what a change to it would be refused for
+        now (empty when it has them, or nothing is wanted)."""
+        if wanted is None or wanted == self.pf.numvfs:
+            return []
+        plan = plan_count(self.pf, wanted, record=self.record, held=self.held)
+        return list(plan.refusals)
 
 
 def read_pf(host: Host, address: PciAddress) -> PfState | None:
@@ -140,7 +149,7 @@ class Sriov:
             dev = sysfs.read_device(self.host.fs, vf)
             if dev is not None and dev.iommu_group is not None:
                 nodes.setdefault(f"/dev/vfio/{dev.iommu_group}", []).append(vf)
-            for who in (extra or {}).get(vf, ()):
+            for who in [*(extra or {}).get(vf, ()), *(extra or {}).get("*", ())]:
                 out.setdefault(vf, []).append(who)
         if nodes:
             scan = scan_holders(self.host.fs, nodes)
@@ -331,8 +340,9 @@ class Sriov:
     def reconcile(
         self, wanted: Mapping[PciAddress, int], extra: Held | None = None
     ) -> tuple[list[str], list[PciAddress]]:
-        """The daemon's pass (``by`` ``daemon``): undo its interrupted changes, give each PF
-        ``wanted`` names its count, and give back every PF it changed that is no longer
+        """A node process's pass (``by`` its front-end, ``device-plugin`` / ``dra-plugin``):
+        undo its interrupted changes, give each PF ``wanted`` names its count, and give back
+        every PF it changed (or an older version recorded as ``daemon``) that is no longer
         wanted. Never raises for one PF: returns a message per change made or refused (the
         refused are retried on the next pass), and the VFs made. Made VFs are NOT bound
         here: the core's ``bind: true`` pass binds them like any new device."""
@@ -345,7 +355,7 @@ class Sriov:
         todo = dict(wanted)
         for pf in self.store.recorded():
             rec = self.store.get(pf)
-            if rec is not None and rec.by == self.by and pf not in todo:
+            if rec is not None and recovers(self.by, rec.by) and pf not in todo:
                 todo[pf] = rec.before
         for pf, count in sorted(todo.items()):
             try:

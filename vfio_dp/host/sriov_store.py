@@ -6,7 +6,7 @@ count change while it runs. Both under the root, both written whole or not at al
   count it had before we first changed it::
 
       {"address": "0000:01:00.0", "before": 0, "autoprobe_before": 1, "count": 2,
-       "by": "daemon"}
+       "by": "daemon:devicePlugin"}
 
   ``vfioctl unbind --all``, uninstall and the daemon (for a PF the config no longer asks VFs
   of) put the PF back to ``before`` and its ``sriov_drivers_autoprobe`` to

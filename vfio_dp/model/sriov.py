@@ -55,14 +55,14 @@ class SriovRecord:
     """What we did to a PF, durable until the PF is back at ``before``::
 
     {"address": "0000:01:00.0", "before": 0, "autoprobe_before": 1, "count": 2,
-     "by": "daemon"}
+     "by": "daemon:devicePlugin"}
     """
 
     address: str
     before: int  # the count it had before we first changed it
     autoprobe_before: int | None
     count: int  # the count we set last
-    by: str  # "operator" (vfioctl sriov set) | "daemon"
+    by: str  # "operator" (vfioctl sriov set) | "daemon:<path>" (the node process of that path)
 
 
 @dataclass(frozen=True, slots=True)

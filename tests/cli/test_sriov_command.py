@@ -1,0 +1,127 @@
+"""``vfioctl sriov``, ``vfioctl sriov set`` and ``unbind --all``'s SR-IOV part as a user runs
+them: real processes on temp trees, dry runs and refusals only (the writes themselves are
+tested with the kernel simulator in tests/host/test_sriov.py and on the real kernel in the
+guest)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.cli.test_host_commands import run
+from tests.sysfs_tree import Dev, SysfsTree
+
+PF = "0000:01:00.0"
+MLX = "0000:af:00.0"  # gpu_host: 2 VFs made by someone else, VF groups 61 and 62
+
+
+def nvme(tree: SysfsTree) -> SysfsTree:
+    tree.add(Dev("0000:00:1b.0", "8086", "a113", "060400", driver="pcieport", group=8))
+    tree.add(Dev(PF, "1b36", "0010", "010802", driver="nvme", group=9, parent="0000:00:1b.0",
+                 sriov_totalvfs=2, sriov_numvfs=0))  # fmt: skip
+    return tree
+
+
+def test_list_json(tree: SysfsTree, tmp_path: Path) -> None:
+    nvme(tree)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f'selectors:\n- {{addresses: ["{MLX}"], numVfs: 4}}\n')
+    # a VM holds the first VF's group
+    (tree.root / "proc/812/fd").mkdir(parents=True)
+    (tree.root / "proc/812/fd/31").symlink_to("/dev/vfio/61")
+    (tree.root / "proc/812/comm").write_text("qemu-kvm\n")
+    p = run("sriov", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert set(rows) == {PF, MLX}
+    assert rows[PF] | {"held": None} == {
+        "address": PF, "ids": "1b36:0010", "driver": "nvme", "totalvfs": 2, "numvfs": 0,
+        "wanted": None, "autoprobe": 1, "vfs": [], "made_by": None, "before": None,
+        "held": None, "why_not": [], "interrupted": None,
+    }  # fmt: skip
+    mlx = rows[MLX]
+    assert (mlx["numvfs"], mlx["wanted"], mlx["vfs"]) == (2, 4, ["0000:af:00.1", "0000:af:00.2"])
+    assert mlx["held"] == {
+        "0000:af:00.1": ["/dev/vfio/61 is held open by pid 812 (qemu-kvm) fd 31"]
+    }
+    assert any("is held" in w for w in mlx["why_not"])
+    assert any("did not make" in w for w in mlx["why_not"])
+    table = run("sriov", "--root", str(tree.root), "--config", str(cfg))
+    assert table.returncode == 0 and "WANTED" in table.stdout and "pid 812" in table.stdout
+
+
+def test_set_dry_run_prints_pasteable_writes(tree: SysfsTree) -> None:
+    nvme(tree)
+    p = run("sriov", "set", "--root", str(tree.root), "--dry-run", PF, "2")
+    assert p.returncode == 0, p.stderr
+    base = f"{tree.root}/sys/bus/pci/devices/{PF}"
+    assert p.stdout.splitlines() == [
+        f"echo 0 > {base}/sriov_drivers_autoprobe",
+        f"echo 2 > {base}/sriov_numvfs",
+    ]
+    assert (tree.dev_dir(PF) / "sriov_numvfs").read_text().strip() == "0"
+
+
+def test_set_refusals(tree: SysfsTree) -> None:
+    nvme(tree)
+    p = run("sriov", "set", "--root", str(tree.root), PF, "3")
+    assert p.returncode == 1 and "at most 2 VFs (sriov_totalvfs), not 3" in p.stderr
+    p = run("sriov", "set", "--root", str(tree.root), "--dry-run", MLX, "4")
+    assert p.returncode == 1 and "add --force" in p.stderr
+    p = run("sriov", "set", "--root", str(tree.root), "--dry-run", "--force", MLX, "4")
+    assert p.returncode == 0 and "forced:" in p.stderr
+    assert p.stdout.splitlines()[0].startswith(f"echo 0 > {tree.root}/sys/bus/pci/devices/{MLX}")
+    p = run("sriov", "set", "--root", str(tree.root), PF, "-1")
+    assert p.returncode == 2
+    p = run("sriov", "set", "--root", str(tree.root), "0000:03:01.0", "1")
+    assert p.returncode == 1 and "not an SR-IOV PF" in p.stderr
+    # a prepared DRA claim holds a VF: refused even with --force
+    ck = tree.root / "var/lib/vfio_dp/dra-vfio.example.com.checkpoint.json"
+    ck.parent.mkdir(parents=True, exist_ok=True)
+    ck.write_text(json.dumps({"version": 1, "claims": {"u1": {
+        "namespace": "default", "name": "vm", "uid": "u1", "state": "prepared",
+        "devices": [{"addresses": ["0000:af:00.2"]}]}}}))  # fmt: skip
+    p = run("sriov", "set", "--root", str(tree.root), "--dry-run", "--force", MLX, "0")
+    assert p.returncode == 1 and "claim default/vm (prepared, vfio.example.com)" in p.stderr
+
+
+def test_unbind_all_gives_vf_counts_back(tree: SysfsTree) -> None:
+    """A record says vfio_dp took the mlx PF from 0 to its 2 VFs: unbind --all gives it back."""
+    d = tree.root / "var/lib/vfio_dp/sriov"
+    d.mkdir(parents=True)
+    (d / f"{MLX}.json").write_text(json.dumps(
+        {"address": MLX, "before": 0, "autoprobe_before": 1, "count": 2, "by": "daemon"}))  # fmt: skip
+    (tree.dev_dir(MLX) / "sriov_drivers_autoprobe").write_text("0\n")
+    p = run("unbind", "--all", "--dry-run", "--root", str(tree.root))
+    assert p.returncode == 0, p.stderr
+    base = f"{tree.root}/sys/bus/pci/devices/{MLX}"
+    assert p.stdout.splitlines()[:3] == [
+        f"# {MLX}: SR-IOV PF back to 0 VFs",
+        f"echo 0 > {base}/sriov_numvfs",
+        f"echo 1 > {base}/sriov_drivers_autoprobe",
+    ]
+    assert os.path.exists(d / f"{MLX}.json")
+
+
+async def test_a_pods_vf_is_held(tree: SysfsTree, tmp_path: Path) -> None:
+    """The kubelet's PodResources API (stand-in, real gRPC) says a pod has a VF: refused."""
+    import asyncio
+
+    from tests.cli.test_host_commands import VFIOCTL
+    from tests.deviceplugin.podresources_standin import Pod, PodResourcesStandin
+
+    pr = PodResourcesStandin(str(tmp_path / "pr.sock"))
+    await pr.start()
+    pr.pods = [Pod("default", "vm-b", "compute", "example.com/mlx-vf", ["0000:af:00.2"])]
+    try:
+        args = ["sriov", "set", "--root", str(tree.root), "--dry-run", "--force"]
+        proc = await asyncio.create_subprocess_exec(
+            *VFIOCTL, *args, "--pod-resources-socket", pr.socket, MLX, "0",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+    finally:
+        await pr.stop()
+    assert proc.returncode == 1 and pr.calls == 1, err
+    assert b"pod default/vm-b container compute (resource example.com/mlx-vf)" in err
