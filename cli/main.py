@@ -47,6 +47,7 @@ SUMMARIES = {
     "webhook-certs": "Create (or keep, while good) the webhook's TLS Secret and set the caBundle.",
     "translate": "Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - for stdin).",
     "hostdev": "Allocated PCI_RESOURCE_* addresses and DRA claims → libvirt <hostdev> XML (printed, merged or defined).",
+    "sriov": "SR-IOV PFs: VF counts (total, now, wanted by the config), who made them, which VFs are held and by whom, and why a count is not what the config wants.",
     "completion": "Print the completion script for SHELL (source it, or save it where SHELL loads it).",
 }
 
