@@ -9,6 +9,8 @@ client are imported only inside the command body: no other vfioctl command pays 
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from cli.common import (
@@ -133,8 +135,18 @@ def dra_plugin(
         )  # fmt: skip
         lock = single_instance(root, "dra-plugin", driver_name, wait_for_other)
         try:
-            return run(options, client)
+            code = run(options, client)
         finally:
             lock.release()
+        # Stopped: sockets removed, calls in flight answered or timed out. A thread still
+        # blocked in a call to a hung API server is not waited for (its socket timeout is
+        # 10 s): SIGTERM ends the process now, as the kubelet and the DaemonSet expect.
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
 
     run_guarded(body)
