@@ -16,6 +16,30 @@ from tests.dra.topologies import dra_host
 from vfio_dp.dra.publisher import client_config_source
 
 
+def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
+    """`vfioctl dra-plugin` as a process, its client pointed at 127.0.0.1:<port> (plain HTTP)."""
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    tree = dra_host(tmp_path / "root")
+    kdir = Path(tempfile.mkdtemp(prefix="kdra", dir="/tmp"))  # short: unix socket paths
+    for d in ("plugins_registry", "plugins"):
+        (kdir / d).mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
+         "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
+         "--kubelet-registry-dir", str(kdir / "plugins_registry"),
+         "--kubelet-plugins-dir", str(kdir / "plugins"), "--metrics-port", "0",
+         "--cdi-dir", str(tmp_path / "cdi")],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
 def test_kubectls_order(tmp_path: Path) -> None:
     home = tmp_path / "home"
     assert client_config_source("/x/kc", {"KUBECONFIG": "/y"}, str(home)) == ("flag", "/x/kc")
@@ -32,26 +56,7 @@ def test_an_unreachable_api_server_is_one_line_per_attempt(tmp_path: Path) -> No
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
-    tree = dra_host(tmp_path / "root")
-    kdir = tmp_path / "k"
-    for d in ("plugins_registry", "plugins"):
-        (kdir / d).mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
-         "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
-         "--kubelet-registry-dir", str(kdir / "plugins_registry"),
-         "--kubelet-plugins-dir", str(kdir / "plugins"), "--metrics-port", "0",
-         "--cdi-dir", str(tmp_path / "cdi")],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    proc = _spawn_plugin(tmp_path, port)
     time.sleep(6)  # the scenario: the API server stays down for a while
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -80,26 +85,7 @@ def test_sigterm_ends_the_plugin_while_the_api_server_hangs(tmp_path: Path) -> N
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{srv.getsockname()[1]}'}}}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
-    tree = dra_host(tmp_path / "root")
-    kdir = Path(tempfile.mkdtemp(prefix="kdra", dir="/tmp"))  # short: unix socket paths
-    for d in ("plugins_registry", "plugins"):
-        (kdir / d).mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
-         "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
-         "--kubelet-registry-dir", str(kdir / "plugins_registry"),
-         "--kubelet-plugins-dir", str(kdir / "plugins"), "--metrics-port", "0",
-         "--cdi-dir", str(tmp_path / "cdi")],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    proc = _spawn_plugin(tmp_path, srv.getsockname()[1])
     try:
         time.sleep(12)  # the scenario: up, with its API calls hanging (10 s client timeout)
         proc.send_signal(signal.SIGTERM)
