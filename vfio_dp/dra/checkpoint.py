@@ -1,7 +1,8 @@
 """The DRA plugin's checkpoint: which claims it prepared, with what, in which boot.
 
 ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``, rewritten whole and atomically
-(:func:`vfio_dp.host.atomic.write_atomic`) on every change::
+(:func:`vfio_dp.host.atomic.replace_at`, fsynced) before any change is reported done --
+one claim record per line::
 
     {"version": 1, "driver": "vfio.example.com", "claims": {
       "<uid>": {"namespace": "default", "name": "vm-nic", "uid": "<uid>", "state": "prepared",
@@ -28,6 +29,13 @@ moved aside like a checkpoint that cannot be parsed (``.corrupt-<time>``), repor
 plugin starts empty: the bind records and the files on disk still let reconcile undo what
 claims bound. One record that does not parse (an address from another boot that is not an
 address) is skipped, reported, and kept in the file as it was (:attr:`Checkpoint.bad`).
+
+Changes made at the same time are written together (group commit): a :meth:`Checkpoint.put`
+or :meth:`Checkpoint.remove` returns once a write that holds its change is on disk, and the
+changes that arrived while one write ran go out in the next. A NodePrepareResources of 1,000
+claims is then tens of writes, not 1,000 (each of the whole file); each record's JSON is
+encoded once and kept while the record does not change. A write that fails undoes every
+change it carried, and each of their callers gets the error.
 """
 
 from __future__ import annotations
@@ -162,6 +170,9 @@ def _claim_from_json(c: object) -> ClaimRecord:
 STATE_DIR = ("var", "lib", "vfio_dp")
 
 
+_Undo = tuple[str, "ClaimRecord | None", "tuple[str, object] | None"]  # uid, was, was bad
+
+
 def file_name(driver: str) -> str:
     """``dra-<driver>.checkpoint.json``."""
     return f"dra-{cdi.check_driver(driver)}.checkpoint.json"
@@ -189,6 +200,13 @@ class Checkpoint:
         self._lock = threading.Lock()
         self._claims: dict[str, ClaimRecord] = {}
         self._bad: dict[str, tuple[str, object]] = {}  # key → (why, the record as read)
+        self._encoded: dict[str, str] = {}  # uid → its record's JSON, while unchanged
+        # group commit: changes numbered, written by whoever holds _write_lock
+        self._write_lock = threading.Lock()
+        self._gen = 0  # the last change made in memory
+        self._durable = 0  # the last change on disk
+        self._pending: list[tuple[int, _Undo]] = []
+        self._failed: dict[int, BaseException] = {}  # changes a failed write carried
         self.problems: list[str] = []  # what load() had to set aside, for the log
 
     def load(self) -> dict[str, ClaimRecord]:
@@ -230,6 +248,7 @@ class Checkpoint:
         with self._lock:
             self._claims = claims
             self._bad = bad
+            self._encoded.clear()
             return dict(claims)
 
     def _aside(self, dfd: int, why: str) -> None:
@@ -254,11 +273,71 @@ class Checkpoint:
         with self._lock:
             return {k: why for k, (why, _) in self._bad.items()}
 
-    def _save(self) -> None:
-        claims: dict[str, object] = {k: raw for k, (_, raw) in self._bad.items()}
-        claims.update({u: _claim_to_json(c) for u, c in self._claims.items()})
-        body = {"version": VERSION, "driver": self.driver, "claims": dict(sorted(claims.items()))}
-        data = (json.dumps(body, indent=1, sort_keys=True) + "\n").encode()
+    def _body(self) -> bytes:
+        """The file's bytes from memory (under ``_lock``): one claim per line, sorted."""
+        lines = []
+        for key in sorted(self._claims.keys() | self._bad.keys()):
+            enc = self._encoded.get(key)
+            if enc is None:
+                rec = self._claims.get(key)
+                raw = _claim_to_json(rec) if rec is not None else self._bad[key][1]
+                enc = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+                if rec is not None:
+                    self._encoded[key] = enc
+            lines.append(f"  {json.dumps(key)}: {enc}")
+        claims = "{\n" + ",\n".join(lines) + "\n }" if lines else "{}"
+        head = json.dumps(self.driver)
+        return f'{{"claims": {claims},\n "driver": {head},\n "version": {VERSION}}}\n'.encode()
+
+    def _change(self, uid: str, record: ClaimRecord | None) -> int:
+        """Set (``record``) or drop (None) ``uid`` in memory (under ``_lock``), remembering
+        how to undo it; returns the change's number for :meth:`_commit`."""
+        undo = (uid, self._claims.get(uid), self._bad.get(uid))
+        if record is None:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = record
+        self._bad.pop(uid, None)  # prepared or unprepared again: a bad record is replaced
+        self._encoded.pop(uid, None)
+        self._gen += 1
+        self._pending.append((self._gen, undo))
+        return self._gen
+
+    def _commit(self, gen: int) -> None:
+        """Return once change ``gen`` is on disk, writing it (and every change made since the
+        last write) when no earlier write holds it; raise the write's error if it failed."""
+        with self._write_lock:
+            failed = self._failed.pop(gen, None)
+            if failed is not None:
+                raise failed
+            if self._durable >= gen:
+                return
+            with self._lock:
+                data = self._body()
+                batch, self._pending = self._pending, []
+                upto = self._gen
+            try:
+                self._write(data)
+            except BaseException as e:
+                with self._lock:  # undo the batch, newest first, where nothing newer replaced it
+                    newer = {undo[0] for _g, undo in self._pending}
+                    for _g, (uid, claim, bad) in reversed(batch):
+                        if uid in newer:
+                            continue
+                        self._claims.pop(uid, None)
+                        if claim is not None:
+                            self._claims[uid] = claim
+                        self._bad.pop(uid, None)
+                        if bad is not None:
+                            self._bad[uid] = bad
+                        self._encoded.pop(uid, None)
+                for g, _undo in batch:
+                    if g != gen:
+                        self._failed[g] = e
+                raise
+            self._durable = upto
+
+    def _write(self, data: bytes) -> None:
         dfd = _state_dir(self.root, create=True)
         assert dfd is not None
         try:
@@ -281,37 +360,19 @@ class Checkpoint:
         returning; returns what was stored."""
         stamped = replace(record, boot_id=self.boot_id)
         with self._lock:
-            previous = self._claims.get(record.uid)
-            bad = self._bad.pop(record.uid, None)  # prepared again: the bad record is replaced
-            self._claims[record.uid] = stamped
-            try:
-                self._save()
-            except BaseException:
-                if previous is None:
-                    del self._claims[record.uid]
-                else:
-                    self._claims[record.uid] = previous
-                if bad is not None:
-                    self._bad[record.uid] = bad
-                raise
+            gen = self._change(record.uid, stamped)
+        self._commit(gen)
         return stamped
 
     def remove(self, uid: str) -> bool:
         """Forget a claim durably; False when it was not there."""
         with self._lock:
-            previous = self._claims.pop(uid, None)
-            bad = self._bad.pop(uid, None)  # kubelet unprepared it: the bad record goes too
-            if previous is None and bad is None:
+            present = uid in self._claims
+            if not present and uid not in self._bad:
                 return False
-            try:
-                self._save()
-            except BaseException:
-                if previous is not None:
-                    self._claims[uid] = previous
-                if bad is not None:
-                    self._bad[uid] = bad
-                raise
-        return previous is not None
+            gen = self._change(uid, None)
+        self._commit(gen)
+        return present
 
     def trusted(self, record: ClaimRecord) -> bool:
         """Prepared or verified in this boot (and the kernel told us which boot this is)."""

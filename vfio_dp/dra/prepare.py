@@ -71,7 +71,7 @@ from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
-from vfio_dp.model.serving import dra_units
+from vfio_dp.model.serving import DraUnit, dra_units
 
 __all__ = ["ClaimPreparer", "ClaimReader", "ReconcileReport"]
 
@@ -143,6 +143,8 @@ class ClaimPreparer:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._loaded = False
+        # the DRA units of the last (scan, config) pair: the claims of one call share a scan
+        self._units: tuple[Inventory, Config, dict[str, DraUnit]] | None = None
 
     # -- plumbing ------------------------------------------------------------------------
     def _lock(self, uid: str) -> asyncio.Lock:
@@ -272,13 +274,23 @@ class ClaimPreparer:
     def _resolve(
         self, who: str, uid: str, wanted: Sequence[AllocationResult], inv: Inventory
     ) -> tuple[Chosen, ...]:
-        units = {u.name: u for u in dra_units(inv, self.config())}
+        units = self._units_of(inv, self.config())
         mine: set[PciAddress] = set()
         if any(not u.published for u in units.values()):
             mine = set(self.host.holdings(bound_by_claim(uid)))
         return resolve.resolve(
             who, wanted, units, inv, lambda unit: any(a in mine for a in unit.endpoints)
         )
+
+    def _units_of(self, inv: Inventory, config: Config) -> dict[str, DraUnit]:
+        """:func:`dra_units` by name, computed once per scan and config (the claims of one
+        NodePrepareResources share its scan: per claim it made a batch quadratic)."""
+        cached = self._units
+        if cached is not None and cached[0] is inv and cached[1] is config:
+            return cached[2]
+        units = {u.name: u for u in dra_units(inv, config)}
+        self._units = (inv, config, units)
+        return units
 
     async def _take(
         self, who: str, uid: str, chosen: Sequence[Chosen], inv: Inventory
