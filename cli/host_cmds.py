@@ -119,6 +119,40 @@ def _report(
         click.echo(f"{a}: already {verb}")
 
 
+def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str) -> None:
+    """``bind --persist``: record ``addresses`` (as they are now on vfio-pci) and rewrite the
+    udev rule that re-applies them at boot (:mod:`vfio_dp.host.persist`)."""
+    from vfio_dp.host.persist import Persistence
+    from vfio_dp.model.persist import PersistedBind
+
+    inv = host.scan(usage=False)
+    devices = [inv.devices[a] for a in sorted(set(addresses)) if a in inv.devices]
+    store = Persistence(host.fs)
+    if dry_run:
+        for d in devices if output not in MACHINE else ():
+            rec = PersistedBind(
+                d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device
+            )
+            click.echo(f"# {store.rules_path}: {rec.udev_rule()}")
+        return
+    added = store.add(devices)
+    if output not in MACHINE:
+        for a in sorted(set(addresses)):
+            state = "persists" if a in added else "already persists"
+            click.echo(f"{a}: {state} across reboots ({store.rules_path})")
+
+
+def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> None:
+    """Forget persistent binds of ``addresses`` (None: all) after they were given back."""
+    from vfio_dp.host.persist import Persistence
+
+    store = Persistence(host.fs)
+    gone = store.drop(addresses)
+    if output not in MACHINE:
+        for a in gone:
+            click.echo(f"{a}: no longer bound at boot (removed from {store.record_path})")
+
+
 def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
     """Every SR-IOV PF vfio_dp changed back to the VF count it had (before the binds are
     given back: the VFs' own bind records go with them); a PF with a held VF is refused."""
@@ -147,18 +181,29 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
 @option("--group", is_flag=True, help="Also bind the other endpoints of the devices' IOMMU groups.")
 @option("--force", is_flag=True, help="Take devices the host is using (dangerous).")
 @option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
+@option(
+    "--persist",
+    is_flag=True,
+    help="Also put them back on vfio-pci at every boot, before host drivers probe (a udev rule).",
+)
 def bind_cmd(
-    addresses: tuple[str, ...], root: str, output: str, group: bool, force: bool, dry_run: bool
+    addresses: tuple[str, ...],
+    root: str,
+    output: str,
+    group: bool,
+    force: bool,
+    dry_run: bool,
+    persist: bool,
 ) -> None:
     """Move devices to vfio-pci (recording their drivers for unbind)."""
 
     def body() -> int:
         addrs = _parse(addresses)
-        _report(
-            host_for(root).bind(addrs, group=group, force=force, dry_run=dry_run),
-            output,
-            "on vfio-pci",
-        )
+        host = host_for(root)
+        result = host.bind(addrs, group=group, force=force, dry_run=dry_run)
+        _report(result, output, "on vfio-pci")
+        if persist:
+            _persist(host, [*result.bound, *result.already], dry_run, output)
         return 0
 
     run_guarded(body)
@@ -215,6 +260,8 @@ def unbind_cmd(
                     if refused is None:
                         raise
                     raise type(refused)([*refused.reasons, str(e)]) from e
+            if not dry_run:
+                _unpersist(host, None, output)
             if refused is not None:  # the rest was restored; say what was not, and fail
                 _report(result, output, "off vfio-pci", sriov)
                 raise refused
@@ -232,11 +279,10 @@ def unbind_cmd(
         host = host_for(root)
         if driver is not None and not host.valid_driver_name(driver):
             fail(f"--driver {driver!r} is not a kernel driver name", 2)
-        _report(
-            host.unbind(addrs, driver=driver, force=force, dry_run=dry_run),
-            output,
-            "off vfio-pci",
-        )
+        result = host.unbind(addrs, driver=driver, force=force, dry_run=dry_run)
+        _report(result, output, "off vfio-pci")
+        if not dry_run:
+            _unpersist(host, [*addrs, *(a for a, _ in result.restored)], output)
         return 0
 
     run_guarded(body)

@@ -1,0 +1,119 @@
+"""Binds that survive a reboot, on disk: the record and the udev rule (format:
+:mod:`vfio_dp.model.persist`).
+
+- ``<root>/var/lib/vfio_dp/persist.json`` -- the devices ``vfioctl bind --persist`` bound;
+- ``<root>/etc/udev/rules.d/05-vfio-dp-persist.rules`` -- rewritten from the record on every
+  change, removed with its last device.
+
+Both are written atomically through the root (a ``var/lib/vfio_dp`` or ``etc/udev/rules.d``
+that links out of it is refused). A record that does not parse is never applied nor
+rewritten: :class:`~vfio_dp.errors.CorruptRecordError` names it and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from vfio_dp.errors import CorruptRecordError, StateWriteError
+from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.host.files import NotRegularFileError, read_regular
+from vfio_dp.host.root import Root
+from vfio_dp.host.state import write_failure
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import PciDevice
+from vfio_dp.model.persist import RULES_NAME, PersistedBind, from_json, to_json, udev_rules
+
+STATE_DIR = ("var", "lib", "vfio_dp")
+RECORD_NAME = "persist.json"
+RULES_DIR = ("etc", "udev", "rules.d")
+_MAX_BYTES = 4 << 20
+
+
+class Persistence:
+    """The persistent binds under one root."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self.record_path = root.path(*STATE_DIR, RECORD_NAME)
+        self.rules_path = root.path(*RULES_DIR, RULES_NAME)
+
+    def load(self) -> dict[PciAddress, PersistedBind]:
+        """The recorded devices (none when there is no record)."""
+        try:
+            dfd = self.root.open_dir(*STATE_DIR)
+        except FileNotFoundError:
+            return {}
+        try:
+            raw = read_regular(RECORD_NAME, _MAX_BYTES, dir_fd=dfd, nofollow=True)
+        except FileNotFoundError:
+            return {}
+        except (NotRegularFileError, OSError) as e:
+            raise CorruptRecordError(
+                self.record_path, str(e), "remove it and bind again with --persist"
+            ) from e
+        finally:
+            os.close(dfd)
+        try:
+            return from_json(raw)
+        except (ValueError, TypeError, UnicodeDecodeError) as e:
+            raise CorruptRecordError(
+                self.record_path,
+                f"not valid persistent binds ({e}); nothing was applied",
+                "remove it and bind again with --persist",
+            ) from e
+
+    def add(self, devices: Iterable[PciDevice]) -> list[PciAddress]:
+        """Record ``devices`` (with their IDs as they are now); returns the addresses added."""
+        records = self.load()
+        added = []
+        for d in devices:
+            rec = PersistedBind(
+                d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device
+            )
+            if records.get(d.address) != rec:
+                records[d.address] = rec
+                added.append(d.address)
+        if added:
+            self._save(records)
+        return added
+
+    def drop(self, addresses: Iterable[PciAddress] | None) -> list[PciAddress]:
+        """Forget ``addresses`` (None: all); returns those that were recorded."""
+        records = self.load()
+        gone = sorted(records if addresses is None else set(addresses) & set(records))
+        if gone:
+            self._save({a: r for a, r in records.items() if a not in gone})
+        return gone
+
+    def _save(self, records: Mapping[PciAddress, PersistedBind]) -> None:
+        if records:  # the rule only ever names devices the record holds
+            self._replace(STATE_DIR, RECORD_NAME, to_json(records.values()))
+            self._replace(RULES_DIR, RULES_NAME, udev_rules(records.values()).encode())
+        else:  # the rule goes first: never a rule without its record
+            self._remove(RULES_DIR, RULES_NAME)
+            self._remove(STATE_DIR, RECORD_NAME)
+
+    def _replace(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
+        shown = self.root.path(*parts, name)
+        dfd = -1
+        try:
+            dfd = self.root.open_dir(*parts, create=True)
+            replace_at(dfd, name, data)
+        except OSError as e:
+            raise StateWriteError(write_failure(shown, e)) from e
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+
+    def _remove(self, parts: tuple[str, ...], name: str) -> None:
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return
+        try:
+            remove_at(dfd, (name,))
+        except OSError as e:
+            raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
+        finally:
+            os.close(dfd)
