@@ -44,8 +44,9 @@ def test_daemon_on_real_sysfs(demo: tuple[int, str, dict[str, Any]]) -> None:
     assert facts["half_bound_unhealthy_after_s"] < 1.0, transcript[-6000:]
     envs = facts["allocate"]["envs"]
     assert envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"] in ("0000:01:00.0", "0000:02:00.0")
-    assert envs["PCIDEVICE_DEVICES_KUBEVIRT_IO_8086_10D3"] == (
-        envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"]
+    assert (
+        envs["PCIDEVICE_DEVICES_KUBEVIRT_IO_8086_10D3"]
+        == (envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3"])
     )
 
 

@@ -32,7 +32,8 @@ def test_persisted_bind_comes_back_before_the_host_driver(run: dict[str, Any]) -
     assert run["gone"] == {LONE: False, LONE2: False}
     assert run["modules_before"]["stdout"].strip() == ""
     assert run["udevd"]["rc"] == 0, run["udevd"]["stderr"]
-    assert run["settle"]["rc"] == 0, run["settle"]["stderr"]
+    assert run["listening"] is not None, "udevd never opened /run/udev/control"
+    assert run["settled"] is not None, run
     # udev loaded e1000e (Debian's rules) AND our rule kept 01:00.0 from it
     assert run["after_boot"] == {LONE: "vfio-pci", LONE2: "e1000e"}, run
     assert run["override_after_boot"][LONE] == "vfio-pci"

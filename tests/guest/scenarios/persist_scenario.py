@@ -9,7 +9,8 @@ machine, with every rule Debian ships, ``80-drivers.rules`` loading modules incl
    can take a device before udev has seen it -- as at boot;
 3. udevd starts and the bus is rescanned: the kernel announces both NICs, udev runs the
    rules (ours sets ``driver_override``; Debian's load e1000e by modalias; ours loads
-   vfio-pci), ``udevadm settle``;
+   vfio-pci); the scenario waits until both NICs have a driver (``udevadm settle`` refuses
+   to run in the rig's chroot);
 4. ``vfioctl unbind`` gives 01:00.0 back and removes the rule.
 
 Results go to $GUEST_RIG_OUT/persist.json for tests/guest/test_persist_real_kernel.py.
@@ -21,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.getcwd())
@@ -47,6 +49,16 @@ def vfioctl(*args: str) -> dict[str, Any]:
 def driver(addr: str) -> str | None:
     p = f"/sys/bus/pci/devices/{addr}/driver"
     return os.path.basename(os.readlink(p)) if os.path.lexists(p) else None
+
+
+def until(cond: Any, seconds: float) -> float | None:
+    """Seconds until ``cond()`` held, polling; None when it did not within ``seconds``."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if cond():
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.05)
+    return None
 
 
 def read(path: str) -> str:
@@ -82,8 +94,12 @@ try:
 
     # "boot": udevd with Debian's rules and ours, then the kernel announces the devices
     results["udevd"] = sh("/lib/systemd/systemd-udevd", "--daemon")
+    # --daemon returns before udevd listens, and `udevadm settle`/`control --ping` refuse to
+    # run in the rig's chroot ("Running in chroot, ignoring request"): wait for udevd's
+    # control socket, then for udev to have handled both NICs (each has a driver), instead
+    results["listening"] = until(lambda: os.path.exists("/run/udev/control"), 30)
     write("/sys/bus/pci/rescan", "1")
-    results["settle"] = sh("udevadm", "settle", "--timeout=60")
+    results["settled"] = until(lambda: bool(driver(LONE) and driver(LONE2)), 60)
     results["after_boot"] = {LONE: driver(LONE), LONE2: driver(LONE2)}
     results["override_after_boot"] = {
         a: read(f"/sys/bus/pci/devices/{a}/driver_override").strip() for a in (LONE, LONE2)
