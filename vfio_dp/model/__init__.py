@@ -12,6 +12,7 @@ __all__ = [
     "dra_metadata",
     "json_depth",
     "naming",
+    "persist",
     "plan",
     "routes",
     "serving",
