@@ -27,7 +27,13 @@ Then the same guest, the DRA path (``path: dra, bind: onPrepare`` for one lone e
     ``/dev/vfio/<N>`` and reads the metadata file, mounted read-only.
 11. ``vfioctl hostdev --dra-metadata-dir`` resolves a VMI's claim-based ``hostDevices`` entry
     from that file into ``<hostdev managed='no'>`` and libvirt starts a VM with the device.
-12. NodeUnprepareResources gives the NIC back to e1000e; the plugin stops cleanly.
+12. NodeUnprepareResources gives the NIC back to e1000e.
+13. A VM that keeps ``deviceName``: a launcher-shaped pod asking ``devices.kubevirt.io/8086_10d3:
+    1`` gets the NIC through DRA (an extended resource backed by a DeviceClass, KEP-5004): the
+    scheduler stand-in makes and allocates the pod's claim, NodePrepareResources binds the NIC,
+    podman sees ``/dev/vfio/<N>`` and ``PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3``,
+    ``vfioctl hostdev`` turns that variable into ``<hostdev>`` and libvirt starts a VM with it;
+    NodeUnprepareResources gives the NIC back; the plugin stops cleanly.
 
 Writes ``$GUEST_RIG_OUT/demo.json`` (every step's facts) and ends with a one-line verdict;
 exit status 1 if any step failed.
@@ -816,7 +822,7 @@ async def steps_8_to_12() -> None:
         if callable(stop):
             stop()
 
-        header("12", "NodeUnprepareResources gives the NIC back to e1000e; the plugin stops")
+        header("12", "NodeUnprepareResources gives the NIC back to e1000e")
         un = await kubelet.unprepare(DRA_DRIVER, [ref])
         say(f"  NodeUnprepareResources({DRA_NS}/{DRA_CLAIM}) → {un}")
         check(
@@ -828,17 +834,129 @@ async def steps_8_to_12() -> None:
             and not any(os.path.exists(m["hostPath"]) for m in mounts),
             f"{un} driver={driver(LONE)}",
         )
+        # the pod is gone: its claim goes too, and with it the allocation of the NIC
+        await asyncio.to_thread(
+            k8s.ResourceV1Api(client).delete_namespaced_resource_claim, DRA_CLAIM, DRA_NS
+        )
+        say(f"  deleted ResourceClaim {DRA_NS}/{DRA_CLAIM} (its pod is gone)")
+        await step13(api, client, kubelet, cfg)
+
         say("$ kill -TERM <vfioctl dra-plugin>")
         plugin.send_signal(signal.SIGTERM)
         rc = await asyncio.to_thread(plugin.wait, 60)
         check(
-            "12",
+            "13",
             "the DRA plugin exits 0 after SIGTERM and removes both of its sockets",
             rc == 0
             and not os.path.exists(f"{DRA_REGISTRY}/{DRA_DRIVER}-reg.sock")
             and not os.path.exists(f"{DRA_PLUGINS}/{DRA_DRIVER}/dra.sock"),
             f"exit {rc}",
         )
+
+
+async def step13(api: Any, client: Any, kubelet: Any, cfg: str) -> None:
+    """KEP-5004 on the real kernel: the launcher pod names a resource, never a claim."""
+    from kubernetes import client as k8s
+
+    from tests.dra.apiserver_standin import PODS, schedule_extended_resources
+    from tests.guest.cdi_consumer import podman
+    from vfio_dp.dra.deviceclasses import device_classes
+    from vfio_dp.model.config import load_config_text
+    from vfio_dp.model.naming import kubevirt_env_var
+
+    header(
+        "13",
+        f"deviceName kept: a launcher pod asking {NIC_RESOURCE}: 1 is served through DRA "
+        "(extended resource, KEP-5004); then the plugin stops",
+    )
+    with open(cfg) as f:
+        conf = load_config_text(f.read(), cfg)
+    rapi = k8s.ResourceV1Api(client)
+    for c in device_classes(conf, DRA_DRIVER, [("8086", "10d3")]):
+        await asyncio.to_thread(rapi.create_device_class, c)
+        say(f"  DeviceClass {c['metadata']['name']} (extendedResourceName "
+            f"{c['spec'].get('extendedResourceName')}), as `vfioctl deviceclasses` makes it")  # fmt: skip
+    pod_name = "virt-launcher-vm-ext"
+    res = {NIC_RESOURCE: "1"}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": DRA_NS},
+        "spec": {"containers": [{"name": "compute", "image": "x",
+                                 "resources": {"limits": res, "requests": dict(res)}}]},
+    }  # fmt: skip
+    await asyncio.to_thread(k8s.CoreV1Api(client).create_namespaced_pod, DRA_NS, pod)
+    claim = await asyncio.to_thread(schedule_extended_resources, api, DRA_NS, pod_name, DRA_NODE)
+    stored = [p for p in api.objects(PODS, DRA_NS) if p["metadata"]["name"] == pod_name]
+    if claim is None or not stored:
+        check("13", "the scheduler (stand-in) made the pod's extended-resource claim", False)
+        return
+    say(f"  the scheduler made ResourceClaim {claim['metadata']['name']} for the pod's "
+        f"{NIC_RESOURCE}: 1 and allocated it")  # fmt: skip
+    ids = (await kubelet.prepare_pod(stored[0], [claim]))["compute"]
+    node = f"/dev/vfio/{group(LONE)}"
+    check(
+        "13",
+        f"NodePrepareResources of the pod's claim: {LONE} on vfio-pci, CDI devices for it",
+        driver(LONE) == "vfio-pci" and bool(ids) and os.path.exists(node),
+        f"ids={ids} driver={driver(LONE)}",
+    )
+    var = kubevirt_env_var(NIC_RESOURCE)
+    say(f"$ podman run --rm --network none {' '.join('--device ' + i for i in ids)} bb "
+        "sh -c 'ls /dev/vfio; echo ---; env'")  # fmt: skip
+    args = ["run", "--rm", "--network", "none"]
+    for i in ids:
+        args += ["--device", i]
+    r = podman(*args, "bb", "sh", "-c", "ls /dev/vfio; echo ---; env")
+    ls, _, env_out = r["stdout"].partition("---\n")
+    env = dict(line.split("=", 1) for line in env_out.splitlines() if "=" in line)
+    facts["ext_podman"] = r
+    say(f"  ls /dev/vfio: {' '.join(ls.split())}; {var}={env.get(var)}")
+    check(
+        "13",
+        f"the container sees {node} and {var}={LONE} (what virt-launcher reads)",
+        r["rc"] == 0 and str(group(LONE)) in ls.split() and env.get(var) == LONE,
+        r["stderr"][-300:],
+    )
+    vmi = os.path.join(WORK, "vmi-ext.yaml")
+    write(
+        vmi,
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\n"
+        "metadata: {name: demo-ext, namespace: default}\nspec:\n  domain:\n"
+        "    devices:\n      hostDevices:\n"
+        f"      - {{name: nic1, deviceName: {NIC_RESOURCE}}}\n",
+    )
+    base = os.path.join(WORK, "domain-ext.xml")
+    write(
+        base,
+        "<domain type='qemu'>\n  <name>demo-ext</name>\n  <memory unit='MiB'>128</memory>\n"
+        "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
+        "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
+        "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
+        "  </devices>\n</domain>\n",
+    )
+    say(f"$ {var}={env.get(var)} vfioctl hostdev {vmi}")
+    consumer = start_with_libvirt(
+        vmi, base, {var: env.get(var, "")}, name="demo-ext"
+    ) or start_with_qemu(LONE)
+    facts["ext_consumer"] = {k: v for k, v in consumer.items() if k != "stop"}
+    check(
+        "13",
+        f"{consumer['how']} holds {node} and a vfio-device fd open -- the VM has the device",
+        node in consumer["fds"] and "anon_inode:[vfio-device]" in consumer["fds"],
+        consumer.get("error", ""),
+    )
+    stop = consumer.pop("stop", None)
+    if callable(stop):
+        stop()
+    ref = (DRA_NS, claim["metadata"]["uid"], claim["metadata"]["name"])
+    un = await kubelet.unprepare(DRA_DRIVER, [ref])
+    say(f"  NodeUnprepareResources({claim['metadata']['name']}) → {un}")
+    check(
+        "13",
+        f"unprepared: {LONE} back on e1000e",
+        un == {ref[1]: ""} and driver(LONE) == "e1000e",
+        f"{un} driver={driver(LONE)}",
+    )
 
 
 def main() -> int:

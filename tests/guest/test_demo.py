@@ -3,7 +3,8 @@
 Also the real-kernel proof of the daemon (issue 3): on real sysfs it advertises the lone
 e1000e devices Healthy and the half-bound shared group Unhealthy (flipping within 1 s of a
 device leaving vfio-pci underneath it), and Allocate returns a /dev/vfio/<N> that exists.
-Then the DRA path in the same boot (steps 8-12): slices, Prepare, podman, a VM, Unprepare.
+Then the DRA path in the same boot (steps 8-13): slices, Prepare, podman, a VM, Unprepare, and
+a launcher pod that names only `devices.kubevirt.io/8086_10d3` served through DRA (KEP-5004).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def test_verdict_pass(demo: tuple[int, str, dict[str, Any]]) -> None:
 def test_every_step_ran(demo: tuple[int, str, dict[str, Any]]) -> None:
     _, transcript, facts = demo
     steps = facts.get("steps", {})
-    assert set(steps) == {str(n) for n in range(1, 13)}, transcript[-6000:]
+    assert set(steps) == {str(n) for n in range(1, 14)}, transcript[-6000:]
     assert all(c["ok"] for s in steps.values() for c in s["checks"])
-    # 17 checks on the device-plugin path (steps 1-7), 10 on the DRA path (steps 8-12)
-    assert sum(len(s["checks"]) for s in steps.values()) == 27, steps
-    assert "all 27 checks held" in transcript
+    # 17 checks on the device-plugin path (steps 1-7), 14 on the DRA path (steps 8-13)
+    assert sum(len(s["checks"]) for s in steps.values()) == 31, steps
+    assert "all 31 checks held" in transcript
 
 
 def test_daemon_on_real_sysfs(demo: tuple[int, str, dict[str, Any]]) -> None:
@@ -80,3 +81,12 @@ def test_a_demo_that_dies_in_a_step_still_gets_a_verdict(guest: object) -> None:
         "(last output: Killed)"
     )
     assert facts["verdict"] == last and facts["failures"] == [last]
+
+
+def test_device_name_served_through_dra(demo: tuple[int, str, dict[str, Any]]) -> None:
+    """Issue 23 on the real kernel: a pod asking only `devices.kubevirt.io/8086_10d3: 1` got the
+    e1000e through DRA -- podman saw its group and KubeVirt's variable, a VM held it."""
+    _, _, facts = demo
+    out = facts["ext_podman"]["stdout"]
+    assert "PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3=0000:01:00.0" in out, facts["ext_podman"]
+    assert "anon_inode:[vfio-device]" in facts["ext_consumer"]["fds"], facts["ext_consumer"]
