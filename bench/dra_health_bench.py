@@ -94,7 +94,7 @@ async def run(devices: int, changes: int) -> list[tuple[str, list[float]]]:
 
     def published(generation: int, slices: list[dict[str, Any]]) -> None:
         for s in slices:
-            for d in s["spec"]["devices"]:
+            for d in s["spec"].get("devices") or []:
                 if d["name"] == device:
                     writes.append((time.monotonic(), bool(d.get("taints"))))
 

@@ -615,7 +615,7 @@ async def steps_8_to_12() -> None:
         await asyncio.to_thread(api.wait_for, "the slices", lambda _a: bool(ours()), 60)
         secs = time.monotonic() - t0
         slices = ours()
-        devices = [d for s in slices for d in s["spec"]["devices"]]
+        devices = [d for s in slices for d in s["spec"].get("devices") or []]
         facts["dra_slices"] = slices
         for d in devices:
             attrs = {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}

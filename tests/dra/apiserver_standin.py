@@ -101,6 +101,10 @@ MAX_ID = 32
 MAX_DRIVER_NAME = 63
 MAX_POOL_NAME = 253
 MAX_VALUE = 64
+MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets (per slice)
+MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
+MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+MAX_COUNTERS_PER_CONSUMPTION = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
 ATTRIBUTE_VALUE_FIELDS = (
     "bool",
     "int",
@@ -460,7 +464,77 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tupl
         if name in seen:
             causes.append((f"spec.devices[{i}]", f"Duplicate value: {name!r}"))
         seen.add(name)
+    sets = spec.get("sharedCounters") or []
+    if len(sets) > MAX_COUNTER_SETS:
+        causes.append(
+            (
+                "spec.sharedCounters",
+                f"Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS} items",
+            )
+        )
+    set_names: set[str] = set()
+    for i, counter_set in enumerate(sets):
+        path = f"spec.sharedCounters[{i}]"
+        name = (counter_set or {}).get("name") or ""
+        if not name:
+            causes.append((f"{path}.name", "Required value"))
+        elif why := _dns_label(name):
+            causes.append((f"{path}.name", f"Invalid value: {name[:80]!r}: {why}"))
+        elif name in set_names:
+            causes.append((path, f"Duplicate value: {name!r}"))
+        set_names.add(name)
+        causes.extend(
+            _counters_problems(
+                (counter_set or {}).get("counters"), MAX_COUNTERS_PER_SET, f"{path}.counters"
+            )
+        )
     return causes
+
+
+def _counters_problems(counters: Any, limit: int, path: str) -> list[tuple[str, str]]:
+    """A ``counters`` map ``{<DNS label>: {"value": <quantity>}}``, as upstream's
+    validateMap(..., validateCounterName, validateDeviceCounter)."""
+    if not counters:
+        return [(path, "Required value")]
+    causes: list[tuple[str, str]] = []
+    if len(counters) > limit:
+        causes.append((path, f"Too many: {len(counters)}: must have at most {limit} items"))
+    for key, counter in counters.items():
+        if why := _dns_label(key):
+            causes.append((path, f"Invalid value: {key[:80]!r}: {why}"))
+        value = (counter or {}).get("value")
+        if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+            causes.append(
+                (f"{path}[{key[:63]}].value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
+            )
+    return causes
+
+
+def pool_counter_problems(slices: list[dict[str, Any]]) -> list[str]:
+    """What the scheduler's allocator would trip on in one pool's slices (not API validation:
+    the API accepts each slice alone): a device consuming a counter set or counter the pool
+    does not define, or the pool's devices together consuming more than a counter holds."""
+    defined: dict[str, dict[str, float]] = {}
+    for s in slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            defined[cs["name"]] = {k: float(v["value"]) for k, v in cs["counters"].items()}
+    used: dict[tuple[str, str], float] = {}
+    problems: list[str] = []
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            for c in d.get("consumesCounters") or []:
+                for k, v in c["counters"].items():
+                    if k not in defined.get(c["counterSet"], {}):
+                        problems.append(
+                            f"device {d['name']} consumes {c['counterSet']}/{k}, not defined"
+                        )
+                    used[(c["counterSet"], k)] = used.get((c["counterSet"], k), 0) + float(
+                        v["value"]
+                    )
+    for (cs, k), n in sorted(used.items()):
+        if cs in defined and k in defined[cs] and n > defined[cs][k]:
+            problems.append(f"{cs}/{k}: {n:g} consumed, {defined[cs][k]:g} available")
+    return problems
 
 
 def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]:
@@ -519,6 +593,30 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
                 (f"{key_path}.value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
             )
     causes.extend(_taint_problems(device.get("taints") or [], f"{path}.taints"))
+    consumes = device.get("consumesCounters") or []
+    if len(consumes) > MAX_CONSUMPTIONS_PER_DEVICE:
+        causes.append(
+            (
+                f"{path}.consumesCounters",
+                f"Too many: {len(consumes)}: must have at most {MAX_CONSUMPTIONS_PER_DEVICE} items",
+            )
+        )
+    used: set[str] = set()
+    for j, c in enumerate(consumes):
+        cpath = f"{path}.consumesCounters[{j}]"
+        cs = (c or {}).get("counterSet") or ""
+        if not cs:
+            causes.append((f"{cpath}.counterSet", "Required value"))
+        elif why := _dns_label(cs):
+            causes.append((f"{cpath}.counterSet", f"Invalid value: {cs[:80]!r}: {why}"))
+        elif cs in used:
+            causes.append((cpath, f"Duplicate value: {cs!r}"))
+        used.add(cs)
+        causes.extend(
+            _counters_problems(
+                (c or {}).get("counters"), MAX_COUNTERS_PER_CONSUMPTION, f"{cpath}.counters"
+            )
+        )
     return causes
 
 

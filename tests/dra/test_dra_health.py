@@ -38,7 +38,7 @@ class Rig:
         return {
             d["name"]: d
             for s in self.api.objects_of_plural("resourceslices")
-            for d in s["spec"]["devices"]
+            for d in s["spec"].get("devices") or []
         }
 
     async def wait(self, what: str, predicate: Any, timeout: float = 15.0) -> None:

@@ -53,7 +53,7 @@ def pool(api: ApiServerStandin) -> tuple[int, set[str], list[dict[str, Any]]]:
         return 0, set(), []
     gen = max(s["spec"]["pool"]["generation"] for s in slices)
     names = {d["name"] for s in slices if s["spec"]["pool"]["generation"] == gen
-             for d in s["spec"]["devices"]}  # fmt: skip
+             for d in s["spec"].get("devices") or []}  # fmt: skip
     return gen, names, slices
 
 
@@ -121,14 +121,19 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         assert view.socket == f"{registry}/{DRIVER}-reg.sock"
         assert view.endpoint == f"{plugins}/{DRIVER}/dra.sock"
         assert plugin.kubelet.registered
-        await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+        await until(
+            "the slices",
+            lambda: pool(apiserver)[1] == set(PUBLISHED) and len(pool(apiserver)[2]) == 2,
+        )
         gen, _, slices = pool(apiserver)
-        (s,) = slices
+        # the devices, then the counter set of the VFs' PF in a slice of its own (KEP-4815)
+        s, counters = sorted(slices, key=lambda x: x["metadata"]["name"])
+        assert [c["name"] for c in counters["spec"]["sharedCounters"]] == ["pf-0000-af-00-0"]
         node_uid = apiserver.objects(NODES)[0]["metadata"]["uid"]
         assert s["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
         ]
-        assert s["spec"]["pool"] == {"name": NODE, "generation": gen, "resourceSliceCount": 1}
+        assert s["spec"]["pool"] == {"name": NODE, "generation": gen, "resourceSliceCount": 2}
         by_name = {d["name"]: d["attributes"] for d in s["spec"]["devices"]}
         for name, (bus_id, group, functions) in PUBLISHED.items():
             assert by_name[name]["resource.kubernetes.io/pciBusID"] == {"string": bus_id}
@@ -306,7 +311,7 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
     await until("the publisher's record", lambda: plugin.publisher.writes == 1)
     api = k8s.ResourceV1Api(apiserver.client())
-    (s,) = pool(apiserver)[2]
+    (s,) = [x for x in pool(apiserver)[2] if "devices" in x["spec"]]
     name, gen = s["metadata"]["name"], s["spec"]["pool"]["generation"]
     s["spec"]["devices"] = s["spec"]["devices"][:1]  # someone drops three devices
     await asyncio.to_thread(api.replace_resource_slice, name, s)
@@ -318,7 +323,7 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
     # flight must end first (else it sees the tampering below and leaves no stale record to
     # refuse), and neither NodeCore nor SlicePublisher tells when it is idle.
     await asyncio.sleep(0.5)
-    (s,) = pool(apiserver)[2]
+    (s,) = [x for x in pool(apiserver)[2] if "devices" in x["spec"]]
     s["metadata"]["labels"] = {"touched": "yes"}
     await asyncio.to_thread(api.replace_resource_slice, name, s)
     plugin.publisher.want(plugin.devices[1:])

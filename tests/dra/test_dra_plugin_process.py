@@ -101,7 +101,7 @@ def published(api: ApiServerStandin) -> dict[str, dict[str, Any]]:
     out = {}
     for s in api.objects(SLICES):
         if s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DEFAULT_DRIVER:
-            for d in s["spec"]["devices"]:
+            for d in s["spec"].get("devices") or []:
                 out[d["name"]] = d
     return out
 

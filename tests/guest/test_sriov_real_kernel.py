@@ -101,6 +101,41 @@ def test_unbind_all_restores_zero(run: dict[str, Any]) -> None:
     assert st["sriov_records"] == st["sriov_journals"] == st["bind_records"] == []
 
 
+def test_dra_plugin_makes_publishes_and_prepares_a_vf_for_podman(run: dict[str, Any]) -> None:
+    """The DRA plugin's node core makes the VFs a ``path: dra`` config asks; its slices carry
+    them (PF address, counters; valid, the pool consistent); a claim on one VF is prepared and
+    podman, a real CDI consumer, sees its ``/dev/vfio/<N>``; Unprepare keeps it on vfio-pci
+    (``bind: true``); ``unbind --all`` gives the PF back."""
+    dra = run["dra"]
+    assert dra["run"]["rc"] == 0, dra["run"]
+    leg = dra["leg"]
+    st = dra["state"]  # after the plugin stopped: the VFs it made stay until unbind --all
+    assert st["numvfs"] == "2" and st["autoprobe"] == "0", st
+    vfs = {v["address"] for v in st["vfs"]}
+    devices = [d for s in leg["slices"] for d in s["spec"].get("devices") or []]
+    assert {d["attributes"]["resource.kubernetes.io/pciBusID"]["string"] for d in devices} == vfs
+    assert all(d["attributes"]["pfPciBusID"] == {"string": run["pf"]} for d in devices)
+    counter_set = "pf-" + run["pf"].replace(":", "-").replace(".", "-")
+    assert all(d["consumesCounters"][0]["counterSet"] == counter_set for d in devices)
+    sets = [c for s in leg["slices"] for c in s["spec"].get("sharedCounters") or []]
+    assert sets == [{"name": counter_set, "counters": {"vfs": {"value": "2"}}}]
+    assert leg["slice_problems"] == [[]] * len(leg["slices"]) and leg["pool_problems"] == []
+    prep = leg["prepare"]
+    assert prep["error"] == "" and prep["address"] in vfs and prep["ids"], prep
+    assert leg["podman"]["rc"] == 0, leg["podman"]
+    assert prep["group"] in leg["podman"]["stdout"].split(), leg["podman"]
+    assert list(leg["unprepare"]["answer"].values()) == [""], leg["unprepare"]
+    assert leg["unprepare"]["driver"] == "vfio-pci", leg["unprepare"]
+    assert leg["plugin_rc"] == 0, leg["plugin_log"]
+    back = run["dra_unbind_all"]
+    assert back["run"]["rc"] == 0, back["run"]
+    assert (back["state"]["numvfs"], back["state"]["autoprobe"], back["state"]["vfs"]) == (
+        "0",
+        "1",
+        [],
+    )
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_sigkill_during_creation_recovered(run: dict[str, Any], k: int) -> None:
     """k=1: killed entering the count write (autoprobe already 0); k=2: right after the

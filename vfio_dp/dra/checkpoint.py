@@ -53,8 +53,8 @@ from vfio_dp.errors import DraError, PathEscapeError
 from vfio_dp.host.atomic import replace_at
 from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.host import read_boot_id
+from vfio_dp.host.records import write_failure
 from vfio_dp.host.root import Root
-from vfio_dp.host.state import write_failure
 from vfio_dp.model.address import PciAddress
 
 if TYPE_CHECKING:

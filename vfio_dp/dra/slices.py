@@ -24,7 +24,22 @@ slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``
                   "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"}}}]}}
 
 An SR-IOV VF also carries its PF's address, ``"pfPciBusID": {"string": "0000:af:00.0"}``
-(with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs).
+(with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs), and consumes
+one ``vfs`` counter of its PF's counter set (partitionable devices, KEP-4815: the scheduler
+sees the VFs as parts of one PF)::
+
+    "consumesCounters": [{"counterSet": "pf-0000-af-00-0", "counters": {"vfs": {"value": "1"}}}]
+
+The counter sets live in a slice of their own in the same pool (the API allows ``devices`` or
+``sharedCounters`` in one slice, never both; at most :data:`MAX_COUNTER_SETS` sets per
+slice), counted in ``pool.resourceSliceCount``; each PF's ``vfs`` is the number of its VFs
+this pool publishes::
+
+    "spec": {..., "pool": {..., "resourceSliceCount": 2},
+             "sharedCounters": [{"name": "pf-0000-af-00-0", "counters": {"vfs": {"value": "2"}}}]}
+
+A cluster without ``DRAPartitionableDevices`` (beta, on by default since 1.36) drops both
+fields when the slice is written: the VFs are then published as plain devices.
 
 Driver attributes are bare identifiers, i.e. in the driver's own domain (CEL:
 ``device.attributes["<driver>"].vendorID``), as upstream's example driver publishes them. Invariants (tested against the API-server
@@ -50,6 +65,10 @@ API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 #: a slice holding any device with taints (or counters, list attributes) holds at most 64
 MAX_DEVICES_WITH_TAINTS = 64
+#: counter sets per slice (``spec.sharedCounters``)
+MAX_COUNTER_SETS = 8
+#: the counter each VF consumes one of, in its PF's counter set
+VF_COUNTER = "vfs"
 MAX_STRING = 64
 MAX_NAME = 253
 STANDARD = "resource.kubernetes.io"
@@ -73,6 +92,9 @@ class Device:
     #: ``[{"key": "<driver>/unhealthy", "value": ..., "effect": "NoSchedule", "timeAdded":
     #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.health`)
     taints: tuple[Mapping[str, str], ...] = ()
+    #: the counter set (its PF's, :func:`counter_set_name`) an SR-IOV VF consumes one
+    #: :data:`VF_COUNTER` of; None for anything else
+    counter_set: str | None = None
 
     @property
     def iommu_group(self) -> int | None:
@@ -89,7 +111,17 @@ class Device:
         }
         if self.taints:
             out["taints"] = [dict(t) for t in self.taints]
+        if self.counter_set is not None:
+            out["consumesCounters"] = [
+                {"counterSet": self.counter_set, "counters": {VF_COUNTER: {"value": "1"}}}
+            ]
         return out
+
+
+def counter_set_name(pf: PciAddress) -> str:
+    """``pf-0000-af-00-0``: the counter set of the PF at ``pf`` (a DNS label, as the API
+    wants counter set names)."""
+    return "pf-" + str(pf).replace(":", "-").replace(".", "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +157,16 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
         # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
         attrs[f"{STANDARD}/numaNode"] = Attribute("int", dev.numa_node)
+    counter_set = None
     if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
         attrs["pfPciBusID"] = Attribute("string", str(dev.physfn))
+        counter_set = counter_set_name(dev.physfn)
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
     if others and (value := _string(others)) is not None:
         attrs["groupFunctions"] = value
-    return Device(unit.name, dict(sorted(attrs.items())))
+    return Device(unit.name, dict(sorted(attrs.items())), counter_set=counter_set)
 
 
 def published_devices(
@@ -166,11 +200,28 @@ def build_slices(
     devices: Sequence[Device], *, driver: str, node: NodeRef, generation: int
 ) -> list[Slice]:
     """The slices of this node's pool at ``generation`` (one without devices when empty);
-    :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted."""
+    :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted or
+    consumes counters; after the devices' slices, the PFs' counter sets in slices of their own
+    (see the module docstring)."""
     size = MAX_DEVICES_PER_SLICE
-    if any(d.taints for d in devices):
+    if any(d.taints or d.counter_set is not None for d in devices):
         size = MAX_DEVICES_WITH_TAINTS
-    chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)] or [[]]
+    chunks: list[dict[str, Any]] = [
+        {"devices": [d.to_json() for d in devices[i : i + size]]}
+        for i in range(0, len(devices), size)
+    ] or [{"devices": []}]
+    consumed: dict[str, int] = {}
+    for d in devices:
+        if d.counter_set is not None:
+            consumed[d.counter_set] = consumed.get(d.counter_set, 0) + 1
+    sets = [
+        {"name": name, "counters": {VF_COUNTER: {"value": str(n)}}}
+        for name, n in sorted(consumed.items())
+    ]
+    chunks += [
+        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]}
+        for i in range(0, len(sets), MAX_COUNTER_SETS)
+    ]
     out: list[Slice] = []
     for i, chunk in enumerate(chunks):
         meta: dict[str, Any] = {
@@ -200,7 +251,7 @@ def build_slices(
                         "generation": generation,
                         "resourceSliceCount": len(chunks),
                     },
-                    "devices": [d.to_json() for d in chunk],
+                    **chunk,
                 },
             }
         )

@@ -53,7 +53,9 @@ def load_names(
         out[(vendor, None)] = _text(data[at + 7 : line_end])
         block_end = _block_end(data, line_end, end)
         for device in devices:
-            d_at = data.find(b"\n\t" + device.encode("ascii", "replace") + b"  ", line_end, block_end)
+            d_at = data.find(
+                b"\n\t" + device.encode("ascii", "replace") + b"  ", line_end, block_end
+            )
             if d_at >= 0:
                 d_end = data.find(b"\n", d_at + 1)
                 out[(vendor, device)] = _text(data[d_at + 8 : block_end if d_end < 0 else d_end])

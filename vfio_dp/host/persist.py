@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from vfio_dp.errors import CorruptRecordError, StateWriteError
-from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.errors import CorruptRecordError
 from vfio_dp.host.files import NotRegularFileError, read_regular
+from vfio_dp.host.records import RecordFiles
 from vfio_dp.host.root import Root
-from vfio_dp.host.state import write_failure
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 from vfio_dp.model.persist import RULES_NAME, PersistedBind, from_json, to_json, udev_rules
@@ -35,6 +34,7 @@ class Persistence:
 
     def __init__(self, root: Root) -> None:
         self.root = root
+        self.files = RecordFiles(root)
         self.record_path = root.path(*STATE_DIR, RECORD_NAME)
         self.rules_path = root.path(*RULES_DIR, RULES_NAME)
 
@@ -88,32 +88,8 @@ class Persistence:
 
     def _save(self, records: Mapping[PciAddress, PersistedBind]) -> None:
         if records:  # the rule only ever names devices the record holds
-            self._replace(STATE_DIR, RECORD_NAME, to_json(records.values()))
-            self._replace(RULES_DIR, RULES_NAME, udev_rules(records.values()).encode())
+            self.files.write(STATE_DIR, RECORD_NAME, to_json(records.values()))
+            self.files.write(RULES_DIR, RULES_NAME, udev_rules(records.values()).encode())
         else:  # the rule goes first: never a rule without its record
-            self._remove(RULES_DIR, RULES_NAME)
-            self._remove(STATE_DIR, RECORD_NAME)
-
-    def _replace(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
-        shown = self.root.path(*parts, name)
-        dfd = -1
-        try:
-            dfd = self.root.open_dir(*parts, create=True)
-            replace_at(dfd, name, data)
-        except OSError as e:
-            raise StateWriteError(write_failure(shown, e)) from e
-        finally:
-            if dfd >= 0:
-                os.close(dfd)
-
-    def _remove(self, parts: tuple[str, ...], name: str) -> None:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except FileNotFoundError:
-            return
-        try:
-            remove_at(dfd, (name,))
-        except OSError as e:
-            raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
-        finally:
-            os.close(dfd)
+            self.files.remove(RULES_DIR, RULES_NAME)
+            self.files.remove(STATE_DIR, RECORD_NAME)

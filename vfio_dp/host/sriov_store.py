@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
-from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.errors import CorruptRecordError
+from vfio_dp.host.records import RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import SriovRecord
@@ -101,66 +100,26 @@ def _op(data: object) -> SriovOp:
 class SriovStore:
     def __init__(self, root: Root) -> None:
         self.root = root
+        self.files = RecordFiles(root, _MAX)
 
     def shown(self, parts: tuple[str, ...], address: str) -> str:
         return f"{self.root.path(*parts)}/{address}.json"
 
-    def _read(self, parts: tuple[str, ...], name: str) -> bytes | None:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except FileNotFoundError:
-            return None
-        try:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except FileNotFoundError:
-                return None
-            try:
-                return os.read(fd, _MAX + 1)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(dfd)
-
     def _write(self, parts: tuple[str, ...], name: str, value: object) -> None:
-        dfd = -1
-        try:
-            dfd = self.root.open_dir(*parts, create=True)
-            replace_at(dfd, name, json.dumps(value, sort_keys=True).encode())
-        except (OSError, PathEscapeError) as e:
-            raise StateWriteError(
-                f"cannot write {self.root.path(*parts)}/{name}: {e}; nothing was changed "
-                "(make the directory writable and retry)"
-            ) from e
-        finally:
-            if dfd >= 0:
-                os.close(dfd)
+        self.files.write(parts, name, json.dumps(value, sort_keys=True).encode())
 
-    def _unlink(self, parts: tuple[str, ...], name: str) -> None:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except FileNotFoundError:
-            return
-        try:
-            remove_at(dfd, (name,))
-        finally:
-            os.close(dfd)
-
-    def _names(self, parts: tuple[str, ...]) -> list[str]:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except (OSError, PathEscapeError):
-            return []
-        try:
-            return sorted(
-                n[:-5] for n in os.listdir(dfd) if n.endswith(".json") and not n.startswith(".")
-            )
-        finally:
-            os.close(dfd)
+    def _addresses(self, parts: tuple[str, ...]) -> list[PciAddress]:
+        """The PFs with a file in ``parts`` (names that are not addresses are ignored)."""
+        out = []
+        for n in self.files.names(parts):
+            if n.endswith(".json") and not n.startswith("."):
+                with contextlib.suppress(ValueError):
+                    out.append(PciAddress.parse(n[:-5]))
+        return out
 
     # -- records -----------------------------------------------------------------------
     def get(self, pf: PciAddress) -> SriovRecord | None:
-        raw = self._read(RECORD_DIR, f"{pf}.json")
+        raw = self.files.read(RECORD_DIR, f"{pf}.json")
         if raw is None:
             return None
         try:
@@ -178,15 +137,11 @@ class SriovStore:
         self._write(RECORD_DIR, f"{rec.address}.json", asdict(rec))
 
     def remove(self, pf: PciAddress) -> None:
-        self._unlink(RECORD_DIR, f"{pf}.json")
+        self.files.remove(RECORD_DIR, f"{pf}.json")
 
     def recorded(self) -> list[PciAddress]:
         """Every PF with a record (names that are not addresses are ignored)."""
-        out = []
-        for n in self._names(RECORD_DIR):
-            with contextlib.suppress(ValueError):
-                out.append(PciAddress.parse(n))
-        return out
+        return self._addresses(RECORD_DIR)
 
     # -- journal -----------------------------------------------------------------------
     def begin(self, op: SriovOp) -> None:
@@ -197,10 +152,10 @@ class SriovStore:
         self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
 
     def finish(self, op: SriovOp) -> None:
-        self._unlink(OPS_DIR, f"{op.pf}.json")
+        self.files.remove(OPS_DIR, f"{op.pf}.json")
 
     def op(self, pf: PciAddress) -> SriovOp | None:
-        raw = self._read(OPS_DIR, f"{pf}.json")
+        raw = self.files.read(OPS_DIR, f"{pf}.json")
         if raw is None:
             return None
         try:
@@ -213,8 +168,5 @@ class SriovStore:
             ) from e
 
     def journaled(self) -> list[PciAddress]:
-        out = []
-        for n in self._names(OPS_DIR):
-            with contextlib.suppress(ValueError):
-                out.append(PciAddress.parse(n))
-        return out
+        """Every PF with an interrupted change's journal."""
+        return self._addresses(OPS_DIR)

@@ -54,14 +54,14 @@ from vfio_dp.errors import (
     PathEscapeError,
     StateWriteError,
 )
-from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.host.records import MAX_RECORD as _MAX_RECORD
+from vfio_dp.host.records import RecordFiles, write_failure
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
 ORIGINAL_DIR = ("var", "lib", "vfio_dp", "original")
 OPS_DIR = ("var", "lib", "vfio_dp", "ops")
 LOCK_DIR = ("run", "vfio_dp")
-_MAX_RECORD = 1 << 20  # a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
 
 BOUND_BY_OPERATOR = "operator"
 BOUND_BY_DEVICE_PLUGIN = "device-plugin"
@@ -169,6 +169,7 @@ def _operation_from_json(data: object) -> Operation:
 class StateStore:
     def __init__(self, root: Root) -> None:
         self.root = root
+        self.files = RecordFiles(root)
         self._journal_lock = threading.Lock()
 
     @property
@@ -186,66 +187,12 @@ class StateStore:
     def _file(self, address: PciAddress) -> str:
         return f"{self.state_dir}/{address}.json"
 
-    # -- whole-file records --------------------------------------------------------------
-    def _read(self, parts: tuple[str, ...], name: str) -> bytes | None:
-        """The record ``<root>/<parts>/<name>``; None if it (or its directory) is absent."""
-        try:
-            dfd = self.root.open_dir(*parts)
-        except FileNotFoundError:
-            return None
-        try:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except FileNotFoundError:
-                return None
-            try:
-                return os.read(fd, _MAX_RECORD + 1)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(dfd)
-
-    def _write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
-        """Replace ``<root>/<parts>/<name>`` atomically (:func:`~vfio_dp.host.atomic.replace_at`
-        in the directory opened inside the root). Raises :class:`StateWriteError` naming the
-        file and the fix."""
-        shown = f"{self.root.path(*parts)}/{name}"
-        dfd = -1
-        try:
-            dfd = self.root.open_dir(*parts, create=True)
-            replace_at(dfd, name, data)
-        except OSError as e:
-            raise StateWriteError(write_failure(shown, e)) from e
-        finally:
-            if dfd >= 0:
-                os.close(dfd)
-
-    def _unlink(self, parts: tuple[str, ...], name: str) -> None:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except FileNotFoundError:
-            return
-        try:
-            remove_at(dfd, (name,))
-        finally:
-            os.close(dfd)
-
-    def _names(self, parts: tuple[str, ...]) -> list[str]:
-        try:
-            dfd = self.root.open_dir(*parts)
-        except (OSError, PathEscapeError):
-            return []
-        try:
-            return sorted(os.listdir(dfd))
-        finally:
-            os.close(dfd)
-
     # -- original drivers ----------------------------------------------------------------
     def get(self, address: PciAddress) -> OriginalDriver | None:
         import json
 
         try:
-            raw = self._read(ORIGINAL_DIR, f"{address}.json")
+            raw = self.files.read(ORIGINAL_DIR, f"{address}.json")
             if raw is None:
                 return None
             if len(raw) > _MAX_RECORD:
@@ -261,7 +208,7 @@ class StateStore:
     def all(self) -> dict[PciAddress, OriginalDriver]:
         """Every readable record, by address (see :meth:`problems` for the unreadable)."""
         out: dict[PciAddress, OriginalDriver] = {}
-        for name in self._names(ORIGINAL_DIR):
+        for name in self.files.names(ORIGINAL_DIR):
             if not name.endswith(".json"):
                 continue
             try:
@@ -279,10 +226,10 @@ class StateStore:
 
         address = PciAddress.parse(record.address)
         data = json.dumps(asdict(record), sort_keys=True).encode()
-        self._write(ORIGINAL_DIR, f"{address}.json", data)
+        self.files.write(ORIGINAL_DIR, f"{address}.json", data)
 
     def remove(self, address: PciAddress) -> None:
-        self._unlink(ORIGINAL_DIR, f"{address}.json")
+        self.files.remove(ORIGINAL_DIR, f"{address}.json")
 
     # -- operation journal ---------------------------------------------------------------
     def begin(self, kind: str, owner: str, devices: list[OpDevice]) -> Operation:
@@ -304,7 +251,7 @@ class StateStore:
 
         with self._journal_lock:
             data = json.dumps(asdict(op), sort_keys=True).encode()
-            self._write(OPS_DIR, f"{op.id}.json", data)
+            self.files.write(OPS_DIR, f"{op.id}.json", data)
 
     def step(self, op: Operation, address: str, writes_done: int, next_write: str | None) -> None:
         """Record, durably, that ``address`` has made ``writes_done`` writes and is about to
@@ -320,7 +267,7 @@ class StateStore:
 
     def finish(self, op: Operation) -> None:
         """The operation is complete (or fully rolled back): remove its journal."""
-        self._unlink(OPS_DIR, f"{op.id}.json")
+        self.files.remove(OPS_DIR, f"{op.id}.json")
 
     def operations(self) -> tuple[list[Operation], list[str]]:
         """Every journal on disk, and a message for each unreadable one (kept as it is)."""
@@ -328,12 +275,12 @@ class StateStore:
 
         ops: list[Operation] = []
         problems: list[str] = []
-        for name in self._names(OPS_DIR):
+        for name in self.files.names(OPS_DIR):
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = f"{self.ops_dir}/{name}"
             try:
-                raw = self._read(OPS_DIR, name)
+                raw = self.files.read(OPS_DIR, name)
                 if raw is None:
                     continue  # finished meanwhile
                 if len(raw) > _MAX_RECORD:
@@ -355,7 +302,7 @@ class StateStore:
     def problems(self) -> list[str]:
         """A message for every unreadable original-driver record (each is kept)."""
         out = []
-        for name in self._names(ORIGINAL_DIR):
+        for name in self.files.names(ORIGINAL_DIR):
             if not name.endswith(".json") or name.startswith("."):
                 continue
             try:
@@ -431,16 +378,3 @@ class StateStore:
             os.close(dfd)
             for fd in fds:
                 os.close(fd)
-
-
-def write_failure(path: str, e: OSError) -> str:
-    """``cannot write <path>: <why>; <fix> and retry`` for a failed write of a state file."""
-    why = e.strerror or str(e)
-    fix = {
-        errno.ENOSPC: "free space on that file system",
-        errno.EDQUOT: "raise the disk quota",
-        errno.EROFS: "mount it read-write (the DaemonSet needs it writable)",
-        errno.EACCES: "run as root",
-        errno.EPERM: "run as root",
-    }.get(e.errno or 0, "check the directory")
-    return f"cannot write {path}: {why}; {fix} and retry"

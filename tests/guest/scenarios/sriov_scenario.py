@@ -9,6 +9,11 @@ In order, each step's observations into $GUEST_RIG_OUT/sriov.json (nothing decid
 2. a process holds one VF's ``/dev/vfio/<N>`` open: ``vfioctl sriov set PF 1`` and
    ``vfioctl unbind --all`` are refused, ``vfioctl sriov -o json`` names the holder;
 3. once it lets go, ``vfioctl unbind --all`` gives the PF back: 0 VFs, autoprobe 1;
+3b. the DRA plugin (``vfioctl dra-plugin``, API-server and kubelet stand-ins) starts with a
+   ``path: dra`` config asking ``numVfs: 2``: it makes and binds the VFs, publishes them
+   (``pfPciBusID``, ``pcieRoot``, each consuming its PF's ``vfs`` counter); a claim on one is
+   prepared and podman (a real CDI consumer) sees its ``/dev/vfio/<N>``; Unprepare; SIGTERM;
+   ``vfioctl unbind --all`` gives the PF back again;
 4. ``vfioctl sriov set PF 2`` is SIGKILLed (strace ``inject``) right after each of its
    writes to the PF; ``vfioctl sriov`` names the interrupted change and ``vfioctl unbind
    --all`` puts the PF back to 0 VFs / autoprobe 1.
@@ -94,10 +99,10 @@ def run(cmd: list[str], timeout: float = 300) -> dict[str, Any]:
             "secs": round(time.monotonic() - t0, 2)}  # fmt: skip
 
 
-def step(name: str, cmd: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = dict(extra)
+def step(name: str, cmd: list[str] | None = None, timeout: float = 300) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     if cmd is not None:
-        out["run"] = run(cmd)
+        out["run"] = run(cmd, timeout)
     out["state"] = state()
     results[name] = out
     save()
@@ -128,6 +133,100 @@ async def main():
     finally:
         await d.stop()
         await kubelet.stop()
+
+asyncio.run(main())
+"""
+
+
+DRA_LEG = r"""
+import asyncio, json, os, signal, subprocess, sys, time
+from kubernetes import client as k8s
+from tests.dra.apiserver_standin import NODES, SLICES, ApiServerStandin, pool_counter_problems, validate_slice
+from tests.dra.kubelet_dra_standin import KubeletDraStandin
+from tests.guest.cdi_consumer import podman, podman_setup
+
+CFG, WORK, NODE, DRIVER = sys.argv[1], "/run/sriov/dra", "guest", "vfio.dra.vfio-dp.io"
+out = {}
+
+async def main():
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
+    os.makedirs(WORK, exist_ok=True)
+    os.makedirs("/var/lib/kubelet/plugins", exist_ok=True)
+    api = ApiServerStandin(os.path.join(WORK, "api"), tls=True)
+    api.start()
+    api.seed(NODES, {"metadata": {"name": NODE}})
+    client = api.client()
+    kubelet = KubeletDraStandin("/var/lib/kubelet/plugins_registry", NODE, api_client=client)
+    await kubelet.start()
+    log = open(os.path.join(WORK, "plugin.log"), "w")
+    plugin = subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
+         "--kubeconfig", api.kubeconfig, "--config", CFG, "--resync", "5", "--metrics-port", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NODE_NAME": NODE})
+    try:
+        await kubelet.wait_for("registration", lambda k: k.usable(DRIVER), 180)
+
+        def ours():
+            return [s for s in api.objects(SLICES)
+                    if s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRIVER]
+
+        def vfs_published(_a):
+            sl = ours()
+            gen = max((s["spec"]["pool"]["generation"] for s in sl), default=-1)
+            sl = [s for s in sl if s["spec"]["pool"]["generation"] == gen]
+            return len([d for s in sl for d in s["spec"].get("devices") or []]) == 2 and \
+                len(sl) == sl[0]["spec"]["pool"]["resourceSliceCount"]
+
+        await asyncio.to_thread(api.wait_for, "2 VFs published", vfs_published, 180)
+        slices = ours()
+        out["slices"] = slices
+        out["slice_problems"] = [validate_slice(s, None) for s in slices]
+        out["pool_problems"] = pool_counter_problems(slices)
+        devices = sorted((d for s in slices for d in s["spec"].get("devices") or []),
+                         key=lambda d: d["name"])
+        dev = devices[0]
+        rapi = k8s.ResourceV1Api(client)
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "vf", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "vf", "exactly": {"deviceClassName": DRIVER}}]}}}
+        created = json.loads(rapi.create_namespaced_resource_claim("default", body, _preload_content=False).data)
+        body["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
+        body["status"] = {"allocation": {"devices": {"results": [
+            {"request": "vf", "driver": DRIVER, "pool": NODE, "device": dev["name"]}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}
+        rapi.replace_namespaced_resource_claim_status("vf", "default", body, _preload_content=False)
+        uid = created["metadata"]["uid"]
+        ref = ("default", uid, "vf")
+        ans = (await kubelet.prepare(DRIVER, [ref]))[uid]
+        ids = [i for d in ans.devices for i in d.cdi_device_ids]
+        addr = dev["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        group = os.path.basename(os.readlink(f"/sys/bus/pci/devices/{addr}/iommu_group"))
+        out["prepare"] = {"error": ans.error, "device": dev["name"], "address": addr,
+                          "group": group, "ids": ids}
+        setup = podman_setup()
+        out["podman_setup"] = setup["rc"]
+        args = ["run", "--rm", "--network", "none"]
+        for i in ids:
+            args += ["--device", i]
+        out["podman"] = podman(*args, "bb", "sh", "-c", "ls /dev/vfio")
+        un = await kubelet.unprepare(DRIVER, [ref])
+        drv = f"/sys/bus/pci/devices/{addr}/driver"
+        out["unprepare"] = {"answer": un, "driver": os.path.basename(os.readlink(drv)) if os.path.lexists(drv) else None}
+    finally:
+        plugin.send_signal(signal.SIGTERM)
+        try:
+            out["plugin_rc"] = plugin.wait(60)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+            out["plugin_rc"] = "killed"
+        await kubelet.stop()
+        client.close()
+        api.stop()
+        log.close()
+        out["plugin_log"] = open(os.path.join(WORK, "plugin.log")).read()[-3000:]
+        with open(os.path.join(WORK, "leg.json"), "w") as f:
+            json.dump(out, f)
 
 asyncio.run(main())
 """
@@ -208,6 +307,20 @@ else:
 
 # 3. given back
 step("unbind_all", [*VFIOCTL, "unbind", "--all"])
+
+# 3b. the DRA plugin makes the VFs, publishes them (with their PF's counters), prepares a claim
+#     on one for podman, gives it back at Unprepare; then the PF is given back again
+CFG_DRA = "/run/sriov/config-dra.yaml"
+with open(CFG_DRA, "w") as f:
+    f.write(f'selectors:\n- addresses: ["{PF}"]\n  numVfs: 2\n  path: dra\n')
+dra = step("dra", [sys.executable, "-c", DRA_LEG, CFG_DRA], timeout=600)
+try:
+    with open("/run/sriov/dra/leg.json") as f:
+        dra["leg"] = json.load(f)
+except (OSError, ValueError) as e:
+    results["errors"].append(f"dra leg: {e}")
+save()
+step("dra_unbind_all", [*VFIOCTL, "unbind", "--all"])
 
 # 4. SIGKILL after each write to the PF during creation
 numvfs_path = os.path.realpath(f"{PFDIR}/sriov_numvfs")

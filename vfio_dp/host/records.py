@@ -1,0 +1,104 @@
+"""Whole-file records under the root: the one place that reads, replaces, removes and lists
+the small JSON files the node keeps, for every store of them (bind records and journals
+:mod:`vfio_dp.host.state`, SR-IOV records :mod:`vfio_dp.host.sriov_store`, persistent binds
+:mod:`vfio_dp.host.persist`)::
+
+    <root>/var/lib/vfio_dp/original/0000:3b:00.0.json     read(("var", "lib", "vfio_dp", "original"), "0000:3b:00.0.json")
+    <root>/var/lib/vfio_dp/sriov/0000:af:00.0.json        write(("var", "lib", "vfio_dp", "sriov"), "0000:af:00.0.json", b"{...}")
+
+Every directory is opened beneath the root (:meth:`vfio_dp.host.root.Root.open_dir`: no
+``..``, no symlink out of it), every file relative to that directory with ``O_NOFOLLOW``; a
+write replaces the file atomically and durably (:func:`vfio_dp.host.atomic.replace_at`). A
+failed write raises :class:`~vfio_dp.errors.StateWriteError` naming the file and the fix
+(:func:`write_failure`), before anything else of the operation was changed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from vfio_dp.errors import PathEscapeError, StateWriteError
+from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.host.root import Root
+
+#: a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
+MAX_RECORD = 1 << 20
+
+
+def write_failure(path: str, e: OSError) -> str:
+    """``cannot write <path>: <why>; <fix> and retry`` for a failed write of a state file."""
+    why = e.strerror or str(e)
+    fix = {
+        errno.ENOSPC: "free space on that file system",
+        errno.EDQUOT: "raise the disk quota",
+        errno.EROFS: "mount it read-write (the DaemonSet needs it writable)",
+        errno.EACCES: "run as root",
+        errno.EPERM: "run as root",
+    }.get(e.errno or 0, "check the directory")
+    return f"cannot write {path}: {why}; {fix} and retry"
+
+
+class RecordFiles:
+    """The record files beneath ``root`` (see the module docstring)."""
+
+    def __init__(self, root: Root, limit: int = MAX_RECORD) -> None:
+        self.root = root
+        self.limit = limit
+
+    def read(self, parts: tuple[str, ...], name: str) -> bytes | None:
+        """``<root>/<parts>/<name>``, at most ``limit + 1`` bytes (so a caller sees a file too
+        large); None if it or its directory is absent."""
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.read(fd, self.limit + 1)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+
+    def write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
+        """Replace ``<root>/<parts>/<name>`` atomically, creating the directories. Raises
+        :class:`StateWriteError` naming the file and the fix."""
+        dfd = -1
+        try:
+            dfd = self.root.open_dir(*parts, create=True)
+            replace_at(dfd, name, data)
+        except OSError as e:  # a directory that leaves the root raises PathEscapeError
+            raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+
+    def remove(self, parts: tuple[str, ...], name: str) -> None:
+        """Remove ``<root>/<parts>/<name>`` (durably); absent is fine. Raises
+        :class:`StateWriteError` when it cannot be removed."""
+        try:
+            dfd = self.root.open_dir(*parts)
+        except FileNotFoundError:
+            return
+        try:
+            remove_at(dfd, (name,))
+        except OSError as e:
+            raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
+        finally:
+            os.close(dfd)
+
+    def names(self, parts: tuple[str, ...]) -> list[str]:
+        """The names in ``<root>/<parts>``, sorted (none when it is absent or unusable)."""
+        try:
+            dfd = self.root.open_dir(*parts)
+        except (OSError, PathEscapeError):
+            return []
+        try:
+            return sorted(os.listdir(dfd))
+        finally:
+            os.close(dfd)
