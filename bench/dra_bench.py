@@ -116,6 +116,8 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="vfio-dra-bench-"))
     kdir = tempfile.mkdtemp(prefix="kdb", dir="/tmp")
+    for sub in ("registry", "plugins"):  # the kubelet makes them; the plugin never does
+        os.makedirs(f"{kdir}/{sub}")
     t0 = time.monotonic()
     tree, addrs = build_tree(work / "root", args.devices)
     print(f"built a {args.devices}-device tree in {time.monotonic() - t0:.1f}s", file=sys.stderr)

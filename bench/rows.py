@@ -356,6 +356,8 @@ class DraRig:
         self.side, self.devices = side, devices
         self.tree, self.addrs = build_tree(base / "root", devices)
         self.kdir = tempfile.mkdtemp(prefix="kdb", dir="/tmp")
+        for sub in ("registry", "plugins"):  # the kubelet makes them; the plugin never does
+            os.makedirs(f"{self.kdir}/{sub}")
         self.api = ApiServerStandin(str(base / "api"))
         self.api.start()
         self.api.seed(NODES, {"metadata": {"name": self.NODE}})

@@ -72,6 +72,22 @@ def test_a_held_change_needs_a_confirming_scan() -> None:
     assert m.states["d"].health == HEALTHY and m.states["d"].since == 5.0
 
 
+def test_an_unchanged_scan_keeps_the_state_and_moves_its_checked_time() -> None:
+    """An idle resync rebuilds nothing (4,096 states per resync cost the idle DRA plugin
+    most of its CPU): the state object stays, its last check is the last scan; a verdict
+    waiting for confirmation keeps the time of the scan before it."""
+    m = HealthModel()
+    m.update({"a": GOOD, "b": GOOD}, held={"b"}, now=1.0)
+    first = dict(m.states)
+    m.update({"a": GOOD, "b": GOOD}, held={"b"}, now=2.0)
+    assert m.states["a"] is first["a"] and m.states["b"] is first["b"]
+    assert (m.checked("a"), m.checked("b")) == (2.0, 2.0)
+    u = m.update({"a": GOOD, "b": BAD}, held={"b"}, now=3.0)
+    assert u.pending == ("b",) and (m.checked("a"), m.checked("b")) == (3.0, 2.0)
+    m.update({"a": GOOD, "b": BAD}, held={"b"}, now=4.0)  # confirmed
+    assert m.states["b"].health == UNHEALTHY and m.checked("b") == 4.0
+
+
 def test_unheld_changes_at_once_and_in_flight_never_changes() -> None:
     m = HealthModel()
     m.update({"d": GOOD}, held=set(), now=1.0)
@@ -81,5 +97,5 @@ def test_unheld_changes_at_once_and_in_flight_never_changes() -> None:
     for t in (2.0, 3.0, 4.0):  # our own bind/unbind: never a fault
         u = m.update({"d": BAD}, held={"d"}, in_flight={"d"}, now=t)
         assert u.changed == () and u.pending == ()
-    assert m.states["d"].health == HEALTHY and m.states["d"].checked == 4.0
+    assert m.states["d"].health == HEALTHY and m.checked("d") == 4.0
     assert m.update({}, held=set(), now=5.0).gone == ("d",)

@@ -926,6 +926,57 @@ class Event:
     obj: dict[str, Any]
 
 
+METADATA_LIST = "PartialObjectMetadataList"
+
+
+def _answer_as(accept: str, method: str, named: bool) -> str:
+    """The media type to answer with, from ``Accept`` as kube-apiserver reads it: the first
+    acceptable of its comma-separated alternatives; ``application/json;as=
+    PartialObjectMetadataList;g=meta.k8s.io;v=v1`` is a metadata-only list (a list GET only);
+    JSON otherwise. None acceptable: 406 NotAcceptable, as the real server answers."""
+    if not accept.strip():
+        return "json"
+    for alt in accept.split(","):
+        media, *params = (p.strip() for p in alt.split(";"))
+        if media not in ("application/json", "application/*", "*/*"):
+            continue
+        opts = dict(p.split("=", 1) for p in params if "=" in p)
+        transform = opts.get("as")
+        if transform is None:
+            return "json"
+        if (
+            transform == METADATA_LIST
+            and opts.get("g") == "meta.k8s.io"
+            and opts.get("v") in ("v1", "v1beta1")
+            and method == "GET"
+            and not named
+        ):
+            return METADATA_LIST
+    raise ApiError(
+        406,
+        "NotAcceptable",
+        f"only the following media types are accepted: application/json (Accept {accept[:120]!r})",
+    )
+
+
+def _metadata_list(listing: dict[str, Any]) -> dict[str, Any]:
+    """A list as ``PartialObjectMetadataList`` (meta.k8s.io/v1): each item only its kind and
+    its whole ``metadata``."""
+    return {
+        "kind": METADATA_LIST,
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": listing.get("metadata") or {},
+        "items": [
+            {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": o.get("metadata") or {},
+            }
+            for o in listing.get("items") or []
+        ],
+    }
+
+
 @dataclass
 class Request:
     """One request served (for tests: who called what, when, and the answer's code)."""
@@ -935,6 +986,9 @@ class Request:
     query: dict[str, str]
     code: int
     at: float = field(default_factory=time.monotonic)
+    #: the media type the answer was given as: ``json``, or ``PartialObjectMetadataList``
+    #: for a metadata-only list
+    answered_as: str = "json"
 
 
 @dataclass
@@ -1483,12 +1537,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", f"{kind.plural} has no status subresource")
         return kind, ns, m.group("name") or "", sub, query
 
-    def _record(self, method: str, code: int) -> None:
+    def _record(self, method: str, code: int, answered_as: str = "json") -> None:
         """Note the request BEFORE answering it: a client that got its answer finds it."""
         url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         with self.api.lock:
             self.api.requests.append(
-                Request(method, url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, code)
+                Request(method, url.path, query, code, answered_as=answered_as)
             )
             self.api.lock.notify_all()
 
@@ -1510,12 +1565,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if query.get("dryRun"):
                 raise _bad_request("the API-server stand-in does not serve dryRun")
+            answered_as = _answer_as(self.headers.get("Accept") or "", method, bool(name))
             with self.api.lock:
                 if method == "GET":
                     result = (
                         self.api._get(kind, ns, name) if name else self.api._list(kind, ns, query)
                     )
                     result = copy.deepcopy(result)
+                    if answered_as == METADATA_LIST:
+                        result = _metadata_list(result)
                 elif method == "POST" and not name:
                     if kind.namespaced and not ns:
                         raise ApiError(
@@ -1541,7 +1599,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._record(method, e.code)
             self._send(e.code, e.status())
             return
-        self._record(method, code)
+        self._record(method, code, answered_as)
         self._send(code, result)
 
     def _watch(self, kind: Kind, ns: str, query: dict[str, str]) -> None:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client as k8s
 import pytest
 
 from tests.dra.apiserver_standin import NODES, SLICES, ApiServerStandin
@@ -157,6 +158,57 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         assert pool(apiserver)[0] == gen  # the slices stay (kubelet removes them later)
     finally:
         await kubelet.stop()
+
+
+async def test_an_idle_resync_rebuilds_nothing_and_lists_metadata_only(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """Issue 25: an idle resync (the same inventory: the core's cheap look saw nothing) reuses
+    the devices it built and checks the pool with a metadata-only list (names and
+    resourceVersions); a slice deleted meanwhile is still put back within a resync."""
+    plugin = await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    devices = list(plugin.devices)
+    lists = len(apiserver.requests)
+    await until("three more resyncs", lambda: slice_lists(apiserver) >= 3 + sum(
+        r.method == "GET" and r.path.endswith("/resourceslices") for r in apiserver.requests[:lists]
+    ))  # fmt: skip
+    assert all(a is b for a, b in zip(plugin.devices, devices, strict=True))  # not rebuilt
+    checks = [r for r in apiserver.requests[lists:] if r.path.endswith("/resourceslices")]
+    assert checks and {r.answered_as for r in checks} == {"PartialObjectMetadataList"}
+    assert plugin.publisher.writes == 1
+    gen = pool(apiserver)[0]
+    (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
+    api = k8s.ResourceV1Api(apiserver.client())  # someone deletes the counter slice
+    await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
+    await until("republished", lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen)
+    assert pool(apiserver)[1] == set(PUBLISHED)
+
+
+async def test_a_server_refusing_metadata_lists_gets_full_lists(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that answers the metadata-only form with 406 (as kube-apiserver does for a
+    media type it cannot serve) is listed in full from then on; nothing else changes."""
+    import tests.dra.apiserver_standin as standin
+
+    real = standin._answer_as
+
+    def no_metadata(accept: str, method: str, named: bool) -> str:
+        if "as=PartialObjectMetadataList" in accept:
+            raise standin.ApiError(406, "NotAcceptable", "only application/json")
+        return real(accept, method, named)
+
+    monkeypatch.setattr(standin, "_answer_as", no_metadata)
+    plugin = await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the fallback", lambda: not plugin.publisher.metadata_lists)
+    n = len(apiserver.requests)
+    await until("two more full lists", lambda: sum(
+        r.path.endswith("/resourceslices") and r.code == 200 for r in apiserver.requests[n:]
+    ) >= 2)  # fmt: skip
+    assert plugin.publisher.writes == 1 and plugin.publisher.problem is None
 
 
 async def test_withdrawn_after_a_change_and_a_hotplug_published(

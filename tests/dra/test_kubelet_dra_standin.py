@@ -158,7 +158,9 @@ async def test_slices_go_after_the_grace_without_the_driver_and_stay_if_it_retur
         assert slice_names(apiserver) == ["theirs"]
         # not before the grace (a lower bound only: a loaded machine can but be later)
         gone_at = max(t for t, what in k.events if what == wiping)
-        (wiped_at,) = [t for t, what in k.events if what.startswith(f"wiping spec.nodeName={NODE},")]
+        (wiped_at,) = [
+            t for t, what in k.events if what.startswith(f"wiping spec.nodeName={NODE},")
+        ]
         assert wiped_at - gone_at >= grace, k.events
     finally:
         await front.stop()

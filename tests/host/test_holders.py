@@ -76,20 +76,28 @@ def test_real_proc_matches_by_path_and_device_number() -> None:
 
 
 def test_real_proc_matches_by_device_number_across_names(tmp_path: Path) -> None:
-    """A process in another mount namespace may see the node under another path: the link
-    text differs, the character device number is the same (found through stat of the link)."""
-    alias = tmp_path / "null-alias"
-    os.symlink("/dev/null", alias)  # opening it: /proc/self/fd/N reads /dev/null ...
-    # ... so ask for a node path whose text no fd carries but whose rdev /dev/null has
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    os.symlink("/proc", root / "proc")
+    """A process in another mount namespace may see the node under another path (a pod's
+    root file system seen from the host: ``.../rootfs/dev/vfio/45``): the link text differs,
+    the character device number is the same (found through stat of the link). Only targets
+    named like a group node are stat-ed: the same device under another name is not looked at
+    (a scan costs one readlink per descriptor, not a stat of every open file)."""
     if os.geteuid() != 0:
         pytest.skip("mknod of a character device needs root")
-    os.mknod(root / "dev" / "vfio-like", stat.S_IFCHR | 0o600, os.stat("/dev/null").st_rdev)
-    fd = os.open(alias, os.O_RDONLY)
+    rdev = os.stat("/dev/null").st_rdev  # a harmless character device stands for the group
+    pod = tmp_path / "pod-rootfs" / "dev" / "vfio"
+    pod.mkdir(parents=True)
+    os.mknod(pod / "45", stat.S_IFCHR | 0o600, rdev)
+    os.mknod(pod / "renamed", stat.S_IFCHR | 0o600, rdev)
+    root = tmp_path / "root"
+    (root / "dev" / "vfio").mkdir(parents=True)
+    os.symlink("/proc", root / "proc")
+    os.mknod(root / "dev" / "vfio" / "45", stat.S_IFCHR | 0o600, rdev)
+    fd = os.open(pod / "45", os.O_RDONLY)
+    other = os.open(pod / "renamed", os.O_RDONLY)
     try:
-        scan = holders(Root(root), "/dev/vfio-like")
-        assert fd in [h.fd for h in scan.by_node["/dev/vfio-like"] if h.pid == os.getpid()]
+        scan = holders(Root(root), "/dev/vfio/45")
+        mine = [h.fd for h in scan.by_node["/dev/vfio/45"] if h.pid == os.getpid()]
+        assert fd in mine and other not in mine
     finally:
         os.close(fd)
+        os.close(other)

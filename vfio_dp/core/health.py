@@ -215,6 +215,9 @@ class HealthModel:
 
     states: dict[str, DeviceHealth] = field(default_factory=dict)
     _pending: dict[str, Verdict] = field(default_factory=dict)
+    #: wall time of the last update: every device it confirmed was checked then (a state
+    #: whose only news is that time is not rebuilt; :meth:`checked` gives it)
+    scanned: float = 0.0
 
     def update(
         self,
@@ -225,22 +228,24 @@ class HealthModel:
         now: float,
     ) -> Update:
         changed: list[DeviceHealth] = []
+        lagging = {n: self.checked(n) for n in self._pending}  # their checked stays
+        before, self.scanned = self.scanned, now
         for name, v in sorted(verdicts.items()):
             cur = self.states.get(name)
             is_held = name in held
-            if cur is not None and name in in_flight:
-                self.states[name] = _replace(cur, checked=now, held=is_held)
-                self._pending.pop(name, None)
-                continue
-            if cur is not None and (cur.health, cur.faults) == (v.health, v.faults):
-                self.states[name] = _replace(cur, checked=now, held=is_held)
+            if cur is not None and (
+                name in in_flight or (cur.health, cur.faults) == (v.health, v.faults)
+            ):
+                if cur.held != is_held:
+                    self.states[name] = _replace(cur, checked=now, held=is_held)
                 self._pending.pop(name, None)
                 continue
             debounce = cur is not None and is_held and self._pending.get(name) != v
             if debounce:
-                self._pending[name] = v
                 assert cur is not None
-                self.states[name] = _replace(cur, held=is_held)
+                self._pending[name] = v
+                last = lagging.get(name, max(cur.checked, before))
+                self.states[name] = _replace(cur, checked=last, held=is_held)
                 continue
             self._pending.pop(name, None)
             new = DeviceHealth(name, v.health, v.faults, since=now, checked=now, held=is_held)
@@ -253,6 +258,17 @@ class HealthModel:
         for name in set(self._pending) - set(verdicts):
             del self._pending[name]
         return Update(tuple(changed), tuple(gone), tuple(sorted(self._pending)))
+
+    @property
+    def waiting(self) -> bool:
+        """Does a new verdict wait for a confirming scan?"""
+        return bool(self._pending)
+
+    def checked(self, name: str) -> float:
+        """Wall time of the last scan that looked at device ``name`` (the last update, unless
+        its new verdict waits for confirmation: then the scan before)."""
+        h = self.states[name]
+        return h.checked if name in self._pending else max(h.checked, self.scanned)
 
 
 def _replace(h: DeviceHealth, *, checked: float | None = None, held: bool) -> DeviceHealth:

@@ -287,6 +287,7 @@ class NodeCore:
         if conflicts:
             process = "the DRA plugin" if self.options.path == DRA else "the device-plugin daemon"
             raise PathConflictError(process, self.options.node_name, conflicts)
+
     async def _reconcile_sriov(self) -> list[PciAddress]:
         """Make each named PF's VF count what the config asks (see the module docstring);
         a message repeated pass after pass (a held VF) is logged once."""

@@ -24,7 +24,7 @@ group still held open after Unprepare) are *in flight*: their devices keep their
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
@@ -139,8 +139,14 @@ class Report:
     checked: int  # unix seconds of the last scan that looked at it
 
 
-def reports(states: Mapping[str, DeviceHealth], published: Iterable[str]) -> list[Report]:
-    """The full device list of the pool as kubelet wants it (published devices only)."""
+def reports(
+    states: Mapping[str, DeviceHealth],
+    published: Iterable[str],
+    checked: Callable[[str], float] | None = None,
+) -> list[Report]:
+    """The full device list of the pool as kubelet wants it (published devices only);
+    ``checked`` gives a device's last check (:meth:`vfio_dp.core.health.HealthModel.checked`;
+    default: the state's own)."""
     out: list[Report] = []
     for name in sorted(set(published)):
         h = states.get(name)
@@ -149,7 +155,7 @@ def reports(states: Mapping[str, DeviceHealth], published: Iterable[str]) -> lis
         message = h.message
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
-        out.append(Report(name, h.health, message, int(h.checked)))
+        out.append(Report(name, h.health, message, int(checked(name) if checked else h.checked)))
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as v1_pb2
@@ -47,7 +47,8 @@ class HealthStream:
     def __init__(self, pool: str, timeout_seconds: int) -> None:
         self.pool = pool
         self.timeout_seconds = timeout_seconds
-        self.latest: tuple[Report, ...] | None = None
+        self._latest: tuple[Report, ...] | None = None
+        self._make: Callable[[], Sequence[Report]] | None = None
         self.sent = 0  # responses sent, all streams (metrics, tests)
         self.closed = False
         self._subscribers: set[asyncio.Event] = set()
@@ -56,9 +57,22 @@ class HealthStream:
     def streams(self) -> int:
         return len(self._subscribers)
 
-    def publish(self, reports: Sequence[Report]) -> None:
-        """The new full list; every stream sends it (the event loop's thread only)."""
-        self.latest = tuple(reports)
+    @property
+    def latest(self) -> tuple[Report, ...] | None:
+        """The latest full list (None before the first :meth:`publish`)."""
+        if self._make is not None:
+            self._latest, self._make = tuple(self._make()), None
+        return self._latest
+
+    def publish(self, reports: Sequence[Report] | Callable[[], Sequence[Report]]) -> None:
+        """The new full list, or what makes it: a callable is called only when a stream (or
+        :attr:`latest`) needs the list -- with no kubelet stream open, an idle resync builds
+        none. Every stream sends it (the event loop's thread only)."""
+        if callable(reports):
+            self._make = reports
+            self._latest = ()  # published: a stream opened now sends it at once
+        else:
+            self._latest, self._make = tuple(reports), None
         for wake in self._subscribers:
             wake.set()
 

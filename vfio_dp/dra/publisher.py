@@ -10,6 +10,7 @@ must allow)::
 
     GET    /api/v1/nodes/<node>                                   (the owner reference's uid)
     GET    /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>
+           (also as a metadata-only list: Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1)
     POST   /apis/resource.k8s.io/v1/resourceslices?fieldValidation=Strict
     PUT    /apis/resource.k8s.io/v1/resourceslices/<name>?fieldValidation=Strict  (resourceVersion read)
     DELETE /apis/resource.k8s.io/v1/resourceslices/<name>
@@ -22,7 +23,10 @@ Invariants:
 - what we wrote is remembered by ``resourceVersion``: a slice deleted or changed by anyone
   else (kubelet deletes a node's slices at its start and 30 s after the driver goes away) is
   noticed at the next reconcile — the plugin reconciles after every scan of the node core,
-  so within one resync — and the pool is republished at a new generation;
+  so within one resync — and the pool is republished at a new generation; while the devices
+  are unchanged, that check is a metadata-only list (names and resourceVersions, a few
+  hundred bytes per slice instead of every device), the full list only when they differ (a
+  server that refuses the metadata form, 406, gets the full list every time);
 - at start, slices already on the server that are exactly what we would publish are adopted
   without a write (a restart does not churn the scheduler);
 - calls block, so they run on one thread of their own, never on the event loop and never on
@@ -52,6 +56,8 @@ log = logging.getLogger("vfio_dp.dra")
 
 TIMEOUT = 10.0
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+#: the Accept of a metadata-only list (kube-apiserver's PartialObjectMetadataList transform)
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 MAX_BACKOFF = 10.0
 
 
@@ -136,6 +142,7 @@ class SlicePublisher:
         self.writes = 0  # reconciles that wrote (tests, metrics)
         self.problem: str | None = None  # the last error, None once a reconcile succeeds
         self.on_published: list[Any] = []  # callbacks(generation, slices) after each write
+        self.metadata_lists = True  # False once the server refused the metadata-only form
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vfio_dp-api")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -189,9 +196,10 @@ class SlicePublisher:
         *,
         query: list[tuple[str, str]] | None = None,
         body: Slice | None = None,
+        accept: str = "application/json",
     ) -> dict[str, Any]:
         """One API request through the client's ``ApiClient``; the answer's JSON."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = "application/json"
         try:
@@ -223,14 +231,32 @@ class SlicePublisher:
             raise PublishError(f"Node {self.node.name} has no metadata.uid")
         self.node = NodeRef(self.node.name, uid)
 
-    def _list(self) -> dict[str, Slice]:
+    def _list(self, metadata_only: bool = False) -> dict[str, Slice]:
+        """This node's slices of our driver, by name (``metadata_only``: each only its
+        ``metadata``, as ``PartialObjectMetadata``)."""
         answer = self._call(
             "listing this node's ResourceSlices",
             "GET",
             SLICES_PATH,
             query=[("fieldSelector", f"spec.nodeName={self.node.name},spec.driver={self.driver}")],
+            accept=METADATA_LIST if metadata_only else "application/json",
         )
         return {s["metadata"]["name"]: s for s in answer.get("items") or []}
+
+    def _unchanged_on_server(self) -> bool:
+        """Does the server hold exactly the slices we wrote (names and resourceVersions)?
+        One metadata-only list; False also when the server refuses that form (406: every
+        later check lists in full)."""
+        try:
+            current = self._list(metadata_only=True)
+        except PublishError as e:
+            if "HTTP 406" not in str(e):
+                raise
+            log.info("the API server refuses metadata-only lists (%s): listing in full", e)
+            self.metadata_lists = False
+            return False
+        versions = {n: s["metadata"].get("resourceVersion", "") for n, s in current.items()}
+        return versions == self.written
 
     def list_current(self) -> dict[str, Slice]:
         """This node's slices of our driver on the server, by name (blocking)."""
@@ -254,6 +280,13 @@ class SlicePublisher:
                 if not any(code in str(e) for code in ("HTTP 409", "HTTP 404")):
                     raise
                 log.info("the pool changed under us (%s): listing it again", e)
+        elif (
+            self.written
+            and devices == self.written_devices
+            and self.metadata_lists
+            and self._unchanged_on_server()
+        ):
+            return False
         current = self._list()
         highest = max(
             [self.generation]

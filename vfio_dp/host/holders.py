@@ -10,7 +10,10 @@ process table through the root::
 A descriptor matches a node when its link text is the node's path, or -- for a process in
 another mount namespace (a pod's QEMU) whose path may differ -- when ``stat`` through the
 magic link (which does not open anything) shows the same character device number as
-``<root>/dev/vfio/<N>``. A process that exits mid-scan is skipped. A process whose ``fd``
+``<root>/dev/vfio/<N>``; only descriptors whose target is named like a group node (``45``,
+``noiommu-45``) are ``stat``-ed, so the scan costs one ``readlink`` per descriptor of the
+host, and the nodes themselves are ``stat``-ed only when such a descriptor shows up. A process
+that exits mid-scan is skipped. A process whose ``fd``
 directory cannot be read (not root) makes the answer *uncertain*: callers that would give
 a device back must then wait, never guess.
 """
@@ -72,16 +75,24 @@ def _rdev(path: str) -> int | None:
     return st.st_rdev if stat.S_ISCHR(st.st_mode) else None
 
 
+def _group_node_name(target: str) -> bool:
+    """Is ``target`` (a descriptor's link text) a path whose name a VFIO group node has --
+    ``/dev/vfio/45`` or ``/dev/vfio/noiommu-45``, in whatever directory the process sees it?"""
+    if not target.startswith("/"):
+        return False  # socket:[...], pipe:[...], anon_inode:[...]
+    name = target.rpartition("/")[2]
+    return name.isdigit() or (name.startswith("noiommu-") and name[8:].isdigit())
+
+
 def scan_holders(root: Root, nodes: Iterable[str]) -> HolderScan:
     """Scan ``<root>/proc/*/fd`` once for every node of ``nodes`` (host paths under /dev)."""
     nodes = list(nodes)
     for n in nodes:  # built by us from group numbers; never from input
         if not n.startswith("/dev/") or "/../" in n or n.endswith("/.."):
             raise ValueError(f"not a device node path: {n!r}")
-    wanted = {n: _rdev(root.prefix + n) for n in nodes}
-    by_path = set(wanted)
-    by_rdev = {r: n for n, r in wanted.items() if r is not None}
-    out = HolderScan(by_node={n: [] for n in wanted})
+    by_path = set(nodes)
+    by_rdev: dict[int, str] | None = None  # read when first needed (see the docstring)
+    out = HolderScan(by_node={n: [] for n in nodes})
     proc = root.path("proc")
     try:
         pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
@@ -106,7 +117,10 @@ def scan_holders(root: Root, nodes: Iterable[str]) -> HolderScan:
             except OSError:
                 continue  # closed or exited meanwhile
             node = target if target in by_path else None
-            if node is None and by_rdev and target.startswith("/"):
+            if node is None and _group_node_name(target):
+                if by_rdev is None:
+                    rdevs = {n: _rdev(root.prefix + n) for n in nodes}
+                    by_rdev = {r: n for n, r in rdevs.items() if r is not None}
                 node = by_rdev.get(_rdev(link) or -1)
             if node is None:
                 continue

@@ -101,6 +101,7 @@ class Selector:
         if not self.nodes:
             return True
         return node is not None and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
+
     taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
     sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
     num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have

@@ -247,7 +247,9 @@ def withdraw_held(units: list[DraUnit], held: dict[int, str]) -> list[DraUnit]:
     ``/dev/vfio/<N>`` open, e.g. a VM the device plugin started before the node moved to
     DRA) withdrawn, the holder as the reason: a VFIO group is opened by one process only, so
     a claim for it could never be prepared. Callers leave out the groups their own prepared
-    claims hold."""
+    claims hold. Nothing held: ``units`` itself."""
+    if not held:
+        return units
     out: list[DraUnit] = []
     for u in units:
         why = held.get(u.group)
