@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import datetime
 import ipaddress
 import json
@@ -76,6 +75,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client as k8s
+
+
+def _clone(obj: Any) -> Any:
+    """A deep copy of a JSON value (every stored object is one: it came in as JSON): a JSON
+    round trip, several times faster than ``copy.deepcopy``, which was most of the stand-in's
+    time per request."""
+    return json.loads(json.dumps(obj))
+
 
 MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's default request body limit
 RESOURCE_GROUP = "resource.k8s.io"
@@ -846,8 +853,8 @@ def _rbac_verb(method: str, named: bool, query: dict[str, str]) -> str:
 def _json_merge(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return _clone(patch)
+    result = _clone(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -864,7 +871,7 @@ def _json_patch(doc: Any, ops: Any) -> Any:
             "(a JSON Patch body must be a list of operations; for a partial object send "
             "Content-Type application/merge-patch+json)"
         )
-    doc = copy.deepcopy(doc)
+    doc = _clone(doc)
 
     def split(pointer: str) -> list[str]:
         if not pointer.startswith("/"):
@@ -897,16 +904,16 @@ def _json_patch(doc: Any, ops: Any) -> Any:
         for op in ops:
             kind, path = op["op"], op["path"]
             if kind == "add":
-                add(path, copy.deepcopy(op["value"]))
+                add(path, _clone(op["value"]))
             elif kind == "remove":
                 remove(path)
             elif kind == "replace":
                 remove(path)
-                add(path, copy.deepcopy(op["value"]))
+                add(path, _clone(op["value"]))
             elif kind == "move":
                 add(path, remove(op["from"]))
             elif kind == "copy":
-                add(path, copy.deepcopy(get(op["from"])))
+                add(path, _clone(get(op["from"])))
             elif kind == "test":
                 if get(path) != op["value"]:
                     raise ApiError(422, "Invalid", f"the test operation on {path} failed")
@@ -1093,7 +1100,7 @@ class ApiServerStandin:
     def objects(self, kind: Kind, namespace: str = "") -> list[dict[str, Any]]:
         with self.lock:
             return [
-                copy.deepcopy(o)
+                _clone(o)
                 for (p, ns, _), o in sorted(self.store.objects.items())
                 if p == kind.plural and (not namespace or ns == namespace)
             ]
@@ -1118,7 +1125,7 @@ class ApiServerStandin:
         return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def _emit(self, kind: Kind, type_: str, obj: dict[str, Any]) -> None:
-        self.store.events.append(Event(self.store.rv, type_, kind, copy.deepcopy(obj)))
+        self.store.events.append(Event(self.store.rv, type_, kind, _clone(obj)))
         self.lock.notify_all()
 
     def _decode(self, kind: Kind, body: Any) -> dict[str, Any]:
@@ -1132,7 +1139,7 @@ class ApiServerStandin:
                 raise _bad_request(
                     f"{f} {str(body.get(f))[:80]!r} does not match the URL: expected {want!r}"
                 )
-        return copy.deepcopy(body)
+        return _clone(body)
 
     def _validate(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         causes = VALIDATORS[kind.plural](obj, old)
@@ -1180,7 +1187,7 @@ class ApiServerStandin:
         )
         self.store.objects[key] = obj
         self._emit(kind, "ADDED", obj)
-        return copy.deepcopy(obj)
+        return _clone(obj)
 
     def _get(self, kind: Kind, ns: str, name: str) -> dict[str, Any]:
         obj = self.store.objects.get(self._key(kind, ns, name))
@@ -1242,13 +1249,13 @@ class ApiServerStandin:
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise _conflict(kind, name)
         if status:  # the /status subresource changes only status
-            merged = copy.deepcopy(old)
+            merged = _clone(old)
             merged["status"] = new.get("status")
             new = merged
             if kind is CLAIMS:
                 self._authorize_claim_status(old, new, verb)
         elif kind.has_status:
-            new["status"] = copy.deepcopy(old.get("status"))
+            new["status"] = _clone(old.get("status"))
         for server_owned in (
             "uid",
             "creationTimestamp",
@@ -1264,14 +1271,14 @@ class ApiServerStandin:
         new["kind"], new["apiVersion"] = kind.kind, kind.api_version
         self._validate(kind, new, old)
         if new == old:
-            return copy.deepcopy(old)  # a no-op update does not bump resourceVersion
+            return _clone(old)  # a no-op update does not bump resourceVersion
         if new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         self.store.rv += 1
         new["metadata"]["resourceVersion"] = str(self.store.rv)
         self.store.objects[self._key(kind, ns, name)] = new
         self._emit(kind, "MODIFIED", new)
-        return copy.deepcopy(new)
+        return _clone(new)
 
     def _patch(
         self, kind: Kind, ns: str, name: str, body: Any, content_type: str, *, status: bool
@@ -1314,7 +1321,7 @@ class ApiServerStandin:
             raise _conflict(kind, name)
         del self.store.objects[self._key(kind, ns, name)]
         self.store.rv += 1
-        gone = copy.deepcopy(obj)
+        gone = _clone(obj)
         gone["metadata"]["resourceVersion"] = str(self.store.rv)
         self._emit(kind, "DELETED", gone)
         return gone
@@ -1339,7 +1346,7 @@ class ApiServerStandin:
     def _list(self, kind: Kind, ns: str, query: dict[str, str]) -> dict[str, Any]:
         match = self._select(kind, ns, query)
         items = [
-            copy.deepcopy(o)
+            _clone(o)
             for (p, _, _), o in sorted(self.store.objects.items())
             if p == kind.plural and match(o)
         ]
@@ -1369,7 +1376,7 @@ class ApiServerStandin:
             if rv_text in ("", "0"):
                 start = self.store.rv
                 initial = [
-                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    {"type": "ADDED", "object": _clone(o)}
                     for (p, _, _), o in sorted(self.store.objects.items())
                     if p == kind.plural and match(o)
                 ]
@@ -1407,7 +1414,7 @@ class ApiServerStandin:
                 seen = self.store.events[-1].rv
             for e in batch:
                 if e.kind is kind and match(e.obj):
-                    yield {"type": e.type, "object": copy.deepcopy(e.obj)}
+                    yield {"type": e.type, "object": _clone(e.obj)}
 
 
 def _tls_context(directory: str) -> tuple[bytes, ssl.SSLContext]:
@@ -1571,7 +1578,7 @@ class _Handler(BaseHTTPRequestHandler):
                     result = (
                         self.api._get(kind, ns, name) if name else self.api._list(kind, ns, query)
                     )
-                    result = copy.deepcopy(result)
+                    result = _clone(result)
                     if answered_as == METADATA_LIST:
                         result = _metadata_list(result)
                 elif method == "POST" and not name:

@@ -328,14 +328,14 @@ class NodeCore:
         return await self.run(self.host.refresh, inv)
 
     async def _scan(self, trigger: str, full: bool = False) -> Inventory:
-        """Full scan at start, on config changes and every FULL_SCAN_INTERVAL (always, with
-        ``usage``); otherwise a refresh of the previous inventory (new devices read in full,
-        known ones only for driver/override/cdev) — what keeps a uevent → front-end update
+        """Full scan at start, on config changes and every FULL_SCAN_INTERVAL; otherwise a
+        refresh of the previous inventory (new devices read in full, known ones only for
+        driver/override/cdev; with ``usage``, the host's use read again from its global files,
+        :func:`vfio_dp.host.changes.with_usage`) — what keeps a uevent → front-end update
         well under 1 s on thousands of devices, and Allocate latency low while a scan runs."""
         now = time.monotonic()
         full = (
             full
-            or self.options.usage
             or self.inventory is None
             or trigger.startswith(("start", "config"))
             or now - self._last_full_scan >= FULL_SCAN_INTERVAL
@@ -347,9 +347,13 @@ class NodeCore:
             )
             self._last_full_scan = now
         else:
-            look, inv = await self.run(self._look_and, lambda: self.host.refresh(previous))
+            look, inv = await self.run(self._look_and, lambda: self._refresh(previous))
         self._fingerprint = look
         return inv
+
+    def _refresh(self, previous: Inventory) -> Inventory:
+        inv = self.host.refresh(previous)
+        return with_usage(self.host.fs, inv) if self.options.usage else inv
 
     def _look_and(self, scan: Callable[[], Inventory]) -> tuple[Fingerprint, Inventory]:
         """The cheap look, then the scan (in this order: a change during the scan differs

@@ -63,7 +63,7 @@ from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
-from vfio_dp.model.device import Inventory
+from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
@@ -111,8 +111,7 @@ class DraPlugin(FrontEnd):
         #: when its cheap look finds no change): their units and devices are reused, not
         #: recomputed (4,096 devices: ~8 % of a CPU at --resync 5 before)
         self._units_of: tuple[Inventory, Config, list[DraUnit]] | None = None
-        self._built_in: Inventory | None = None
-        self._built: dict[str, tuple[DraUnit, Device]] = {}
+        self._built: dict[str, tuple[DraUnit, PciDevice, Device]] = {}
         #: what the last scan's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
         self._missing_for: tuple[Any, Any, health.ClaimHolds, set[int]] | None = None
@@ -274,18 +273,23 @@ class DraPlugin(FrontEnd):
 
     def _devices(self, shown: Sequence[DraUnit], inv: Inventory) -> dict[str, Device]:
         """The slice device of each unit in ``shown``, by name: the one built before when
-        the inventory is the same object and the unit is equal, else built anew."""
-        if inv is not self._built_in:
-            self._built_in, self._built = inv, {}
+        the unit and its primary function's record are equal (a device depends on nothing
+        else but its PCIe root, which does not change while it is present), else built anew
+        -- a change of one function rebuilds one device, an idle resync none."""
         cache = self._built
-        fresh: dict[str, tuple[DraUnit, Device]] = {}
+        fresh: dict[str, tuple[DraUnit, PciDevice, Device]] = {}
         for u in shown:
+            dev = inv.devices[u.primary]
             hit = cache.get(u.name)
-            if hit is None or not (hit[0] is u or hit[0] == u):
-                hit = (u, device_for(u, inv, self._roots))
+            if (
+                hit is None
+                or not (hit[0] is u or hit[0] == u)
+                or not (hit[1] is dev or hit[1] == dev)
+            ):
+                hit = (u, dev, device_for(u, inv, self._roots))
             fresh[u.name] = hit
         self._built = fresh
-        return {n: d for n, (_, d) in fresh.items()}
+        return {n: d for n, (_, _, d) in fresh.items()}
 
     async def _published_on_server(self) -> dict[str, list[dict[str, str]]]:
         """The taints of this node's devices on the server now, by name (a restart keeps

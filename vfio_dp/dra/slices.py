@@ -51,7 +51,7 @@ are left out, never cut), an empty pool is one slice without devices.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,17 +197,23 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def build_slices(
-    devices: Sequence[Device], *, driver: str, node: NodeRef, generation: int
+    devices: Sequence[Device],
+    *,
+    driver: str,
+    node: NodeRef,
+    generation: int,
+    encode: Callable[[Device], dict[str, Any]] = Device.to_json,
 ) -> list[Slice]:
     """The slices of this node's pool at ``generation`` (one without devices when empty);
     :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted or
     consumes counters; after the devices' slices, the PFs' counter sets in slices of their own
-    (see the module docstring)."""
+    (see the module docstring). ``encode`` gives a device's JSON (a caller may reuse what it
+    encoded before for the same device: the result is only read)."""
     size = MAX_DEVICES_PER_SLICE
     if any(d.taints or d.counter_set is not None for d in devices):
         size = MAX_DEVICES_WITH_TAINTS
     chunks: list[dict[str, Any]] = [
-        {"devices": [d.to_json() for d in devices[i : i + size]]}
+        {"devices": [encode(d) for d in devices[i : i + size]]}
         for i in range(0, len(devices), size)
     ] or [{"devices": []}]
     consumed: dict[str, int] = {}
