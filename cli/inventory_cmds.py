@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
     from vfio_dp.model.device import Inventory, PciDevice
-    from vfio_dp.model.serving import DeviceServing
+    from vfio_dp.model.serving import DeviceServing, DraUnit
 
 
 def _config(path: str | None, node: str | None = None) -> Config:
@@ -82,17 +82,21 @@ def device_json(
     }
 
 
-def _serving(inv: Inventory, cfg: Config) -> dict[PciAddress, DeviceServing]:
-    """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules)."""
+def _serving(inv: Inventory, cfg: Config) -> tuple[dict[PciAddress, DeviceServing], list[DraUnit]]:
+    """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules), and
+    the DRA units it was computed from (for :func:`_dra_view`: computed once)."""
     from vfio_dp.deviceplugin.listing import compute_listing
     from vfio_dp.model.serving import choose, device_serving, dra_units
 
     chosen = choose(inv, cfg)  # one selector match per device, shared by both paths' rules
     listing = compute_listing(inv, cfg, chosen=chosen)
-    return device_serving(inv, cfg, listing.membership, dra_units(inv, cfg, chosen), chosen)
+    units = dra_units(inv, cfg, chosen)
+    return device_serving(inv, cfg, listing.membership, units, chosen), units
 
 
-def _dra_view(host: Host, inv: Inventory, cfg: Config, driver: str) -> dict[int, GroupView]:
+def _dra_view(
+    host: Host, inv: Inventory, units: list[DraUnit], driver: str
+) -> dict[int, GroupView]:
     """By IOMMU group: the health and taint the DRA plugin would publish now (its pure rules,
     the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
     import time
@@ -100,12 +104,10 @@ def _dra_view(host: Host, inv: Inventory, cfg: Config, driver: str) -> dict[int,
     from vfio_dp.dra import health
     from vfio_dp.dra.checkpoint import peek
     from vfio_dp.host.vfio import group_nodes_present
-    from vfio_dp.model.serving import dra_units
 
     records, problem = peek(host, driver)
     if problem:
         click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
-    units = dra_units(inv, cfg)
     holds = health.claim_holds(records)
     present = group_nodes_present(host.fs, health.nodes_to_check(inv, units, holds))
     missing = {g for g, ok in present.items() if not ok}
@@ -161,8 +163,8 @@ def list_cmd(
         host = host_for(root)
         inv = host.scan()
         names = host.names(inv)
-        serving = _serving(inv, cfg)
-        view = _dra_view(host, inv, cfg, dra_driver)
+        serving, units = _serving(inv, cfg)
+        view = _dra_view(host, inv, units, dra_driver)
         shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
         if output == "name":
             print_names([str(a) for a in shown])
@@ -283,14 +285,14 @@ def groups_cmd(
             return 0
         paths = group_paths(inv, cfg)
         splits = path_splits(inv, cfg)
-        serving = _serving(inv, cfg)
+        serving, units = _serving(inv, cfg)
         resources: dict[int, dict[str, str]] = {}
         for a, s in serving.items():
             group = inv.devices[a].iommu_group
             name = s.resource or s.dra_resource
             if group is not None and name and s.served_by:
                 resources.setdefault(group, {})[name] = s.served_by
-        view = _dra_view(host, inv, cfg, dra_driver)
+        view = _dra_view(host, inv, units, dra_driver)
         if output in MACHINE:
             print_json(
                 [
