@@ -101,13 +101,17 @@ def _dra_view(
     the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
     import time
 
-    from vfio_dp.dra import health
     from vfio_dp.dra.checkpoint import peek
-    from vfio_dp.host.vfio import group_nodes_present
 
     records, problem = peek(host, driver)
     if problem:
         click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
+    if not units and not records:
+        return {}  # nothing on the DRA path: its rules (and their imports) are not needed
+
+    from vfio_dp.dra import health
+    from vfio_dp.host.vfio import group_nodes_present
+
     holds = health.claim_holds(records)
     present = group_nodes_present(host.fs, health.nodes_to_check(inv, units, holds))
     missing = {g for g, ok in present.items() if not ok}
