@@ -471,29 +471,41 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> list[tupl
         if name in seen:
             causes.append((f"spec.devices[{i}]", f"Duplicate value: {name!r}"))
         seen.add(name)
-    sets = spec.get("sharedCounters") or []
-    if len(sets) > MAX_COUNTER_SETS:
-        causes.append(
-            (
-                "spec.sharedCounters",
-                f"Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS} items",
-            )
+    causes.extend(
+        _counter_list_problems(
+            spec.get("sharedCounters") or [],
+            "spec.sharedCounters",
+            key="name",
+            limit=MAX_COUNTER_SETS,
+            counters_limit=MAX_COUNTERS_PER_SET,
         )
-    set_names: set[str] = set()
-    for i, counter_set in enumerate(sets):
-        path = f"spec.sharedCounters[{i}]"
-        name = (counter_set or {}).get("name") or ""
+    )
+    return causes
+
+
+def _counter_list_problems(
+    items: list[Any], path: str, *, key: str, limit: int, counters_limit: int
+) -> list[tuple[str, str]]:
+    """A slice's ``sharedCounters`` (``key`` ``name``) or a device's ``consumesCounters``
+    (``key`` ``counterSet``), as upstream's validateSet over validateCounterSet /
+    validateDeviceCounterConsumption: at most ``limit`` items, each named by ``key`` with a
+    DNS label, unique, with a valid ``counters`` map of at most ``counters_limit``."""
+    causes: list[tuple[str, str]] = []
+    if len(items) > limit:
+        causes.append((path, f"Too many: {len(items)}: must have at most {limit} items"))
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        ipath = f"{path}[{i}]"
+        name = (item or {}).get(key) or ""
         if not name:
-            causes.append((f"{path}.name", "Required value"))
+            causes.append((f"{ipath}.{key}", "Required value"))
         elif why := _dns_label(name):
-            causes.append((f"{path}.name", f"Invalid value: {name[:80]!r}: {why}"))
-        elif name in set_names:
-            causes.append((path, f"Duplicate value: {name!r}"))
-        set_names.add(name)
+            causes.append((f"{ipath}.{key}", f"Invalid value: {name[:80]!r}: {why}"))
+        elif name in seen:
+            causes.append((ipath, f"Duplicate value: {name!r}"))
+        seen.add(name)
         causes.extend(
-            _counters_problems(
-                (counter_set or {}).get("counters"), MAX_COUNTERS_PER_SET, f"{path}.counters"
-            )
+            _counters_problems((item or {}).get("counters"), counters_limit, f"{ipath}.counters")
         )
     return causes
 
@@ -600,30 +612,15 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
                 (f"{key_path}.value", f"Invalid value: {str(value)[:80]!r}: not a quantity")
             )
     causes.extend(_taint_problems(device.get("taints") or [], f"{path}.taints"))
-    consumes = device.get("consumesCounters") or []
-    if len(consumes) > MAX_CONSUMPTIONS_PER_DEVICE:
-        causes.append(
-            (
-                f"{path}.consumesCounters",
-                f"Too many: {len(consumes)}: must have at most {MAX_CONSUMPTIONS_PER_DEVICE} items",
-            )
+    causes.extend(
+        _counter_list_problems(
+            device.get("consumesCounters") or [],
+            f"{path}.consumesCounters",
+            key="counterSet",
+            limit=MAX_CONSUMPTIONS_PER_DEVICE,
+            counters_limit=MAX_COUNTERS_PER_CONSUMPTION,
         )
-    used: set[str] = set()
-    for j, c in enumerate(consumes):
-        cpath = f"{path}.consumesCounters[{j}]"
-        cs = (c or {}).get("counterSet") or ""
-        if not cs:
-            causes.append((f"{cpath}.counterSet", "Required value"))
-        elif why := _dns_label(cs):
-            causes.append((f"{cpath}.counterSet", f"Invalid value: {cs[:80]!r}: {why}"))
-        elif cs in used:
-            causes.append((cpath, f"Duplicate value: {cs!r}"))
-        used.add(cs)
-        causes.extend(
-            _counters_problems(
-                (c or {}).get("counters"), MAX_COUNTERS_PER_CONSUMPTION, f"{cpath}.counters"
-            )
-        )
+    )
     return causes
 
 
