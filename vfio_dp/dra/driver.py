@@ -114,7 +114,6 @@ class DraPlugin(FrontEnd):
         self._built: dict[str, tuple[DraUnit, PciDevice, Device]] = {}
         #: what the last scan's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
-        self._missing_for: tuple[Any, Any, health.ClaimHolds, set[int]] | None = None
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
         #: this node's device taints on the server at start, by device name
@@ -198,22 +197,24 @@ class DraPlugin(FrontEnd):
             self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
         for gone in set(self._roots) - set(inv.devices):
             del self._roots[gone]
-        missing = await self._missing(inv, units, holds)
-        key, last = (inv, config, units, holds, missing), self._idle_key
+        key, last = (inv, config, units, holds), self._idle_key
         self._idle_key = key
         if (
             last is not None
             and all(a is b for a, b in zip(key[:3], last[:3], strict=True))
-            and key[3:] == last[3:]
+            and holds == last[3]
             and not self.health.waiting
         ):
-            # an idle resync: the same inventory, config, units, claims and devnodes give
-            # the same verdicts and devices -- only the time of the last check moves
+            # an idle resync: the same inventory, config, units and claims give the same
+            # verdicts and devices -- and the same devnodes: the core hands the same inventory
+            # only while its cheap look (vfio_dp.host.changes.fingerprint, which lists
+            # /dev/vfio) is unchanged. Only the time of the last check moves.
             self.health.scanned = time.time()
             self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
             self.publisher.want(self.devices)
             self._publish_health(self.devices)
             return
+        missing = await self.core.run(self._missing_nodes, inv, units, holds)
         verdicts = assess(units, inv, holds.held, missing)
         busy = await self.core.run(self._busy, verdicts, holds)
         update = self.health.update(
@@ -309,20 +310,6 @@ class DraPlugin(FrontEnd):
     def _confirm_scan(self) -> None:
         self._confirm = None
         self.core.kick("health confirm")
-
-    async def _missing(
-        self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
-    ) -> set[int]:
-        """:meth:`_missing_nodes`, read again only when the inventory, the units or the
-        claims changed: the core hands the same inventory only while its cheap look
-        (:func:`vfio_dp.host.changes.fingerprint`, which lists ``/dev/vfio``) is unchanged, so
-        no node can have come or gone meanwhile."""
-        last = self._missing_for
-        if last is not None and last[0] is inv and last[1] is units and last[2] == holds:
-            return last[3]
-        missing = await self.core.run(self._missing_nodes, inv, units, holds)
-        self._missing_for = (inv, units, holds, missing)
-        return missing
 
     def _missing_nodes(
         self, inv: Inventory, units: list[DraUnit], holds: health.ClaimHolds
