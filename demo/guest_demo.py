@@ -341,15 +341,7 @@ async def steps_3_to_6() -> None:
 
 
 def step6(vmi: str, env_name: str, addr: str) -> None:
-    base = os.path.join(WORK, "domain.xml")
-    write(
-        base,
-        "<domain type='qemu'>\n  <name>demo</name>\n  <memory unit='MiB'>128</memory>\n"
-        "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
-        "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
-        "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
-        "  </devices>\n</domain>\n",
-    )
+    base = base_domain("demo")
     env = {env_name: addr}
     say(f"$ {env_name}={addr} vfioctl hostdev {vmi}")
     p = run([VFIOCTL, "hostdev", vmi], env=env, show=False)
@@ -375,17 +367,37 @@ def step6(vmi: str, env_name: str, addr: str) -> None:
     facts["hostdev_xml"] = p.stdout
     consumer = start_with_libvirt(vmi, base, env) or start_with_qemu(addr)
     facts["consumer"] = consumer
-    node = f"/dev/vfio/{group(addr)}"
+    vm_holds("6", consumer, f"/dev/vfio/{group(addr)}")
+
+
+def base_domain(name: str) -> str:
+    """``$WORK/<name>.xml``: the smallest q35 domain ``vfioctl hostdev --domain-xml`` merges
+    a ``<hostdev>`` into (the VM is named ``name``); returns its path."""
+    path = os.path.join(WORK, f"{name}.xml")
+    write(
+        path,
+        f"<domain type='qemu'>\n  <name>{name}</name>\n  <memory unit='MiB'>128</memory>\n"
+        "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
+        "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
+        "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
+        "  </devices>\n</domain>\n",
+    )
+    return path
+
+
+def vm_holds(step: str, consumer: dict[str, Any], node: str) -> None:
+    """Step ``step``'s check that the VM (``consumer``, from :func:`start_with_libvirt` or
+    :func:`start_with_qemu`) holds the group ``node`` and a device fd open; then it stops
+    (its ``stop`` is taken out of the facts)."""
     check(
-        "6",
+        step,
         f"{consumer['how']} holds {node} and a vfio-device fd open — the VM has the device",
         node in consumer["fds"] and "anon_inode:[vfio-device]" in consumer["fds"],
         consumer.get("error", ""),
     )
-    stop = consumer.get("stop")
+    stop = consumer.pop("stop", None)
     if callable(stop):
         stop()
-        consumer.pop("stop", None)
 
 
 def vfio_fds(pid: int) -> list[str]:
@@ -799,28 +811,12 @@ async def steps_8_to_12() -> None:
             and "ua-dra-hostdevice-nic1" in p.stdout,
             p.stderr,
         )
-        base = os.path.join(WORK, "domain-dra.xml")
-        write(
-            base,
-            "<domain type='qemu'>\n  <name>demo-dra</name>\n  <memory unit='MiB'>128</memory>\n"
-            "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
-            "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
-            "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
-            "  </devices>\n</domain>\n",
-        )
+        base = base_domain("demo-dra")
         consumer = start_with_libvirt(
             vmi, base, {}, name="demo-dra", hostdev_args=("--dra-metadata-dir", meta_dir)
         ) or start_with_qemu(LONE)
         facts["dra_consumer"] = consumer
-        check(
-            "11",
-            f"{consumer['how']} holds {node} and a vfio-device fd open — the VM has the device",
-            node in consumer["fds"] and "anon_inode:[vfio-device]" in consumer["fds"],
-            consumer.get("error", ""),
-        )
-        stop = consumer.pop("stop", None)
-        if callable(stop):
-            stop()
+        vm_holds("11", consumer, node)
 
         header("12", "NodeUnprepareResources gives the NIC back to e1000e")
         un = await kubelet.unprepare(DRA_DRIVER, [ref])
@@ -925,29 +921,13 @@ async def step13(api: Any, client: Any, kubelet: Any, cfg: str) -> None:
         "    devices:\n      hostDevices:\n"
         f"      - {{name: nic1, deviceName: {NIC_RESOURCE}}}\n",
     )
-    base = os.path.join(WORK, "domain-ext.xml")
-    write(
-        base,
-        "<domain type='qemu'>\n  <name>demo-ext</name>\n  <memory unit='MiB'>128</memory>\n"
-        "  <os><type arch='x86_64' machine='q35'>hvm</type></os>\n"
-        "  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n"
-        "    <graphics type='vnc' port='-1' autoport='yes' listen='127.0.0.1'/>\n"
-        "  </devices>\n</domain>\n",
-    )
+    base = base_domain("demo-ext")
     say(f"$ {var}={env.get(var)} vfioctl hostdev {vmi}")
     consumer = start_with_libvirt(
         vmi, base, {var: env.get(var, "")}, name="demo-ext"
     ) or start_with_qemu(LONE)
-    facts["ext_consumer"] = {k: v for k, v in consumer.items() if k != "stop"}
-    check(
-        "13",
-        f"{consumer['how']} holds {node} and a vfio-device fd open -- the VM has the device",
-        node in consumer["fds"] and "anon_inode:[vfio-device]" in consumer["fds"],
-        consumer.get("error", ""),
-    )
-    stop = consumer.pop("stop", None)
-    if callable(stop):
-        stop()
+    facts["ext_consumer"] = consumer
+    vm_holds("13", consumer, node)
     ref = (DRA_NS, claim["metadata"]["uid"], claim["metadata"]["name"])
     un = await kubelet.unprepare(DRA_DRIVER, [ref])
     say(f"  NodeUnprepareResources({claim['metadata']['name']}) → {un}")
