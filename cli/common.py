@@ -11,9 +11,12 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from vfio_dp.host import Host
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -343,3 +346,28 @@ def single_instance(root: str, process: str, driver: str | None, wait: float) ->
 
     lock.acquire(wait, waiting)
     return lock
+
+
+def host_for(root: str) -> Host:
+    import gc
+    import os
+
+    from vfio_dp.host import Host
+
+    # A one-shot command: what it reads lives until it exits and makes no reference cycles,
+    # so the cyclic collector would only walk it again and again (~10 % of `list` on a big
+    # host). Memory stays bounded by what the command reads.
+    gc.disable()
+
+    # a big host's scan may use the CPUs this process may run on (a container's cpuset)
+    return Host(root, scan_processes=len(os.sched_getaffinity(0)))
+
+
+def report_operations(host: Host) -> None:
+    """Interrupted binds/unbinds and unreadable records, plainly, on stderr (stdout stays a
+    table or JSON)."""
+    found, problems = host.interrupted()
+    for op in found:
+        click.echo(f"vfioctl: {op.message()}", err=True)
+    for p in problems:
+        click.echo(f"vfioctl: warning: {p}", err=True)

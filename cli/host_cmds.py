@@ -14,6 +14,7 @@ import click
 from cli.common import (
     MACHINE,
     fail,
+    host_for,
     option,
     output_option,
     print_json,
@@ -38,31 +39,6 @@ def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     # the DRA device names `list` prints (pci-0000-3b-00-0) name the same function
     given = [str(a) if (a := dra_device_address(t)) is not None else t for t in addresses]
     return parse_many(given)
-
-
-def host_for(root: str) -> Host:
-    import gc
-    import os
-
-    from vfio_dp.host import Host
-
-    # A one-shot command: what it reads lives until it exits and makes no reference cycles,
-    # so the cyclic collector would only walk it again and again (~10 % of `list` on a big
-    # host). Memory stays bounded by what the command reads.
-    gc.disable()
-
-    # a big host's scan may use the CPUs this process may run on (a container's cpuset)
-    return Host(root, scan_processes=len(os.sched_getaffinity(0)))
-
-
-def report_operations(host: Host) -> None:
-    """Interrupted binds/unbinds and unreadable records, plainly, on stderr (stdout stays a
-    table or JSON)."""
-    found, problems = host.interrupted()
-    for op in found:
-        click.echo(f"vfioctl: {op.message()}", err=True)
-    for p in problems:
-        click.echo(f"vfioctl: warning: {p}", err=True)
 
 
 def _report(

@@ -14,15 +14,16 @@ from cli.common import (
     MACHINE,
     F,
     envvar_for,
+    host_for,
     option,
     output_option,
     print_json,
     print_names,
     print_table,
+    report_operations,
     root_option,
     run_guarded,
 )
-from cli.host_cmds import host_for, report_operations
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
@@ -99,7 +100,13 @@ def _dra_view(
 ) -> dict[int, GroupView]:
     """By IOMMU group: the health and taint the DRA plugin would publish now (its pure rules,
     the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
+    import os
     import time
+
+    from vfio_dp.model.naming import dra_checkpoint_file
+
+    if not units and not os.path.lexists(host.state_file(dra_checkpoint_file(driver))):
+        return {}  # nothing on the DRA path, no claim prepared: its rules are not needed
 
     from vfio_dp.dra.checkpoint import peek
 

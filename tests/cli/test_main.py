@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -56,3 +57,34 @@ def test_help_lists_what_click_would_without_importing_the_commands() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout + out.stderr
+
+
+def test_a_read_only_list_loads_nothing_that_changes_a_machine(tmp_path: Path) -> None:
+    # start-up is most of `vfioctl list` on a small host: the binder, the ledger, the
+    # operations, the check rules and the DRA checkpoint (nothing on vfio-pci, no checkpoint)
+    # stay out
+    from tests.sysfs_tree import Dev, SysfsTree
+
+    tree = SysfsTree(tmp_path)
+    tree.add(Dev("0000:00:1f.6", "8086", "15bb", "020000", driver="e1000e", group=1))
+    tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="nvidia", group=2))
+    code = (
+        "import sys, json, io, contextlib\n"
+        "from cli.main import main\n"
+        "sys.argv = ['vfioctl', 'list', '--root', sys.argv[1], '-o', 'json']\n"
+        "out = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert json.loads(out.getvalue()), 'no devices listed'\n"
+        "print([m for m in ('vfio_dp.host.bind', 'vfio_dp.host.ledger', 'vfio_dp.host.operations',"
+        " 'vfio_dp.model.plan', 'vfio_dp.dra.checkpoint', 'cli.host_cmds', 'queue')"
+        " if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree.root)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

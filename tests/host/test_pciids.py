@@ -60,3 +60,35 @@ def test_only_what_was_asked_and_never_subsystems_or_classes(tmp_path: Path) -> 
 def test_unknown_ids_and_nothing_asked(tmp_path: Path) -> None:
     assert load_names({("abcd", "0001")}, _db(tmp_path)) == {}
     assert load_names(set(), _db(tmp_path)) == {}
+
+
+def _parsed(text: str) -> dict[tuple[str, str | None], str]:
+    """Every vendor and device name, by reading the file line by line (the reference)."""
+    out: dict[tuple[str, str | None], str] = {}
+    vendor = None
+    for line in text.splitlines():
+        if line.startswith("C "):
+            break
+        if line and line[0] not in "\t#":
+            vendor = line[:4]
+            out[(vendor, None)] = line[6:].strip()
+        elif line.startswith("\t") and not line.startswith("\t\t") and vendor:
+            out[(vendor, line[1:5])] = line[7:].strip()
+    return out
+
+
+def test_ids_out_of_order_in_the_file_are_still_found(tmp_path: Path) -> None:
+    # the search goes forward through sorted IDs; a file whose vendors and devices are not in
+    # ascending order (8086 before 10de, 1eb8 before 10f8) must give the same names
+    text = (
+        "8086  Intel Corporation\n\t10d3  82574L\n\t0100  2nd Generation Core\n"
+        "10de  NVIDIA Corporation\n\t1eb8  TU104GL\n\t10f8  TU104 HD Audio\n"
+        "1af4  Red Hat, Inc.\n\t1001  Virtio block device\nC 02  Network controller\n"
+    )
+    p = tmp_path / "pci.ids"
+    p.write_text(text)
+    every = _parsed(text)
+    wanted = {k for k in every if k[1] is not None}
+    assert load_names(wanted, str(p)) == every  # the vendor on the first line too
+    for one in sorted(wanted):
+        assert load_names({one}, str(p)) == {k: every[k] for k in ((one[0], None), one)}

@@ -48,13 +48,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from vfio_dp.dra import cdi
 from vfio_dp.errors import DraError, PathEscapeError
 from vfio_dp.host.atomic import replace_at
 from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.host import read_boot_id
 from vfio_dp.host.records import write_failure
 from vfio_dp.host.root import Root
+from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 
 if TYPE_CHECKING:
@@ -147,6 +147,8 @@ def _device_from_json(d: object) -> DeviceRecord:
 
 
 def _claim_from_json(c: object) -> ClaimRecord:
+    from vfio_dp.dra.cdi import check_uid  # a UID reaches CDI file names: CDI's rule
+
     if not isinstance(c, dict):
         raise TypeError("claim must be an object")
     state = str(c.get("state", PREPARING))
@@ -159,7 +161,7 @@ def _claim_from_json(c: object) -> ClaimRecord:
     return ClaimRecord(
         namespace=str(c["namespace"]),
         name=str(c["name"]),
-        uid=cdi.check_uid(str(c["uid"])),
+        uid=check_uid(str(c["uid"])),
         state=state,
         boot_id=str(c.get("bootID", "")),
         pod_claim_name=None if pcn is None else str(pcn),
@@ -171,11 +173,6 @@ STATE_DIR = ("var", "lib", "vfio_dp")
 
 
 _Undo = tuple[str, "ClaimRecord | None", "tuple[str, object] | None"]  # uid, was, was bad
-
-
-def file_name(driver: str) -> str:
-    """``dra-<driver>.checkpoint.json``."""
-    return f"dra-{cdi.check_driver(driver)}.checkpoint.json"
 
 
 class Checkpoint:
@@ -193,9 +190,9 @@ class Checkpoint:
 
     def _setup(self, root: Root, boot_id: str, driver: str) -> None:
         self.root = root
-        self.name = file_name(driver)
+        self.name = naming.dra_checkpoint_file(driver)
         self.path = root.path(*STATE_DIR, self.name)
-        self.driver = cdi.check_driver(driver)
+        self.driver = naming.check_dra_driver_name(driver)
         self.boot_id = boot_id
         self._lock = threading.Lock()
         self._claims: dict[str, ClaimRecord] = {}
@@ -394,13 +391,15 @@ def peek(host: Host, driver: str) -> tuple[list[ClaimRecord], str | None]:
     """The checkpointed claims, read-only (``vfioctl``: never moves a bad file aside, never
     writes): (records, None), or (records, why) when the file or some of its records cannot
     be read or parsed."""
-    path = host.state_file(file_name(driver))
+    path = host.state_file(naming.dra_checkpoint_file(driver))
     try:
         dfd = _state_dir(host.fs, create=False)
         if dfd is None:
             return [], None
         try:
-            raw = read_regular(file_name(driver), _MAX_BYTES, dir_fd=dfd, nofollow=True)
+            raw = read_regular(
+                naming.dra_checkpoint_file(driver), _MAX_BYTES, dir_fd=dfd, nofollow=True
+            )
         finally:
             os.close(dfd)
     except FileNotFoundError:

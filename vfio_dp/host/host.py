@@ -16,23 +16,29 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from vfio_dp.errors import HostError, NoIommuError
-from vfio_dp.host import operations, sysfs
-from vfio_dp.host.bind import BindResult, Step
+from vfio_dp.host import sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
-from vfio_dp.host.ledger import Ledger
-from vfio_dp.host.operations import Interrupted, Recovery, Release
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
-from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, PciDevice
-from vfio_dp.model.plan import CheckReport, plan_check
+from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup
 
-if TYPE_CHECKING:  # not imported at run time: keeps `vfioctl bind` start-up light
+if TYPE_CHECKING:
+    # Not imported at run time: what changes a machine (the binder, the ledger, the
+    # operations, the check rules) is imported by the methods that use it, so a read-only
+    # `vfioctl list` loads none of it (start-up of a one-shot command).
     from pathlib import Path
+
+    from vfio_dp.host.bind import BindResult
+    from vfio_dp.host.ledger import Ledger
+    from vfio_dp.host.operations import Interrupted, Recovery, Release
+    from vfio_dp.model.address import PciAddress
+    from vfio_dp.model.device import PciDevice
+    from vfio_dp.model.plan import CheckReport
 
 
 def read_boot_id(fs: Root) -> str:
@@ -61,7 +67,13 @@ class Host:
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
         self.owner = owner
-        self.ledger = Ledger(self.state, lock_timeout)
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        """The one writer of bind records and journals (:mod:`.ledger`), made on first use."""
+        from vfio_dp.host.ledger import Ledger
+
+        return Ledger(self.state, self.lock_timeout)
 
     @property
     def root(self) -> Path:
@@ -195,6 +207,8 @@ class Host:
         ``dra-plugin``, ``claim:<uid>``); devices already on vfio-pci keep their record and
         owner.
         """
+        from vfio_dp.host import operations
+
         return operations.bind(
             self, addresses, group=group, force=force, dry_run=dry_run, probe=probe,
             bound_by=bound_by,
@@ -204,6 +218,8 @@ class Host:
         """Every operation journal on disk (each marked in progress or interrupted), and a
         message for every unreadable record or journal (they are kept, never dropped)."""
         ops, problems = self.state.operations()
+        if ops:
+            from vfio_dp.host.operations import Interrupted
         found = [Interrupted(op, self.state.busy(op.addresses())) for op in ops]
         return found, problems + self.state.problems()
 
@@ -220,6 +236,8 @@ class Host:
         ``original/<bdf>.json``; writes the same sysfs files as :meth:`unbind`. A device
         that cannot be restored keeps its records and is named in ``problems``.
         """
+        from vfio_dp.host import operations
+
         return operations.recover(self, owner=owner, only=only)
 
     def unbind(
@@ -237,12 +255,16 @@ class Host:
         ``force`` (the unbind would block until the VM lets go). Planned by
         :func:`vfio_dp.model.plan.plan_unbind` from the state read under the devices' locks.
         """
+        from vfio_dp.host import operations
+
         return operations.unbind(self, list(addresses), driver=driver, force=force, dry_run=dry_run)
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):
         the same checks, every device attempted; a record whose device is gone is named in
         the error after the others are restored. No records: an empty result."""
+        from vfio_dp.host import operations
+
         return operations.unbind(
             self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
         )
@@ -269,12 +291,16 @@ class Host:
         driver -- except groups a process holds open (``/dev/vfio/<N>``, found through
         ``<root>/proc/*/fd``: a VM's QEMU): those are kept and named, to be released later.
         Records of devices gone from the host are forgotten (nothing to give back)."""
+        from vfio_dp.host import operations
+
         return operations.release(self, owner)
 
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
         """Is each device ready for passthrough right now? Every reason, each with its fix
         (:func:`vfio_dp.model.plan.plan_check`); the groups of devices on vfio-pci are probed."""
+        from vfio_dp.model.plan import plan_check
+
         inv = self.scan()
         groups = {
             g.number: g
@@ -285,4 +311,4 @@ class Host:
         return plan_check(inv, addresses, status, root_display=self.fs.display)
 
 
-__all__ = ["BindResult", "CheckReport", "Host", "Interrupted", "Recovery", "Release", "Step"]
+__all__ = ["Host", "read_boot_id"]

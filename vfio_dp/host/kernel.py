@@ -9,12 +9,14 @@ go), so every write runs with a timeout.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vfio_dp.errors import BindError, WriteTimeoutError
+
+if TYPE_CHECKING:
+    import queue
 
 
 class KernelIO(Protocol):
@@ -58,6 +60,8 @@ class RealKernel:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
+        import queue  # on the first write: a read-only command never needs it
+
         jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         threading.Thread(target=_work, args=(jobs,), name="sysfs-writer", daemon=True).start()
         return jobs

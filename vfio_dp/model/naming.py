@@ -125,6 +125,12 @@ def check_dra_driver_name(name: str) -> str:
     return name
 
 
+def dra_checkpoint_file(driver: str) -> str:
+    """``dra-<driver>.checkpoint.json``: the DRA plugin's checkpoint, a file of
+    ``<root>/var/lib/vfio_dp/`` (:mod:`vfio_dp.dra.checkpoint`); the driver name checked."""
+    return f"dra-{check_dra_driver_name(driver)}.checkpoint.json"
+
+
 def claim_uid_problem(uid: str) -> str | None:
     """Why kubelet's claim ``uid`` is unusable, or None; the reason completes a sentence whose
     subject the caller names (``uid is empty``). The UID reaches file names (the claim's CDI

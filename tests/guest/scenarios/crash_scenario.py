@@ -121,9 +121,11 @@ def strace(paths: list[str], log: str, *spec: str) -> list[str]:
 
 PRELOAD = {
     "cli": "cli.main, cli.host_cmds, vfio_dp.host.host, vfio_dp.host.state, vfio_dp.host.bind, "
-    "vfio_dp.host.usage, vfio_dp.host.pciids, vfio_dp.model.plan, json",
+    "vfio_dp.host.operations, vfio_dp.host.ledger, vfio_dp.host.usage, vfio_dp.host.pciids, "
+    "vfio_dp.model.plan, json",
     "daemon": "cli.main, cli.deviceplugin_cmd, vfio_dp.deviceplugin.app, vfio_dp.host.host, "
-    "vfio_dp.host.bind, vfio_dp.model.plan, logging, grpc",
+    "vfio_dp.host.bind, vfio_dp.host.operations, vfio_dp.host.ledger, vfio_dp.model.plan, "
+    "logging, grpc",
 }
 
 
