@@ -56,8 +56,14 @@ class Translation:
 
     subject: str
     patch: tuple[JsonPatchOp, ...]
-    obj: Mapping[str, Any]
+    source: Mapping[str, Any]  # the object as given
     requests: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def obj(self) -> Mapping[str, Any]:
+        """The object with the patch applied (a deep copy, made on each use: the webhook
+        answers with the patch alone and never needs it)."""
+        return apply_patch(self.source, list(self.patch)) if self.patch else self.source
 
     @property
     def changed(self) -> bool:
@@ -77,8 +83,7 @@ def translate(obj: Mapping[str, Any], config: Config) -> Translation:
         ops, requests = _pod_ops(obj, config, subject)
     else:
         return Translation(subject, (), obj)
-    mutated = apply_patch(obj, ops) if ops else obj
-    return Translation(subject, tuple(ops), mutated, requests)
+    return Translation(subject, tuple(ops), obj, requests)
 
 
 def _vm_ops(

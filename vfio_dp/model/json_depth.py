@@ -10,25 +10,23 @@ input nested a few thousand levels deep, which both callers turn into that same 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 
 def nesting_depth(value: object, limit: int) -> int:
     """Levels of arrays/objects in parsed JSON (a scalar is 0), counted without recursion;
-    stops counting past ``limit`` (returns ``limit + 1``)."""
+    stops counting past ``limit`` (returns ``limit + 1``). Only containers are visited: a
+    scalar member costs one type check (this runs on every admission review)."""
+    if not isinstance(value, (dict, list)):
+        return 0
     deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
+    stack: list[tuple[dict[object, object] | list[object], int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            children: Iterable[object] = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            continue
-        d += 1
-        if d > limit:
-            return limit + 1
-        deepest = max(deepest, d)
-        stack.extend((c, d) for c in children if isinstance(c, (dict, list)))
+        v, d = pop()
+        if d > deepest:
+            if d > limit:
+                return limit + 1
+            deepest = d
+        for c in v.values() if isinstance(v, dict) else v:
+            if isinstance(c, (dict, list)):
+                push((c, d + 1))
     return deepest
