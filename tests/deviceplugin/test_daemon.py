@@ -158,6 +158,28 @@ async def test_kubelet_restart_is_noticed(
     assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
 
 
+async def test_kubelet_restart_is_noticed_after_the_watch_settled(
+    kdir: str, kubelet: KubeletStandin, start_daemon: StartDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the kubelet dir has shown no change for a while, the watch stats the dir alone
+    (DirWatch); a kubelet restart (sockets wiped, a new kubelet.sock) changes the dir and is
+    noticed all the same, and a socket of ours removed alone is served again."""
+    from vfio_dp.core import sockets
+
+    monkeypatch.setattr(sockets, "SETTLE_SECONDS", 0.1)  # instead of waiting a second
+    daemon = await start_daemon()
+    await kubelet.wait_for("NIC", listed(NIC, {NIC_ID: "Healthy"}))
+    watch = daemon._kubelet_dir
+    await wait_until_async(lambda: watch._seen is not None, what="the kubelet dir settled")
+    await kubelet.restart()
+    await kubelet.wait_for("re-registered after the restart", listed(NIC, {NIC_ID: "Healthy"}))
+    assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
+    await wait_until_async(lambda: watch._seen is not None, what="settled again")
+    path = daemon.endpoints[NIC].path
+    os.unlink(path)
+    await wait_until_async(lambda: os.path.exists(path), what=f"{path} served again")
+
+
 async def test_health_flips_hotplug_and_stickiness(
     tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:
@@ -411,7 +433,7 @@ async def test_the_daemon_serves_only_device_plugin_devices_and_binds_only_its_o
 
     cfg = tmp_path / "paths.yaml"
     cfg.write_text(
-        'selectors:\n'
+        "selectors:\n"
         '- {vendor: "8086", device: "10d3", path: dra}\n'
         '- {vendor: "15b3", device: "101c", path: dra, bind: true}\n'
         '- {vendor: "8086", device: "100e", resourceName: pair, path: devicePlugin}\n'

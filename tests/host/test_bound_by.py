@@ -140,9 +140,10 @@ def test_an_old_daemon_journal_is_finished_by_either_front_end(
     )
     assert len(out.recovered) == 1 and out.problems == []
     assert not journal.exists() and tree.override_of(str(NIC)) is None
-    assert tree.driver_of(str(NIC)) == "e1000" and not (
-        Path(tree.root) / "var/lib/vfio_dp/original" / f"{NIC}.json"
-    ).exists()
+    assert (
+        tree.driver_of(str(NIC)) == "e1000"
+        and not (Path(tree.root) / "var/lib/vfio_dp/original" / f"{NIC}.json").exists()
+    )
 
 
 def test_each_front_end_recovers_its_own_journals_and_old_daemon_ones() -> None:

@@ -72,7 +72,7 @@ def test_real_proc_matches_by_path_and_device_number() -> None:
     finally:
         os.close(fd)
     scan = holders(Root("/"), "/dev/null")
-    assert fd not in [h.fd for h in scan.by_node["/dev/null"] if h.pid == os.getpid()]
+    assert fd not in [h.fd for h in scan.by_node.get("/dev/null", []) if h.pid == os.getpid()]
 
 
 def test_real_proc_matches_by_device_number_across_names(tmp_path: Path) -> None:

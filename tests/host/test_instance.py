@@ -53,7 +53,10 @@ def test_second_instance_fails_naming_the_first_ones_pid(root: Path) -> None:
         with pytest.raises(InstanceRunningError) as e:
             InstanceLock(Root(str(root)), name).acquire(0.5, seen.append)
         assert seen == [first.pid]
-        assert f"the device plugin (vfioctl plugin) already runs on this node (pid {first.pid})" in str(e.value)
+        assert (
+            f"the device plugin (vfioctl plugin) already runs on this node (pid {first.pid})"
+            in str(e.value)
+        )
         assert "waited 0.5 s" in str(e.value)
     finally:
         first.kill()
@@ -91,7 +94,10 @@ def test_none_running_blocks_starts_and_names_running_processes(root: Path) -> N
     try:
         with pytest.raises(InstanceRunningError) as e, none_running(r, "unbind --all refused"):
             pytest.fail("the body must not run")
-        assert f"the DRA plugin for vfio.example.com (vfioctl dra-plugin) (pid {holder.pid})" in str(e.value)
+        assert (
+            f"the DRA plugin for vfio.example.com (vfioctl dra-plugin) (pid {holder.pid})"
+            in str(e.value)
+        )
     finally:
         holder.kill()
         holder.communicate(timeout=10)
@@ -108,7 +114,10 @@ def test_unbind_all_refuses_while_a_daemon_of_ours_runs(root: Path) -> None:
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert out.returncode == 1, out
-        assert f"unbind --all refused: the device plugin (vfioctl plugin) (pid {holder.pid}) runs" in out.stderr
+        assert (
+            f"unbind --all refused: the device plugin (vfioctl plugin) (pid {holder.pid}) runs"
+            in out.stderr
+        )
     finally:
         holder.kill()
         holder.communicate(timeout=10)
@@ -120,7 +129,9 @@ def test_unbind_all_refuses_while_a_daemon_of_ours_runs(root: Path) -> None:
     assert "--all never takes a group a process holds open" in forced.stderr
 
 
-def test_the_lock_never_leaves_the_root(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_lock_never_leaves_the_root(
+    root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     outside = tmp_path_factory.mktemp("outside")
     (root / "run").mkdir()
     (root / "run/vfio_dp").symlink_to(outside)

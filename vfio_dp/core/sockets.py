@@ -21,7 +21,10 @@ The rules, written once:
   a front-end's messages fit many times over, a hostile client's do not;
 - :meth:`SocketServer.changed` notices a socket removed or replaced from under us (kubelet
   restart, cleanup); :meth:`SocketServer.restore` serves it again, logging a path it cannot
-  use once per distinct problem; :meth:`SocketServer.close` removes only a socket still ours.
+  use once per distinct problem; :meth:`SocketServer.close` removes only a socket still ours;
+- :class:`DirWatch` lets a watcher that checks many sockets of one directory four times a
+  second (64 resources: 260 ``lstat`` a second) skip the checks while the directory itself
+  shows no change: one ``stat``.
 
 No gRPC import here (the core stays free of it, see the import contracts): a front-end hands
 in ``grpc.aio.server`` as the factory and a function that adds its servicers.
@@ -34,6 +37,7 @@ import itertools
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -69,6 +73,59 @@ class ServerFactory(Protocol):
     def __call__(
         self, *, options: Sequence[tuple[str, Any]], maximum_concurrent_rpcs: int
     ) -> Any: ...
+
+
+#: A directory whose last change is older than this when it is recorded can be trusted to
+#: show any later change with another timestamp (the kernel stamps changes with a coarse
+#: clock: two changes in one tick may carry the same time).
+SETTLE_SECONDS = 1.0
+
+_DirState = tuple[int, int, int, int]
+
+
+class DirWatch:
+    """Has anything been added to, removed from or renamed in a directory since the last
+    check that found everything in order? Any of these changes the directory's
+    ``mtime``/``ctime`` (POSIX), so an unchanged ``(st_dev, st_ino, st_mtime_ns,
+    st_ctime_ns)`` means: the entries are the ones checked then.
+
+    A recorded state counts only when its newest timestamp was older than
+    :data:`SETTLE_SECONDS` when it was taken (a change in the same clock tick as the one
+    before could otherwise keep the old timestamp: git's "racy" files). Use::
+
+        before = watch.look()            # before checking the entries
+        ...check every entry...
+        watch.settled(before)            # only when the check found nothing to do
+        ...
+        if watch.unchanged(): skip       # one stat instead of the checks
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: _DirState | None = None
+
+    def look(self) -> _DirState | None:
+        """The directory's state now (None: not there)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+    def unchanged(self) -> bool:
+        """True when the directory is as it was at the last :meth:`settled` look."""
+        return self._seen is not None and self.look() == self._seen
+
+    def settled(self, before: _DirState | None) -> None:
+        """Record ``before`` (taken before the check that found everything in order) when its
+        changes are old enough to trust; else forget (the next call checks in full)."""
+        newest = max(before[2], before[3]) if before is not None else None
+        ok = newest is not None and time.time_ns() - newest > SETTLE_SECONDS * 1e9
+        self._seen = before if ok else None
+
+    def forget(self) -> None:
+        """The next call checks in full (something was acted on)."""
+        self._seen = None
 
 
 def _socket_id(path: str) -> FileId | None:

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.node import NodeCore, Snapshot
-from vfio_dp.core.sockets import make_socket_dir
+from vfio_dp.core.sockets import DirWatch, make_socket_dir
 from vfio_dp.deviceplugin import podresources, servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
@@ -100,6 +100,7 @@ class Daemon(FrontEnd):
         self.core.subscribe(self)
         self.core.vf_holds.append(self._pod_holds)  # SR-IOV: never destroy a pod's VF
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
+        self._kubelet_dir = DirWatch(options.kubelet_dir)
         self.listing: Listing | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.fs)
@@ -313,10 +314,19 @@ class Daemon(FrontEnd):
                 self._persist.set()
 
     async def _check_kubelet(self) -> None:
+        """Every :data:`WATCH_INTERVAL`: a socket of ours removed or replaced, or a new
+        ``kubelet.sock`` (kubelet restarted) -> serve and register again. While the kubelet
+        dir shows no change since a check that found all in order (:class:`DirWatch`), one
+        ``stat`` of the dir stands for the ``lstat`` of every socket."""
+        if self._kubelet_dir.unchanged():
+            return
+        before = self._kubelet_dir.look()
         kid = file_id(self.kubelet_socket)
+        steady = True
         for ep in list(self.endpoints.values()):
             what = ep.socket.changed()
             if what is not None:
+                steady = False
                 await self._reserve(ep, f"{ep.path} {what} (kubelet restart?)")
             elif (
                 kid is not None
@@ -324,7 +334,14 @@ class Daemon(FrontEnd):
                 and kid != ep.kubelet_id
                 and (ep.registering is None or ep.registering.done())
             ):
+                steady = False
                 await self._reserve(ep, f"{self.kubelet_socket} was re-created (kubelet restart)")
+            elif ep.registering is not None and not ep.registering.done():
+                steady = False  # its outcome is not in the dir: check again next time
+        if steady and kid is not None:
+            self._kubelet_dir.settled(before)
+        else:
+            self._kubelet_dir.forget()
 
     # -- the Core protocol used by the servicer ------------------------------------------
     def _current(self) -> Listing:

@@ -114,6 +114,10 @@ class DraPlugin(FrontEnd):
         self._built: dict[str, tuple[DraUnit, PciDevice, Device]] = {}
         #: what the last scan's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
+        # the group nodes _withdraw_held looks for, per (inventory, units, our groups)
+        self._held_nodes: (
+            tuple[Inventory, list[DraUnit], frozenset[int | None], dict[str, int]] | None
+        ) = None
         self._effects: dict[str, str] = {}
         self._confirm: asyncio.TimerHandle | None = None
         #: this node's device taints on the server at start, by device name
@@ -188,17 +192,7 @@ class DraPlugin(FrontEnd):
         inv, config = snapshot.inventory, snapshot.config
         units = await self._withdraw_held(inv, self._dra_units(inv, config))
         holds = health.claim_holds(self.claims.checkpoint.all().values())
-        shown = [
-            u for u in units if u.primary in inv.devices and (u.published or u.name in holds.held)
-        ]
-        # a device's PCIe root does not change while it is present: read new ones only
-        new = [u.primary for u in shown if u.primary not in self._roots]
-        if new:
-            self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
-        for gone in set(self._roots) - set(inv.devices):
-            del self._roots[gone]
         key, last = (inv, config, units, holds), self._idle_key
-        self._idle_key = key
         if (
             last is not None
             and all(a is b for a, b in zip(key[:3], last[:3], strict=True))
@@ -214,6 +208,15 @@ class DraPlugin(FrontEnd):
             self.publisher.want(self.devices)
             self._publish_health(self.devices)
             return
+        shown = [
+            u for u in units if u.primary in inv.devices and (u.published or u.name in holds.held)
+        ]
+        # a device's PCIe root does not change while it is present: read new ones only
+        new = [u.primary for u in shown if u.primary not in self._roots]
+        if new:
+            self._roots.update(await self.core.run(pcie_roots, self.core.host.fs, new))
+        for gone in set(self._roots) - set(inv.devices):
+            del self._roots[gone]
         missing = await self.core.run(self._missing_nodes, inv, units, holds)
         verdicts = assess(units, inv, holds.held, missing)
         busy = await self.core.run(self._busy, verdicts, holds)
@@ -256,6 +259,7 @@ class DraPlugin(FrontEnd):
                 self._status_changed(h.device)
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
+        self._idle_key = key  # all of it done: the same key next time is an idle resync
 
     def _publish_health(self, devices: Sequence[Device]) -> None:
         """The health stream's next list (built only when a kubelet stream wants it)."""
@@ -351,18 +355,26 @@ class DraPlugin(FrontEnd):
     async def _withdraw_held(self, inv: Inventory, units: list[DraUnit]) -> list[DraUnit]:
         """Withdraw published groups whose ``/dev/vfio/<N>`` a process holds open while no
         claim of ours is prepared on them (:func:`vfio_dp.model.serving.withdraw_held`)."""
-        ours = {d.iommu_group for r in self.claims.checkpoint.all().values() for d in r.devices}
-        nodes = {
-            u.group: f"/dev/vfio/{inv.groups[u.group].node}"
-            for u in units
-            if u.published and u.group not in ours and u.group in inv.groups
-        }
+        ours = frozenset(
+            d.iommu_group for r in self.claims.checkpoint.all().values() for d in r.devices
+        )
+        cached = self._held_nodes
+        if cached is not None and cached[0] is inv and cached[1] is units and cached[2] == ours:
+            nodes = cached[3]  # an idle resync: the same groups to look for
+        else:
+            nodes = {
+                f"/dev/vfio/{inv.groups[u.group].node}": u.group
+                for u in units
+                if u.published and u.group not in ours and u.group in inv.groups
+            }
+            self._held_nodes = (inv, units, ours, nodes)
         if not nodes:
             return units
-        scan = await self.core.run(scan_holders, self.core.host.fs, nodes.values())
-        held = {g: scan.describe(n) for g, n in nodes.items() if scan.held(n)}
+        scan = await self.core.run(scan_holders, self.core.host.fs, nodes)
+        # the nodes someone holds (few, usually none), not every node asked about
+        held = {nodes[n]: scan.describe(n) for n, who in scan.by_node.items() if who and n in nodes}
         if scan.unreadable:
-            log.warning("%s", scan.describe(next(iter(nodes.values()))))
+            log.warning("%s", scan.describe(next(iter(nodes))))
         return withdraw_held(units, held)
 
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:

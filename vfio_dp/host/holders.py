@@ -92,7 +92,7 @@ def scan_holders(root: Root, nodes: Iterable[str]) -> HolderScan:
             raise ValueError(f"not a device node path: {n!r}")
     by_path = set(nodes)
     by_rdev: dict[int, str] | None = None  # read when first needed (see the docstring)
-    out = HolderScan(by_node={n: [] for n in nodes})
+    out = HolderScan()  # a node nobody holds is not in by_node (HolderScan.held: False)
     proc = root.path("proc")
     try:
         pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
@@ -125,7 +125,7 @@ def scan_holders(root: Root, nodes: Iterable[str]) -> HolderScan:
             if node is None:
                 continue
             comm = read_text(f"{proc}/{pid}/comm") or "?"
-            out.by_node[node].append(Holder(pid, comm, int(name)))
+            out.by_node.setdefault(node, []).append(Holder(pid, comm, int(name)))
     return out
 
 
