@@ -11,6 +11,13 @@ times :class:`vfio_dp.dra.prepare.ClaimPreparer` in-process (the gRPC hop is not
   SIMULATOR (tests/kernel_sim.py: no driver probe time), next to ``Host.bind`` /
   ``Host.unbind`` of the same groups (what ``vfioctl bind --group`` runs).
 
+Where the files go, as on a node: the CDI specs in a tmpfs (the DaemonSet's ``/var/run/cdi``
+is the host's ``/run``, a tmpfs on systemd hosts; here ``/dev/shm``), the metadata files and
+the checkpoint on the disk of the temp dir (``/var/lib/kubelet/plugins``, ``/var/lib/vfio_dp``).
+The floor under the no-bind row is printed with it: one durable atomic write on that disk
+(temp file, ``fsync``, ``rename``, ``fsync`` of the directory), of which a Prepare makes two
+(the metadata file, the checkpoint).
+
 ``--guest``: the same rows in the QEMU guest rig (real kernel 6.1, emulated Intel IOMMU, a
 topology of four lone e1000e NICs), binding for real -- e1000e's probe included.
 BENCH_RUNS (default 30 on the temp tree, 5 in the guest) rounds each; p50 and p99 in ms.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -85,11 +93,16 @@ Row = tuple[str, list[float], list[float]]
 
 
 def measure_all(
-    host: Host, base: str, runs: int, nics: list[str], no_bind: str | None
+    host: Host,
+    base: str,
+    runs: int,
+    nics: list[str],
+    no_bind: str | None,
+    cdi_dir: str | None = None,
 ) -> list[Row]:
     """The table's rows on ``host`` (a temp tree with the simulator, or the guest's real
-    kernel); ``base`` holds the CDI and plugin dirs; ``no_bind``: a device on vfio-pci with
-    ``bind: false`` for the no-binding row."""
+    kernel); ``base`` holds the plugin dir (and the CDI dir unless ``cdi_dir``); ``no_bind``:
+    a device on vfio-pci with ``bind: false`` for the no-binding row."""
     config = load_config_text(CONFIG, "bench")
     rows: list[Row] = []
     objects: dict[tuple[str, str], dict[str, Any]] = {}
@@ -99,7 +112,7 @@ def measure_all(
         return objects.get((ns, name))
 
     prep = ClaimPreparer(
-        host=host, driver=DRIVER, node=NODE, cdi_dir=f"{base}/cdi",
+        host=host, driver=DRIVER, node=NODE, cdi_dir=cdi_dir or f"{base}/cdi",
         plugins_dir=f"{base}/plugins", read_claim=read, config=lambda: config,
     )  # fmt: skip
 
@@ -155,6 +168,30 @@ def measure_all(
     return rows
 
 
+def tmpfs_dir() -> str | None:
+    """A fresh directory in a tmpfs (``/dev/shm`` or ``/run``), like a node's /var/run/cdi;
+    None when neither is a tmpfs here."""
+    with open("/proc/self/mounts") as f:
+        tmpfs = {line.split()[1] for line in f if line.split()[2:3] == ["tmpfs"]}
+    for where in ("/dev/shm", "/run"):
+        if where in tmpfs and os.access(where, os.W_OK):
+            return tempfile.mkdtemp(prefix="dra-bench-cdi", dir=where)
+    return None
+
+
+def durable_writes(base: str, runs: int) -> list[float]:
+    """Seconds per durable atomic write of a 1 KiB file in ``base`` (the project's one writer,
+    :func:`vfio_dp.host.atomic.write_atomic`): the disk's floor under each Prepare."""
+    from vfio_dp.host.atomic import write_atomic
+
+    out = []
+    for i in range(runs + 1):
+        t0 = time.perf_counter()
+        write_atomic(os.path.join(base, "floor", "probe.json"), b"x" * 1024 + str(i).encode())
+        out.append(time.perf_counter() - t0)
+    return out[1:]
+
+
 def print_table(title: str, rows: list[Row]) -> None:
     print(title)
     print()
@@ -195,20 +232,34 @@ def main() -> None:
         )
         return
     runs = int(os.environ.get("BENCH_RUNS", "30"))
-    with tempfile.TemporaryDirectory(prefix="dra-bench") as d:
-        tree = build(Path(d) / "root")
-        host = Host(tree.root, kernel=SimulatedKernel(tree))
-        rows = measure_all(host, d, runs, NICS, "0000:09:00.0")
+    cdi = tmpfs_dir()
+    try:
+        with tempfile.TemporaryDirectory(prefix="dra-bench") as d:
+            tree = build(Path(d) / "root")
+            host = Host(tree.root, kernel=SimulatedKernel(tree))
+            rows = measure_all(host, d, runs, NICS, "0000:09:00.0", cdi)
+            floor = durable_writes(d, runs)
+    finally:
+        if cdi:
+            shutil.rmtree(cdi, ignore_errors=True)
     if "--json" in sys.argv:
         (_, nb, _), (_, on1, _), (_, b1, _), (_, on4, _), (_, b4, _) = rows
         med = statistics.median
         figures = {"prep_p50": med(nb) * 1000, "prep_p99": pct(nb, 0.99),
                    "prep_on1": med(on1) * 1000, "bind_1": med(b1) * 1000,
-                   "prep_on4": med(on4) * 1000, "bind_4": med(b4) * 1000}  # fmt: skip
+                   "prep_on4": med(on4) * 1000, "bind_4": med(b4) * 1000,
+                   "durable_p50": med(floor) * 1000, "durable_p99": pct(floor, 0.99)}  # fmt: skip
         print(json.dumps(figures))
         return
     print_table(
-        f"DRA handler on a temp tree, {runs} rounds each (ms; in-process, no gRPC hop)", rows
+        f"DRA handler on a temp tree, {runs} rounds each (ms; in-process, no gRPC hop); CDI "
+        f"specs in {'a tmpfs' if cdi else 'the temp dir (no tmpfs found)'}",
+        rows,
+    )
+    print(
+        f"\nfloor: one durable atomic write on the temp dir's disk, p50 "
+        f"{statistics.median(floor) * 1000:.2f} / p99 {pct(floor, 0.99):.2f} ms (a Prepare "
+        "writes two: the metadata file and the checkpoint)"
     )
 
 
