@@ -265,7 +265,7 @@ def test_the_claims_of_one_call_share_one_sysfs_scan(
     p.checkpoint.put = counting_put  # type: ignore[method-assign]
     out = run(p.prepare([lone, nic]))
     assert all(r.error == "" for r in out.values()), out
-    # one scan for the call, the bind's own (it plans from what it reads), one refresh
-    assert (host.scans, host.refreshes) == (2, 1)
+    # one scan for the call (the bind plans from it), then the bound group alone re-read
+    assert (host.scans, host.refreshes, host.rereads) == (1, 0, 1)
     # the claim with nothing to bind is recorded once; the binding one before and after
     assert puts == 3

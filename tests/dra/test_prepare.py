@@ -241,10 +241,12 @@ def test_operator_binding_is_never_undone(
 
 
 class CountingHost(Host):
-    """A real Host that counts its sysfs scans (full and refresh)."""
+    """A real Host that counts its sysfs reads (full scans, whole refreshes, and rereads of
+    the devices a bind changed)."""
 
     scans = 0
     refreshes = 0
+    rereads = 0
 
     def scan(self, *, usage: bool = True) -> Any:
         self.scans += 1
@@ -253,6 +255,10 @@ class CountingHost(Host):
     def refresh(self, previous: Any) -> Any:
         self.refreshes += 1
         return super().refresh(previous)
+
+    def reread(self, inv: Any, addresses: Any) -> Any:
+        self.rereads += 1
+        return super().reread(inv, addresses)
 
 
 def test_a_group_already_bound_is_prepared_from_one_scan(
@@ -269,11 +275,12 @@ def test_a_group_already_bound_is_prepared_from_one_scan(
     assert (host.scans, host.refreshes) == (1, 0)
     gpu = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
     assert run(p.prepare([gpu]))["uid-gpu"].error == ""
-    # Prepare's scan, the bind's own (it plans from what it reads), a refresh of the drivers
-    assert (host.scans, host.refreshes) == (3, 1)
+    # ONE scan: the bind plans from the Prepare's (and again under the locks from the bound
+    # devices themselves), then only the bound group is re-read; nothing reads every device
+    assert (host.scans, host.refreshes, host.rereads) == (2, 0, 1)
     assert tree.driver_of(GPU) == "vfio-pci"
     again = run(p.prepare([gpu]))["uid-gpu"]
-    assert again.error == "" and (host.scans, host.refreshes) == (4, 1)
+    assert again.error == "" and (host.scans, host.refreshes, host.rereads) == (3, 0, 1)
 
 
 def test_bind_false_group_already_on_vfio(

@@ -438,3 +438,39 @@ def test_unbind_all_attempts_every_device_and_names_each_failure(
     assert tree.driver_of("0000:3b:00.0") == "nvidia" and tree.driver_of("0000:03:02.0") == "e1000"
     left = {p.name for p in (tree.root / "var/lib/vfio_dp/original").iterdir()}
     assert left == {"0000:03:01.0.json", "0000:3b:00.1.json"}
+
+
+def test_reread_after_a_bind_reads_the_bound_groups_alone(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """Host.reread (the DRA Prepare's look after its bind) gives what a full refresh gives for
+    the bound group, and reads no other device: a driver changed elsewhere meanwhile is not
+    seen (the next resync sees it)."""
+    h = host(tree, kernel)
+    inv = h.scan()
+    gpu, audio = A("0000:3b:00.0"), A("0000:3b:00.1")
+    h.bind([gpu], group=True, inventory=inv)
+    tree.set_driver("0000:00:03.0", "e1000e")  # elsewhere, behind the scan's back
+    after = h.reread(inv, [gpu])
+    full = h.refresh(inv)
+    for a in (gpu, audio):
+        assert after.devices[a] == full.devices[a]
+        assert after.devices[a].driver == "vfio-pci"
+    assert after.groups[45] == full.groups[45] and after.groups[45].viable
+    assert not inv.groups[45].viable  # judged again, not copied
+    assert after.devices[A("0000:00:03.0")].driver == "virtio-pci"  # not read again
+    assert full.devices[A("0000:00:03.0")].driver == "e1000e"
+
+
+def test_bind_with_a_stale_inventory_plans_again_under_the_locks(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """The inventory a caller hands Host.bind only seeds the first plan: the devices are read
+    again under their locks, so a group bound meanwhile is 'already' bound, not bound twice."""
+    h = host(tree, kernel)
+    stale = h.scan()  # the GPU's group still on nvidia / snd_hda_intel
+    h.bind([A("0000:3b:00.0")], group=True)
+    writes = len(kernel.writes)
+    res = h.bind([A("0000:3b:00.0")], group=True, inventory=stale)
+    assert res.bound == [] and set(res.already) == {A("0000:3b:00.0"), A("0000:3b:00.1")}
+    assert len(kernel.writes) == writes  # nothing written again

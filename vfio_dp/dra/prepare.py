@@ -13,8 +13,9 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
 3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
    same rollback and the same durable record, owner ``claim:<uid>``; never ``probe``: the
-   plugin does not open group nodes), re-read the devices' drivers only then
-   (:meth:`vfio_dp.host.Host.refresh`), and adopt bind records a stale
+   plugin does not open group nodes; it plans from the scan of step 2, and again under the
+   devices' locks), re-read those groups' devices only then
+   (:meth:`vfio_dp.host.Host.reread`), and adopt bind records a stale
    claim left on these groups; then verify each group is viable, on vfio-pci, and still has
    the number published;
 4. **write** the KEP-5304 metadata file per request and the claim's CDI spec (:mod:`.edits`);
@@ -305,13 +306,17 @@ class ClaimPreparer:
             names = ", ".join(c.unit.name for c in chosen if c.unit.primary in targets)
             try:
                 await asyncio.to_thread(
-                    self.host.bind, targets, group=True, probe=False, bound_by=owner
-                )
+                    partial(
+                        self.host.bind, targets, group=True, probe=False, bound_by=owner,
+                        inventory=inv,  # this call's scan: no second one (planned again under locks)
+                    )
+                )  # fmt: skip
             except VfioError as e:
                 raise ClaimError(
                     who, f"binding the IOMMU group to vfio-pci failed: {e}", names
                 ) from e
-            inv = await asyncio.to_thread(self.host.refresh, inv)  # drivers, overrides, groups
+            # the bound groups' drivers, overrides and cdevs; no other device is read again
+            inv = await asyncio.to_thread(self.host.reread, inv, targets)
         try:
             await asyncio.to_thread(
                 self.host.adopt,

@@ -25,7 +25,7 @@ from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
-from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup
+from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, analyse_group
 
 if TYPE_CHECKING:
     # Not imported at run time: what changes a machine (the binder, the ledger, the
@@ -145,6 +145,31 @@ class Host:
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
+    def reread(self, inv: Inventory, addresses: Iterable[PciAddress]) -> Inventory:
+        """``inv`` after a bind or unbind of ``addresses``: their IOMMU groups' members
+        re-read for driver, override and VFIO cdev (:func:`.sysfs.reread_devices`) and their
+        bind records (``original_driver``), those groups judged again; nothing else is read (a whole :meth:`refresh` reads every
+        device: thousands on a big host)."""
+        numbers = {d.iommu_group for a in addresses if (d := inv.devices.get(a)) is not None}
+        members = {
+            m for n in numbers if n is not None and n in inv.groups for m in inv.groups[n].devices
+        }
+        members.update(addresses)
+        devices = sysfs.reread_devices(self.fs, inv.devices, members)
+        for a in members:  # the original driver as recorded now (a bind just recorded it)
+            dev = devices.get(a)
+            rec = self.state.get(a) if dev is not None else None
+            orig = rec.driver if rec else None
+            if dev is not None and dev.original_driver != orig:
+                devices[a] = dataclasses.replace(dev, original_driver=orig)
+        groups = dict(inv.groups)
+        for n in numbers:
+            if n is None or n not in groups:
+                continue
+            found = [d for a in groups[n].devices if (d := devices.get(a)) is not None]
+            groups[n] = analyse_group(n, found, noiommu=groups[n].noiommu)
+        return Inventory(devices=devices, groups=groups, iommu_present=inv.iommu_present)
+
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
         """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly);
         groups without a node are left out."""
@@ -193,6 +218,7 @@ class Host:
         dry_run: bool = False,
         probe: bool = True,
         bound_by: str = BOUND_BY_OPERATOR,
+        inventory: Inventory | None = None,
     ) -> BindResult:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
 
@@ -205,13 +231,15 @@ class Host:
         drivers recorded stay the true ones.
         ``bound_by`` goes into each new bind record (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``); devices already on vfio-pci keep their record and
-        owner.
+        owner. ``inventory``: a :meth:`scan` the caller has just made, used for the first
+        plan instead of a scan of its own (the plan is made again under the locks from the
+        devices as they are then; it is not used when an interrupted operation was undone).
         """
         from vfio_dp.host import operations
 
         return operations.bind(
             self, addresses, group=group, force=force, dry_run=dry_run, probe=probe,
-            bound_by=bound_by,
+            bound_by=bound_by, inventory=inventory,
         )  # fmt: skip
 
     def interrupted(self) -> tuple[list[Interrupted], list[str]]:

@@ -165,6 +165,7 @@ def bind(
     dry_run: bool,
     probe: bool,
     bound_by: str,
+    inventory: Inventory | None = None,
 ) -> BindResult:
     """:meth:`vfio_dp.host.Host.bind` (see there)."""
     undone: list[str] = []
@@ -173,7 +174,7 @@ def bind(
         if rec_out.problems:
             raise BindError("\n".join(rec_out.problems))
         undone = [f"undid the interrupted {d} first" for d in rec_out.recovered]
-    inv = host.scan()
+    inv = inventory if inventory is not None and not undone else host.scan()
     _check_escapes(host, inv, addresses)
     in_use = groups_in_use(host, inv, addresses) if probe else None
     plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force)

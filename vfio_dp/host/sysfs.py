@@ -333,6 +333,24 @@ def refresh_devices(
     return _read_each(root, _named_addresses(root), read)
 
 
+def reread_devices(
+    root: Root, previous: dict[PciAddress, PciDevice], addresses: Iterable[PciAddress]
+) -> dict[PciAddress, PciDevice]:
+    """``previous`` with the devices of ``addresses`` re-read for what a bind or an unbind
+    changes (``driver``, ``driver_override``, the VFIO cdev, as :func:`refresh_devices`), and
+    left out when gone; no other device is read (after a bind: its groups' members only)."""
+    named = {str(a): a for a in addresses if a in previous}
+    fresh = _read_each(root, named, lambda dfd, addr, _known: _refresh_at(dfd, previous[addr]))
+    out = dict(previous)
+    for addr in named.values():
+        dev = fresh.get(addr)
+        if dev is None:
+            out.pop(addr, None)
+        else:
+            out[addr] = dev
+    return out
+
+
 def _refresh_at(dfd: int, old: PciDevice) -> PciDevice | None:
     driver = _name(_link_at(dfd, "driver"), "driver")
     raw_override = _read_at(dfd, "driver_override")
