@@ -444,12 +444,21 @@ def vm_object_entries(
     obj: Mapping[str, Any], path: Sequence[str], config: Config
 ) -> tuple[list[Entry], list[Problem]]:
     """The resolved entries of a VMI or VM (``path`` from :func:`devices_path`)."""
+    _, resolved, problems = vm_object_entries_raw(obj, path, config)
+    return resolved, problems
+
+
+def vm_object_entries_raw(
+    obj: Mapping[str, Any], path: Sequence[str], config: Config
+) -> tuple[list[VmEntry], list[Entry], list[Problem]]:
+    """:func:`vm_object_entries` with the raw entries they were resolved from (read once:
+    the webhook needs both for every review)."""
     prefix = ".".join(path)
     raw, problems = vm_entries(dig(obj, path), prefix)
     cpath = claims_path(path)
     claims, more = vm_claims(dig(obj, cpath), ".".join(cpath))
     resolved, most = resolve_vm_entries(raw, config, prefix, claims, ".".join(cpath))
-    return resolved, problems + more + most
+    return raw, resolved, problems + more + most
 
 
 def describe(obj: Mapping[str, Any]) -> str:

@@ -60,8 +60,7 @@ from vm_translate.spec import (
     describe,
     devices_path,
     dig,
-    vm_entries,
-    vm_object_entries,
+    vm_object_entries_raw,
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -166,8 +165,7 @@ def to_dra(
     if why:
         raise SpecError(subject, [Problem("--driver-name", driver, why)])
     prefix = ".".join(path)
-    _, problems = vm_object_entries(obj, path, config)
-    raw, _ = vm_entries(dig(obj, path), prefix)
+    raw, _, problems = vm_object_entries_raw(obj, path, config)
     requests: list[dict[str, Any]] = []
     moved: list[tuple[str, int, str]] = []  # (list key, index, request name)
     verdicts: list[EntryVerdict] = []

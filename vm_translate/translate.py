@@ -42,8 +42,7 @@ from vm_translate.spec import (
     devices_path,
     dig,
     parse_passthrough,
-    vm_entries,
-    vm_object_entries,
+    vm_object_entries_raw,
 )
 
 _WHOLE = re.compile(r"[0-9]+")
@@ -89,8 +88,7 @@ def translate(obj: Mapping[str, Any], config: Config) -> Translation:
 def _vm_ops(
     obj: Mapping[str, Any], path: tuple[str, ...], config: Config, subject: str
 ) -> tuple[list[JsonPatchOp], dict[str, int]]:
-    raw, _ = vm_entries(dig(obj, path), ".".join(path))
-    resolved, problems = vm_object_entries(obj, path, config)
+    raw, resolved, problems = vm_object_entries_raw(obj, path, config)
     if problems:
         raise SpecError(subject, problems)
     ops: list[JsonPatchOp] = []

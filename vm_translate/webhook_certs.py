@@ -61,7 +61,9 @@ def problem_with(
         return f"it does not hold a PEM certificate, CA and key ({e})"
     left = cert.not_valid_after_utc - now
     if left < datetime.timedelta(days=renew_days):
-        return f"its certificate expires in {max(left.days, 0)} days (renewed {renew_days} days early)"
+        return (
+            f"its certificate expires in {max(left.days, 0)} days (renewed {renew_days} days early)"
+        )
     if ca.not_valid_after_utc - now < datetime.timedelta(days=renew_days):
         return "its CA expires within the renewal window"
     try:
@@ -110,7 +112,9 @@ def ca_bundle_patch(
         if svc.get("name") != service or svc.get("namespace") != namespace:
             continue
         if cc.get("caBundle") != ca_bundle:
-            ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca_bundle})
+            ops.append(
+                {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca_bundle}
+            )
     return ops
 
 
@@ -142,7 +146,9 @@ def ensure(
         current = core.read_namespaced_secret(secret, namespace, _request_timeout=10)
     except ApiException as e:
         if e.status != 404:
-            raise CertificateJobError(f"cannot read Secret {namespace}/{secret}: {e.status} {e.reason}") from e
+            raise CertificateJobError(
+                f"cannot read Secret {namespace}/{secret}: {e.status} {e.reason}"
+            ) from e
         current = None
     have = bundle_of(current.data if current is not None else None)
     why = (
@@ -158,8 +164,11 @@ def ensure(
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
-            "metadata": {"name": secret, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/part-of": "vfio-dp"}},
+            "metadata": {
+                "name": secret,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/part-of": "vfio-dp"},
+            },
             "data": secret_data(bundle),
         }
         if current is None:
