@@ -168,7 +168,9 @@ def main() -> int:
         wait(api, lambda: pool(api)[0] > gen and pool(api)[1] == args.devices, 3 * args.resync + 30)
         took = time.monotonic() - t
         ok = "met" if took <= args.resync + 1.0 else "NOT met"
-        rows.append(("slices deleted -> republished", f"{took:.2f} s", f"<= {args.resync:g} s+1", ok))
+        rows.append(
+            ("slices deleted -> republished", f"{took:.2f} s", f"<= {args.resync:g} s+1", ok)
+        )
         vm_rss, hwm, threads = rss(proc.pid)
         rows.append(("plugin RSS now / peak", f"{vm_rss:.0f}/{hwm:.0f} MB", "-", ""))
         rows.append(("plugin threads", str(threads), "-", ""))

@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                     "note": f"{type(e).__name__}: {e}"[:200],
                 }
             ]
-        print(f"# {script.name}: {len(rows)} rows in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        print(
+            f"# {script.name}: {len(rows)} rows in {time.monotonic() - t0:.1f} s", file=sys.stderr
+        )
         all_rows.extend(rows)
     if args.json:
         print(json.dumps(all_rows, indent=2, default=str))

@@ -24,7 +24,6 @@ except ``--read-timeout 2`` in the load case (default 10 s), so slow bodies end 
 and server share the machine's (2) CPUs, so latency includes the client's own queueing.
 """
 
-
 import argparse
 import asyncio
 import base64

@@ -180,9 +180,7 @@ def main() -> int:
     )
     ap.add_argument("--max-seconds", type=float, default=15.0, help="time bound per level")
     ap.add_argument("--levels", default="1,8,64", help="concurrency levels")
-    ap.add_argument(
-        "--strict", action="store_true", help="exit 1 when a target is missed"
-    )
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="webhook-bench-") as cert_dir:
         proc, url, ctx = start_server(cert_dir)
