@@ -100,12 +100,11 @@ def _dra_view(
 ) -> dict[int, GroupView]:
     """By IOMMU group: the health and taint the DRA plugin would publish now (its pure rules,
     the prepared claims of its checkpoint read-only, ``/dev/vfio`` listed once)."""
-    import os
     import time
 
     from vfio_dp.model.naming import dra_checkpoint_file
 
-    if not units and not os.path.lexists(host.state_file(dra_checkpoint_file(driver))):
+    if not units and host.has_state_file(dra_checkpoint_file(driver)) is False:
         return {}  # nothing on the DRA path, no claim prepared: its rules are not needed
 
     from vfio_dp.dra.checkpoint import peek

@@ -66,7 +66,9 @@ def test_completion_and_version() -> None:
     script = _run("completion", "bash")
     assert script.returncode == 0 and "_VFIOCTL_COMPLETE" in script.stdout
     # the script really completes: ask it as bash would
-    out = _run(env={"_VFIOCTL_COMPLETE": "bash_complete", "COMP_WORDS": "vfioctl li", "COMP_CWORD": "1"})
+    out = _run(
+        env={"_VFIOCTL_COMPLETE": "bash_complete", "COMP_WORDS": "vfioctl li", "COMP_CWORD": "1"}
+    )
     assert "plain,list" in out.stdout.splitlines()
     assert _run("--version").stdout.startswith("vfioctl, version ")
 

@@ -86,7 +86,17 @@ def test_list_table_with_a_config_has_one_column_per_path(tree: SysfsTree, tmp_p
     p = run("list", "--root", str(tree.root), "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     head, *lines = p.stdout.splitlines()
-    assert head.split()[-9:] == ["RESOURCE", "SERVED", "BY", "DRA", "DEVICE", "DRA", "HEALTH", "NOT", "SERVED"]
+    assert head.split()[-9:] == [
+        "RESOURCE",
+        "SERVED",
+        "BY",
+        "DRA",
+        "DEVICE",
+        "DRA",
+        "HEALTH",
+        "NOT",
+        "SERVED",
+    ]
     line = {ln.split()[0]: ln for ln in lines}
     assert line["0000:65:00.0"].split()[-3:-1] == ["pci-0000-65-00-0", "HEALTHY"]
     assert "devices.kubevirt.io/vf" in line["0000:af:00.1"]
@@ -387,3 +397,28 @@ def test_groups_show_the_taint_of_a_prepared_group_gone_bad(
         g["dra_taint"]["key"] == f"{driver}/unhealthy" and g["dra_taint"]["effect"] == "NoSchedule"
     )
     assert "left vfio-pci for host driver e1000e" in g["dra_message"]
+
+
+def test_list_reads_the_dra_checkpoint_only_when_there_is_one(tmp_path: Path) -> None:
+    """Nothing on the DRA path: no checkpoint, nothing said; a checkpoint that does not parse,
+    or a state dir that links out of the root, is still reported (the check for the file
+    looks inside the root only, and hands anything it cannot tell to the reader)."""
+    t = SysfsTree(tmp_path / "root")
+    t.add(Dev("0000:00:1f.6", "8086", "15bb", "020000", driver="e1000e", group=1))
+    ok = run("list", "--root", str(t.root), "-o", "json")
+    assert ok.returncode == 0 and "checkpoint" not in ok.stderr, ok.stderr
+    state = t.root / "var/lib/vfio_dp"
+    state.mkdir(parents=True)
+    (state / "dra-vfio.dra.vfio-dp.io.checkpoint.json").write_text("{not json")
+    bad = run("list", "--root", str(t.root), "-o", "json")
+    assert bad.returncode == 0, bad.stderr
+    assert "the DRA checkpoint" in bad.stderr and "prepared claims not shown" in bad.stderr
+    (state / "dra-vfio.dra.vfio-dp.io.checkpoint.json").unlink()
+    state.rmdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "dra-vfio.dra.vfio-dp.io.checkpoint.json").write_text("{}")
+    state.symlink_to(outside)
+    esc = run("list", "--root", str(t.root), "-o", "json")
+    assert esc.returncode == 0, esc.stderr
+    assert "cannot read the DRA checkpoint" in esc.stderr, esc.stderr

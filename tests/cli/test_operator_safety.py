@@ -51,7 +51,9 @@ def test_unbind_dry_run_is_a_script_that_makes_the_same_writes(bound: Path) -> N
     assert (dev / "driver_override").read_text() == "\n"
     bind = bound / "sys/bus/pci/drivers/e1000e/bind"
     assert bind.read_text() == "0000:65:00.0\n"
-    js = json.loads(_run("unbind", "--root", str(bound), "--dry-run", "-o", "json", "0000:65:00.0").stdout)
+    js = json.loads(
+        _run("unbind", "--root", str(bound), "--dry-run", "-o", "json", "0000:65:00.0").stdout
+    )
     assert js["restored"] == [{"address": "0000:65:00.0", "driver": "e1000e"}]
 
 

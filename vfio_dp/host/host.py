@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import HostError, NoIommuError
+from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
 from vfio_dp.host import sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.root import Root, read_text, safe_component
@@ -191,6 +191,26 @@ class Host:
     def state_file(self, name: str) -> str:
         """``<root>/var/lib/vfio_dp/<name>``: where a front-end keeps its own durable file."""
         return self.fs.path("var", "lib", "vfio_dp", safe_component(name))
+
+    def has_state_file(self, name: str) -> bool | None:
+        """Is there an entry ``<root>/var/lib/vfio_dp/<name>``? Looked up inside the root
+        (never through a link out of it). None: cannot tell (the directory links out of the
+        root or cannot be opened); the caller reads the file and reports why."""
+        try:
+            dfd = self.fs.open_dir("var", "lib", "vfio_dp")
+        except FileNotFoundError:
+            return False
+        except (OSError, PathEscapeError):
+            return None
+        try:
+            os.stat(safe_component(name), dir_fd=dfd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
 
     def group_node(self, group: IommuGroup) -> str:
         """The group's node path under the root (for existence checks only)."""
