@@ -113,7 +113,7 @@ def _dra_view(
     if problem:
         click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
     if not units and not records:
-        return {}  # nothing on the DRA path: its rules (and their imports) are not needed
+        return {}  # an empty or unreadable checkpoint: the same
 
     from vfio_dp.dra import health
     from vfio_dp.host.vfio import group_nodes_present

@@ -391,15 +391,14 @@ def peek(host: Host, driver: str) -> tuple[list[ClaimRecord], str | None]:
     """The checkpointed claims, read-only (``vfioctl``: never moves a bad file aside, never
     writes): (records, None), or (records, why) when the file or some of its records cannot
     be read or parsed."""
-    path = host.state_file(naming.dra_checkpoint_file(driver))
+    name = naming.dra_checkpoint_file(driver)
+    path = host.state_file(name)
     try:
         dfd = _state_dir(host.fs, create=False)
         if dfd is None:
             return [], None
         try:
-            raw = read_regular(
-                naming.dra_checkpoint_file(driver), _MAX_BYTES, dir_fd=dfd, nofollow=True
-            )
+            raw = read_regular(name, _MAX_BYTES, dir_fd=dfd, nofollow=True)
         finally:
             os.close(dfd)
     except FileNotFoundError:

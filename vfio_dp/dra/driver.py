@@ -371,8 +371,8 @@ class DraPlugin(FrontEnd):
         if not nodes:
             return units
         scan = await self.core.run(scan_holders, self.core.host.fs, nodes)
-        # the nodes someone holds (few, usually none), not every node asked about
-        held = {nodes[n]: scan.describe(n) for n, who in scan.by_node.items() if who and n in nodes}
+        # by_node holds only the nodes someone holds (few, usually none)
+        held = {nodes[n]: scan.describe(n) for n in scan.by_node}
         if scan.unreadable:
             log.warning("%s", scan.describe(next(iter(nodes))))
         return withdraw_held(units, held)

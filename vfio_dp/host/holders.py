@@ -40,8 +40,8 @@ class Holder:
 
 @dataclass(slots=True)
 class HolderScan:
-    """Holders per node path (host paths, e.g. ``/dev/vfio/45``), and the pids that could
-    not be inspected."""
+    """Holders per node path (host paths, e.g. ``/dev/vfio/45``; only nodes that were asked
+    about AND are held appear), and the pids that could not be inspected."""
 
     by_node: dict[str, list[Holder]] = field(default_factory=dict)
     unreadable: list[int] = field(default_factory=list)

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from vfio_dp.model.plan import CheckReport
 
 
+#: ``<root>/var/lib/vfio_dp``: where front-ends keep their own durable files
+STATE_DIR = ("var", "lib", "vfio_dp")
+
+
 def read_boot_id(fs: Root) -> str:
     """``<root>/proc/sys/kernel/random/boot_id`` (``""`` when the kernel does not say)."""
     return read_text(fs.path("proc", "sys", "kernel", "random", "boot_id")) or ""
@@ -148,27 +152,29 @@ class Host:
     def reread(self, inv: Inventory, addresses: Iterable[PciAddress]) -> Inventory:
         """``inv`` after a bind or unbind of ``addresses``: their IOMMU groups' members
         re-read for driver, override and VFIO cdev (:func:`.sysfs.reread_devices`) and their
-        bind records (``original_driver``), those groups judged again; nothing else is read (a whole :meth:`refresh` reads every
-        device: thousands on a big host)."""
-        numbers = {d.iommu_group for a in addresses if (d := inv.devices.get(a)) is not None}
-        members = {
-            m for n in numbers if n is not None and n in inv.groups for m in inv.groups[n].devices
-        }
-        members.update(addresses)
+        bind records (``original_driver``), those groups judged again. Nothing else is read
+        (a whole :meth:`refresh` reads every device: thousands on a big host)."""
+        given = list(addresses)
+        groups = {g.number: g for a in given if (g := inv.group_of(a)) is not None}
+        members = {*given, *(m for g in groups.values() for m in g.devices)}
         devices = sysfs.reread_devices(self.fs, inv.devices, members)
         for a in members:  # the original driver as recorded now (a bind just recorded it)
             dev = devices.get(a)
-            rec = self.state.get(a) if dev is not None else None
-            orig = rec.driver if rec else None
-            if dev is not None and dev.original_driver != orig:
-                devices[a] = dataclasses.replace(dev, original_driver=orig)
-        groups = dict(inv.groups)
-        for n in numbers:
-            if n is None or n not in groups:
+            if dev is None:
                 continue
-            found = [d for a in groups[n].devices if (d := devices.get(a)) is not None]
-            groups[n] = analyse_group(n, found, noiommu=groups[n].noiommu)
-        return Inventory(devices=devices, groups=groups, iommu_present=inv.iommu_present)
+            rec = self.state.get(a)
+            orig = rec.driver if rec else None
+            if dev.original_driver != orig:
+                devices[a] = dataclasses.replace(dev, original_driver=orig)
+        judged = {
+            n: analyse_group(
+                n, [d for a in g.devices if (d := devices.get(a)) is not None], noiommu=g.noiommu
+            )
+            for n, g in groups.items()
+        }
+        return Inventory(
+            devices=devices, groups={**inv.groups, **judged}, iommu_present=inv.iommu_present
+        )
 
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
         """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly);
@@ -190,14 +196,14 @@ class Host:
 
     def state_file(self, name: str) -> str:
         """``<root>/var/lib/vfio_dp/<name>``: where a front-end keeps its own durable file."""
-        return self.fs.path("var", "lib", "vfio_dp", safe_component(name))
+        return self.fs.path(*STATE_DIR, safe_component(name))
 
     def has_state_file(self, name: str) -> bool | None:
         """Is there an entry ``<root>/var/lib/vfio_dp/<name>``? Looked up inside the root
         (never through a link out of it). None: cannot tell (the directory links out of the
         root or cannot be opened); the caller reads the file and reports why."""
         try:
-            dfd = self.fs.open_dir("var", "lib", "vfio_dp")
+            dfd = self.fs.open_dir(*STATE_DIR)
         except FileNotFoundError:
             return False
         except (OSError, PathEscapeError):
@@ -266,10 +272,12 @@ class Host:
         """Every operation journal on disk (each marked in progress or interrupted), and a
         message for every unreadable record or journal (they are kept, never dropped)."""
         ops, problems = self.state.operations()
-        if ops:
-            from vfio_dp.host.operations import Interrupted
-        found = [Interrupted(op, self.state.busy(op.addresses())) for op in ops]
-        return found, problems + self.state.problems()
+        problems += self.state.problems()
+        if not ops:  # the usual case: no need for the operations module
+            return [], problems
+        from vfio_dp.host.operations import Interrupted
+
+        return [Interrupted(op, self.state.busy(op.addresses())) for op in ops], problems
 
     def recover(self, *, owner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
         """Undo every INTERRUPTED operation (a bind or unbind whose process was killed):
