@@ -5,8 +5,9 @@ Builds a node with four lone NICs (each its own IOMMU group) plus the usual host
 times :class:`vfio_dp.dra.prepare.ClaimPreparer` in-process (the gRPC hop is not included):
 
 - Prepare/Unprepare of a claim whose group is already on vfio-pci (``bind: false``): the
-  handler's own cost -- ResourceClaim read (an in-memory reader), sysfs scan, CDI spec,
-  metadata file, checkpoint (each written with fsync);
+  handler's own cost -- ResourceClaim read (an in-memory reader), the read of the claim's
+  IOMMU group (with host use), CDI spec and metadata file (replaced atomically, not synced:
+  every Prepare rewrites them), checkpoint (durable: fsync);
 - Prepare/Unprepare with ``bind: onPrepare`` of 1 and of 4 groups through the kernel
   SIMULATOR (tests/kernel_sim.py: no driver probe time), next to ``Host.bind`` /
   ``Host.unbind`` of the same groups (what ``vfioctl bind --group`` runs).
@@ -15,8 +16,8 @@ Where the files go, as on a node: the CDI specs in a tmpfs (the DaemonSet's ``/v
 is the host's ``/run``, a tmpfs on systemd hosts; here ``/dev/shm``), the metadata files and
 the checkpoint on the disk of the temp dir (``/var/lib/kubelet/plugins``, ``/var/lib/vfio_dp``).
 The floor under the no-bind row is printed with it: one durable atomic write on that disk
-(temp file, ``fsync``, ``rename``, ``fsync`` of the directory), of which a Prepare makes two
-(the metadata file, the checkpoint).
+(temp file, ``fsync``, ``rename``, ``fsync`` of the directory), of which a Prepare makes one
+(the checkpoint).
 
 ``--guest``: the same rows in the QEMU guest rig (real kernel 6.1, emulated Intel IOMMU, a
 topology of four lone e1000e NICs), binding for real -- e1000e's probe included.
@@ -259,7 +260,8 @@ def main() -> None:
     print(
         f"\nfloor: one durable atomic write on the temp dir's disk, p50 "
         f"{statistics.median(floor) * 1000:.2f} / p99 {pct(floor, 0.99):.2f} ms (a Prepare "
-        "writes two: the metadata file and the checkpoint)"
+        "makes one: the checkpoint; the metadata file and the CDI spec are replaced atomically, "
+        "not synced)"
     )
 
 

@@ -97,7 +97,7 @@ ANCHORS = {
     "lspci_small": "lspci -D -k, the 10-function host",
     "bind_1": "Host.bind --group, 1 group (same process)",
     "bind_4": "Host.bind --group, 4 groups (same process)",
-    "durable_p50": "one durable atomic write on the bench's disk, p50, ms (a Prepare makes two)",
+    "durable_p50": "one durable atomic write on the bench's disk, p50, ms (a Prepare makes one)",
     "durable_p99": "one durable atomic write on the bench's disk, p99, ms",
 }
 

@@ -243,7 +243,7 @@ def test_a_read_only_state_dir_names_the_checkpoint(
 
 
 # -- item 3: a batch is not quadratic ------------------------------------------------------------
-def test_the_claims_of_one_call_share_one_sysfs_scan(
+def test_the_claims_of_one_call_read_only_their_own_groups(
     tree: SysfsTree, kernel: SimulatedKernel, claims: Claims, dirs: tuple[str, str]
 ) -> None:
     host = CountingHost(tree.root, kernel=kernel)
@@ -265,7 +265,9 @@ def test_the_claims_of_one_call_share_one_sysfs_scan(
     p.checkpoint.put = counting_put  # type: ignore[method-assign]
     out = run(p.prepare([lone, nic]))
     assert all(r.error == "" for r in out.values()), out
-    # one scan for the call (the bind plans from it), then the bound group alone re-read
-    assert (host.scans, host.refreshes, host.rereads) == (1, 0, 1)
+    # no full scan: each claim reads its own group (the bind plans from that read), then the
+    # bound group alone is re-read
+    assert (host.scans, host.refreshes, host.rereads) == (0, 0, 1)
+    assert sorted(host.group_reads) == [["0000:03:01.0"], ["0000:65:00.0"]]
     # the claim with nothing to bind is recorded once; the binding one before and after
     assert puts == 3

@@ -241,16 +241,26 @@ def test_operator_binding_is_never_undone(
 
 
 class CountingHost(Host):
-    """A real Host that counts its sysfs reads (full scans, whole refreshes, and rereads of
-    the devices a bind changed)."""
+    """A real Host that counts its sysfs reads: full scans, whole refreshes, the group reads
+    of a claim (with the addresses they were given) and rereads of the devices a bind
+    changed."""
 
     scans = 0
     refreshes = 0
     rereads = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group_reads: list[list[str]] = []
+
     def scan(self, *, usage: bool = True) -> Any:
         self.scans += 1
         return super().scan(usage=usage)
+
+    def scan_groups(self, addresses: Any) -> Any:
+        given = list(addresses)
+        self.group_reads.append(sorted(map(str, given)))
+        return super().scan_groups(given)
 
     def refresh(self, previous: Any) -> Any:
         self.refreshes += 1
@@ -261,7 +271,7 @@ class CountingHost(Host):
         return super().reread(inv, addresses)
 
 
-def test_a_group_already_bound_is_prepared_from_one_scan(
+def test_a_prepare_reads_its_claims_groups_and_nothing_else(
     tree: SysfsTree, kernel: SimulatedKernel, config: Config, claims: Claims, dirs: tuple[str, str]
 ) -> None:
     _boot(tree, "boot-1")
@@ -272,15 +282,18 @@ def test_a_group_already_bound_is_prepared_from_one_scan(
     )  # fmt: skip
     ref = claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")])
     assert run(p.prepare([ref]))["uid-lone"].error == ""
-    assert (host.scans, host.refreshes) == (1, 0)
+    assert (host.scans, host.refreshes, host.group_reads) == (0, 0, [[LONE]])
     gpu = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
     assert run(p.prepare([gpu]))["uid-gpu"].error == ""
-    # ONE scan: the bind plans from the Prepare's (and again under the locks from the bound
-    # devices themselves), then only the bound group is re-read; nothing reads every device
-    assert (host.scans, host.refreshes, host.rereads) == (2, 0, 1)
+    # the claim's group read once: the bind plans from it (and again under the locks from the
+    # bound devices themselves), then only the bound group is re-read; nothing reads every
+    # device
+    assert (host.scans, host.refreshes, host.rereads) == (0, 0, 1)
+    assert host.group_reads[1:] == [[GPU]]
     assert tree.driver_of(GPU) == "vfio-pci"
     again = run(p.prepare([gpu]))["uid-gpu"]
-    assert again.error == "" and (host.scans, host.refreshes, host.rereads) == (3, 0, 1)
+    assert again.error == "" and (host.scans, host.refreshes, host.rereads) == (0, 0, 1)
+    assert host.group_reads[2:] == [[GPU]]
 
 
 def test_bind_false_group_already_on_vfio(

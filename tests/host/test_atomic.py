@@ -121,3 +121,26 @@ def test_a_failed_directory_fsync_is_raised_and_a_retry_syncs_again(tmp_path: Pa
     assert rc == 0, err
     gone = [i for i, ln in enumerate(lines) if "rec.json" in ln and "ENOENT" in ln]
     assert gone and any("fsync(" in ln for ln in lines[gone[-1] :]), lines
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace)")
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_write_order_durable_or_not(tmp_path: Path, durable: bool) -> None:
+    """Durable: temp file written, fsync, rename, fsync of the directory. ``durable=False``
+    (a DRA claim's CDI spec and metadata: rebuilt by every Prepare) is the same atomic
+    replace without either fsync -- never seen torn, and no disk flush."""
+    target = tmp_path / "d" / "rec.json"
+    code = (
+        "from vfio_dp.host.atomic import write_atomic; "
+        f"write_atomic({str(target)!r}, b'{{}}', durable={durable})"
+    )
+    rc, lines, err = _traced(tmp_path, code, "-e", "trace=openat,write,renameat,fsync")
+    assert rc == 0, err
+    start = next(i for i, ln in enumerate(lines) if ".rec.json." in ln and "openat" in ln)
+    calls = [ln.split("(")[0].split()[-1] for ln in lines[start:]]
+    calls = [c for c in calls if c in ("write", "fsync", "renameat")][:4]
+    if durable:
+        assert calls == ["write", "fsync", "renameat", "fsync"], lines[start:]
+    else:
+        assert calls == ["write", "renameat"], lines[start:]
+    assert target.read_bytes() == b"{}" and os.listdir(target.parent) == ["rec.json"]

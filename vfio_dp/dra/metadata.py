@@ -82,8 +82,9 @@ def build_claim(
 
 
 def write_file(path: str, meta: md.DeviceMetadata) -> None:
-    """Write (atomically replace) one metadata file."""
-    write_atomic(path, md.render(meta).encode())
+    """Write (atomically replace) one metadata file: never seen torn, not synced to disk
+    (every Prepare writes it anew: :mod:`vfio_dp.host.atomic`, ``durable=False``)."""
+    write_atomic(path, md.render(meta).encode(), durable=False)
 
 
 def write_claim(

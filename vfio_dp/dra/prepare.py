@@ -6,14 +6,17 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    plugin's API shell), refuse a re-created one, take the results of our driver on this node
    (:mod:`.claims`: opaque config for our driver, a foreign pool, a request name that is not
    a DNS label are refused before anything is touched);
-2. **resolve** each result's ``device`` (``pci-0000-3b-00-0``) to its IOMMU group from ONE
-   scan of sysfs shared by the claims of the call (:mod:`.resolve`), and checkpoint the claim
-   as ``preparing`` when it has a group to bind (before the bind; a claim with nothing to
-   bind is recorded once, ``prepared``; the checkpoint format: :mod:`.checkpoint`);
+2. **resolve** each result's ``device`` (``pci-0000-3b-00-0``) to its IOMMU group
+   (:mod:`.resolve`), read fresh from sysfs for that claim alone -- the groups its devices name, whole, with the
+   host's use of them, and no other device (:meth:`vfio_dp.host.Host.scan_groups`: what a
+   full scan says of them, at the cost of a few devices on a host of thousands) -- and
+   checkpoint the claim as ``preparing`` when it has a group to bind
+   (before the bind; a claim with nothing to bind is recorded once, ``prepared``; the
+   checkpoint format: :mod:`.checkpoint`);
 3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
    same rollback and the same durable record, owner ``claim:<uid>``; never ``probe``: the
-   plugin does not open group nodes; it plans from the scan of step 2, and again under the
+   plugin does not open group nodes; it plans from the read of step 2, and again under the
    devices' locks), re-read those groups' devices only then
    (:meth:`vfio_dp.host.Host.reread`), and adopt bind records a stale
    claim left on these groups; then verify each group is viable, on vfio-pci, and still has
@@ -44,9 +47,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Protocol
 
 from vfio_dp.dra import cdi, extended, resolve
@@ -69,10 +71,11 @@ from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import ClaimError, VfioError
 from vfio_dp.host import Host
 from vfio_dp.host.state import bound_by_claim, claim_of
+from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
-from vfio_dp.model.serving import DraUnit, dra_units
+from vfio_dp.model.serving import dra_units
 
 __all__ = ["ClaimPreparer", "ClaimReader", "ReconcileReport"]
 
@@ -144,8 +147,6 @@ class ClaimPreparer:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._loaded = False
-        # the DRA units of the last (scan, config) pair: the claims of one call share a scan
-        self._units: tuple[Inventory, Config, dict[str, DraUnit]] | None = None
 
     # -- plumbing ------------------------------------------------------------------------
     def _lock(self, uid: str) -> asyncio.Lock:
@@ -172,32 +173,13 @@ class ClaimPreparer:
     # -- NodePrepareResources ------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         await self._ensure_loaded()
-        scan = self._batch_scan()
-        results = await asyncio.gather(*(self._prepare_serialized(c, scan) for c in claims))
+        results = await asyncio.gather(*(self._prepare_serialized(c) for c in claims))
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
-    def _batch_scan(self) -> Callable[[], Awaitable[Inventory]]:
-        """ONE sysfs scan for the claims of one call, taken when the first claim needs it
-        (a scan per claim made a batch of 1,000 claims quadratic)."""
-        task: asyncio.Future[Inventory] | None = None
-
-        async def get() -> Inventory:
-            nonlocal task
-            if task is None:
-                task = asyncio.ensure_future(asyncio.to_thread(self.host.scan))
-            return await task
-
-        return get
-
-    async def _prepare_serialized(
-        self, claim: ClaimRef, batch_scan: Callable[[], Awaitable[Inventory]]
-    ) -> ClaimResult:
-        lock = self._lock(claim.uid)
-        if lock.locked():  # a retry while its Prepare runs: scan after that one's binds
-            batch_scan = partial(asyncio.to_thread, self.host.scan)
-        async with lock:
+    async def _prepare_serialized(self, claim: ClaimRef) -> ClaimResult:
+        async with self._lock(claim.uid):  # a retry while its Prepare runs reads after it
             try:
-                devices = await self._prepare(claim, batch_scan)
+                devices = await self._prepare(claim)
             except ClaimError as e:
                 log.warning("NodePrepareResources: %s", e)
                 self._metric("vfio_dp_dra_prepare_errors_total")
@@ -219,10 +201,8 @@ class ClaimPreparer:
             self._metric("vfio_dp_dra_prepared_total")
             return ClaimResult(devices=devices)
 
-    async def _prepare(
-        self, claim: ClaimRef, scan: Callable[[], Awaitable[Inventory]]
-    ) -> tuple[PreparedDevice, ...]:
-        """The recipe (module docstring): read → resolve → take ownership → write → record."""
+    async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """The recipe (module docstring): read here, the rest in one worker thread."""
         who = _describe(claim)
         held = self.checkpoint.get(claim.uid)
         if held is not None:  # before the read: nothing of the first claim's is touched
@@ -230,19 +210,31 @@ class ClaimPreparer:
         view = await self._read(claim)
         wanted = ours(view, self.driver, self.node, who)
         resources = await self._resources(view, wanted, who)
-        inv = await scan()
-        chosen = await asyncio.to_thread(self._resolve, who, claim.uid, wanted, inv)
+        return await asyncio.to_thread(self._settle, claim, view, wanted, resources)
+
+    def _settle(
+        self,
+        claim: ClaimRef,
+        view: ClaimView,
+        wanted: Sequence[AllocationResult],
+        resources: Mapping[str, str],
+    ) -> tuple[PreparedDevice, ...]:
+        """Resolve → take ownership → write → record: sysfs, the bind, the files and the
+        checkpoint are all blocking, so they run in one hop off the event loop (a hop per
+        step was a tenth of a Prepare). Blocking; under the claim's lock."""
+        who = _describe(claim)
+        inv, chosen = self._resolve(who, claim.uid, wanted)
         records = resolve.device_records(chosen, inv)
         previous = self.checkpoint.get(claim.uid)
         binds = bool(resolve.to_bind(chosen, inv))
         if binds and (previous is None or previous.state != PREPARED):  # before the bind
-            await self._record(claim, view, PREPARING, records)
-        inv = await self._take(who, claim.uid, chosen, inv)
+            self._record(claim, view, PREPARING, records)
+        inv = self._take(who, claim.uid, chosen, inv)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
-        files = await asyncio.to_thread(self._write, claim, view, chosen, inv, resources)
+        files = self._write(claim, view, chosen, inv, resources)
         ids = [d.cdi_device_ids for d in files.prepared]
         records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
-        await self._record(claim, view, PREPARED, records)
+        self._record(claim, view, PREPARED, records)
         log.info("prepared claim %s: %s", who, ", ".join(r.device for r in records) or "-")
         return files.prepared
 
@@ -273,56 +265,46 @@ class ClaimPreparer:
         )
 
     def _resolve(
-        self, who: str, uid: str, wanted: Sequence[AllocationResult], inv: Inventory
-    ) -> tuple[Chosen, ...]:
-        units = self._units_of(inv, self.config())
+        self, who: str, uid: str, wanted: Sequence[AllocationResult]
+    ) -> tuple[Inventory, tuple[Chosen, ...]]:
+        """Read the claim's IOMMU groups (only those: :meth:`Host.scan_groups`, fresh, with
+        host use) and pair each result with its group. A result's device names its group's
+        first endpoint (``pci-0000-3b-00-0``); a name that is not one, or whose group has
+        another first endpoint now, has no unit here: "no such device". Blocking."""
+        named = (naming.dra_device_address(r.device) for r in wanted)
+        inv = self.host.scan_groups([a for a in named if a is not None])
+        units = {u.name: u for u in dra_units(inv, self.config())}
         mine: set[PciAddress] = set()
         if any(not u.published for u in units.values()):
             mine = set(self.host.holdings(bound_by_claim(uid)))
-        return resolve.resolve(
+        chosen = resolve.resolve(
             who, wanted, units, inv, lambda unit: any(a in mine for a in unit.endpoints)
         )
+        return inv, chosen
 
-    def _units_of(self, inv: Inventory, config: Config) -> dict[str, DraUnit]:
-        """:func:`dra_units` by name, computed once per scan and config (the claims of one
-        NodePrepareResources share its scan: per claim it made a batch quadratic)."""
-        cached = self._units
-        if cached is not None and cached[0] is inv and cached[1] is config:
-            return cached[2]
-        units = {u.name: u for u in dra_units(inv, config)}
-        self._units = (inv, config, units)
-        return units
-
-    async def _take(
-        self, who: str, uid: str, chosen: Sequence[Chosen], inv: Inventory
-    ) -> Inventory:
-        """Bind what ``bind: onPrepare`` groups are not on vfio-pci yet (and rescan, only
-        then); a group another (stale, not yet reconciled) claim bound becomes this claim's,
-        so the stale claim's release never gives back a group this claim hands to its pod.
-        Operator and front-end bindings stay theirs."""
+    def _take(self, who: str, uid: str, chosen: Sequence[Chosen], inv: Inventory) -> Inventory:
+        """Bind what ``bind: onPrepare`` groups are not on vfio-pci yet (and re-read those,
+        only then); a group another (stale, not yet reconciled) claim bound becomes this
+        claim's, so the stale claim's release never gives back a group this claim hands to
+        its pod. Operator and front-end bindings stay theirs. Blocking."""
         owner = bound_by_claim(uid)
         targets = resolve.to_bind(chosen, inv)
         if targets:
             names = ", ".join(c.unit.name for c in chosen if c.unit.primary in targets)
             try:
-                await asyncio.to_thread(
-                    partial(
-                        self.host.bind, targets, group=True, probe=False, bound_by=owner,
-                        inventory=inv,  # this call's scan: no second one (planned again under locks)
-                    )
+                self.host.bind(
+                    targets, group=True, probe=False, bound_by=owner,
+                    inventory=inv,  # the claim's groups as just read (planned again under locks)
                 )  # fmt: skip
             except VfioError as e:
                 raise ClaimError(
                     who, f"binding the IOMMU group to vfio-pci failed: {e}", names
                 ) from e
             # the bound groups' drivers, overrides and cdevs; no other device is read again
-            inv = await asyncio.to_thread(self.host.reread, inv, targets)
+            inv = self.host.reread(inv, targets)
         try:
-            await asyncio.to_thread(
-                self.host.adopt,
-                resolve.handed_over(chosen),
-                owner,
-                replacing=lambda o: claim_of(o) is not None,
+            self.host.adopt(
+                resolve.handed_over(chosen), owner, replacing=lambda o: claim_of(o) is not None
             )
         except OSError as e:
             path = self.host.state_file("original")
@@ -365,14 +347,15 @@ class ClaimPreparer:
         self.dirs.write(claim.uid, files)
         return files
 
-    async def _record(
+    def _record(
         self, claim: ClaimRef, view: ClaimView, state: str, devices: tuple[DeviceRecord, ...]
     ) -> None:
+        """The claim's checkpoint record, durably. Blocking."""
         record = ClaimRecord(
             claim.namespace, claim.name, claim.uid, state, "", view.pod_claim_name, devices
         )
         try:
-            await asyncio.to_thread(self.checkpoint.put, record)
+            self.checkpoint.put(record)
         except OSError as e:
             raise io_error("writing the DRA checkpoint", self.checkpoint.path, e) from e
 

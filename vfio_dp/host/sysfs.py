@@ -436,23 +436,49 @@ def noiommu_enabled(root: Root) -> bool:
     return flag == "Y"
 
 
-def read_groups(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[int, IommuGroup]:
+def read_group_devices(root: Root, addresses: Iterable[PciAddress]) -> dict[PciAddress, PciDevice]:
+    """The devices of the IOMMU groups of ``addresses``, read in full, and no other: each
+    address's device, then the members its group lists
+    (``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>``), in address order. A gone address
+    is left out; one without a group comes alone. Judge them with :func:`read_groups`
+    (``numbers``): what a full scan says of those groups, at the cost of a few devices (a
+    claim's groups on a host of thousands)."""
+    devices = read_devices(root, addresses)
+    base = root.path("sys", "kernel", "iommu_groups")
+    listed: dict[str, PciAddress] = {}
+    for number in sorted({d.iommu_group for d in devices.values() if d.iommu_group is not None}):
+        try:
+            names = os.listdir(f"{base}/{number}/devices")
+        except OSError:
+            continue
+        for name in names:
+            addr = _canonical(name)
+            if addr is not None and addr not in devices:
+                listed[name] = addr
+    devices.update(_read_each(root, listed, _read_device_at))
+    return dict(sorted(devices.items()))  # address order, as a full scan's
+
+
+def read_groups(
+    root: Root, devices: dict[PciAddress, PciDevice], numbers: Iterable[int] | None = None
+) -> dict[int, IommuGroup]:
     """Groups from ``<root>/sys/kernel/iommu_groups/<N>`` and each device's ``iommu_group``
     link (the kernel keeps both in step), with the viability verdict.
 
-    Group numbers come from the directory listing (so an empty group still shows);
+    Group numbers come from the directory listing (so an empty group still shows), or are
+    ``numbers`` (the groups of :func:`read_group_devices`: not listed);
     membership from the devices' links (one readlink per device was already done, instead
     of one listdir per group). ``<N>/name`` (``vfio-noiommu``) is read only when the vfio
     module's unsafe no-IOMMU mode is on.
     """
     base = root.path("sys", "kernel", "iommu_groups")
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return {}
-    members: dict[int, list[PciDevice]] = {
-        int(n): [] for n in names if n.isascii() and n.isdigit() and len(n) < 10
-    }
+    if numbers is None:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            return {}
+        numbers = (int(n) for n in names if n.isascii() and n.isdigit() and len(n) < 10)
+    members: dict[int, list[PciDevice]] = {n: [] for n in numbers}
     for dev in devices.values():
         if dev.iommu_group is not None and dev.iommu_group in members:
             members[dev.iommu_group].append(dev)
