@@ -88,3 +88,32 @@ def test_a_read_only_list_loads_nothing_that_changes_a_machine(tmp_path: Path) -
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_dra_view_of_list_loads_neither_the_slice_format_nor_openssl(tmp_path: Path) -> None:
+    # a group on vfio-pci: `list` shows what the DRA plugin would publish (its health rules)
+    # without the slices' format, the metadata format or hashlib (OpenSSL: ~4 ms to load)
+    from tests.sysfs_tree import Dev, SysfsTree
+
+    tree = SysfsTree(tmp_path)
+    tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="vfio-pci", group=2))
+    code = (
+        "import sys, json, io, contextlib\n"
+        "from cli.main import main\n"
+        "sys.argv = ['vfioctl', 'list', '--root', sys.argv[1], '-o', 'json']\n"
+        "out = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "[dev] = json.loads(out.getvalue())\n"
+        "assert dev['dra_health'] == 'HEALTHY', dev\n"
+        "print([m for m in ('vfio_dp.dra.slices', 'vfio_dp.model.dra_metadata', '_hashlib')"
+        " if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree.root)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

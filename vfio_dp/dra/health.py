@@ -26,14 +26,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
 from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
-from vfio_dp.dra.slices import Device
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 from vfio_dp.model.device import Inventory, IommuGroup
 from vfio_dp.model.serving import DraUnit
+
+if TYPE_CHECKING:  # `vfioctl list` shows the node's view without loading the slices' format
+    from vfio_dp.dra.slices import Device
 
 TAINT_NAME = "unhealthy"
 MAX_TAINTS = 16  # per device (resource.k8s.io/v1 validation)

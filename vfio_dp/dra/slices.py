@@ -50,7 +50,6 @@ are left out, never cut), an empty pool is one slice without devices.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +191,8 @@ def slice_name(node: str, driver: str, index: int) -> str:
     name = f"{node}-{driver}-{index}"
     if len(name) <= MAX_NAME:
         return name
+    import hashlib  # here: it loads OpenSSL (~4 ms), and only slice names need it
+
     digest = hashlib.sha256(f"{node}\0{driver}".encode()).hexdigest()[:12]
     return f"{node[: MAX_NAME - len(digest) - 24].rstrip('.-')}-{digest}-{index}"
 
