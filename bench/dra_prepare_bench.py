@@ -100,11 +100,14 @@ def measure_all(
     nics: list[str],
     no_bind: str | None,
     cdi_dir: str | None = None,
+    config_text: str = CONFIG,
+    no_bind_label: str = "Prepare, group already on vfio-pci (no bind)",
 ) -> list[Row]:
     """The table's rows on ``host`` (a temp tree with the simulator, or the guest's real
     kernel); ``base`` holds the plugin dir (and the CDI dir unless ``cdi_dir``); ``no_bind``:
-    a device on vfio-pci with ``bind: false`` for the no-binding row."""
-    config = load_config_text(CONFIG, "bench")
+    a device on vfio-pci with ``bind: false`` for the no-binding row; ``nics``: the lone
+    groups for the ``onPrepare`` rows (none: no such rows)."""
+    config = load_config_text(config_text, "bench")
     rows: list[Row] = []
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     where = "simulator" if isinstance(host.kernel, SimulatedKernel) else "real kernel"
@@ -162,11 +165,37 @@ def measure_all(
         rows.append((label, p[1:], u[1:]))
 
     if no_bind:
-        asyncio.run(measure("Prepare, group already on vfio-pci (no bind)", [no_bind]))
-    for n in (1, len(nics)):
+        asyncio.run(measure(no_bind_label, [no_bind]))
+    for n in (1, len(nics)) if nics else ():
         asyncio.run(measure(f"Prepare, onPrepare bind of {n} group(s) ({where})", nics[:n]))
         measure_host(f"Host.bind --group of the same {n} group(s) ({where})", nics[:n])
     return rows
+
+
+#: the big host of bench/host_bench.py: 64 PFs with 64 VFs each on vfio-pci, each VF its own
+#: IOMMU group (4,160 functions); its VFs on the DRA path
+BIG_CONFIG = """
+selectors:
+  - vendor: "15b3"
+    device: "101c"
+    path: dra
+"""
+BIG_VF = "0000:10:00.1"
+
+
+def measure_big(base: Path, runs: int, cdi_dir: str | None) -> Row:
+    """Prepare/Unprepare of one VF's group on the 4,160-function host: what a Prepare reads
+    of a big host (its claim's group, or every device)."""
+    from bench.host_bench import build as build_big
+
+    tree = build_big(base / "big")
+    os.sync()  # the tree's ~60,000 new files written back now, not under the timed fsyncs
+    host = Host(tree.root, kernel=SimulatedKernel(tree))
+    (row,) = measure_all(
+        host, str(base), runs, [], BIG_VF, cdi_dir, config_text=BIG_CONFIG,
+        no_bind_label="Prepare, group already on vfio-pci, 4,160-function host",
+    )  # fmt: skip
+    return row
 
 
 def tmpfs_dir() -> str | None:
@@ -236,20 +265,24 @@ def main() -> None:
     cdi = tmpfs_dir()
     try:
         with tempfile.TemporaryDirectory(prefix="dra-bench") as d:
+            big = measure_big(Path(d), min(runs, 20), cdi)
             tree = build(Path(d) / "root")
             host = Host(tree.root, kernel=SimulatedKernel(tree))
             rows = measure_all(host, d, runs, NICS, "0000:09:00.0", cdi)
             floor = durable_writes(d, runs)
+            rows.append(big)
     finally:
         if cdi:
             shutil.rmtree(cdi, ignore_errors=True)
+        os.sync()  # the big tree's removal written back before the next process times fsync
     if "--json" in sys.argv:
-        (_, nb, _), (_, on1, _), (_, b1, _), (_, on4, _), (_, b4, _) = rows
+        (_, nb, _), (_, on1, _), (_, b1, _), (_, on4, _), (_, b4, _), (_, big, _) = rows
         med = statistics.median
         figures = {"prep_p50": med(nb) * 1000, "prep_p99": pct(nb, 0.99),
                    "prep_on1": med(on1) * 1000, "bind_1": med(b1) * 1000,
                    "prep_on4": med(on4) * 1000, "bind_4": med(b4) * 1000,
-                   "durable_p50": med(floor) * 1000, "durable_p99": pct(floor, 0.99)}  # fmt: skip
+                   "durable_p50": med(floor) * 1000, "durable_p99": pct(floor, 0.99),
+                   "prep_big": med(big) * 1000}  # fmt: skip
         print(json.dumps(figures))
         return
     print_table(

@@ -55,6 +55,8 @@ WHERE = {
     "after, the metadata file and the CDI spec; the claim's group read once, the bind plans "
     "from it",
     "prep_on4": "as above, four groups",
+    "prep_big": "as prep_p99: the Prepare reads its claim's IOMMU group, not the host's "
+    "4,160 functions (a full scan: ~0.2 s here)",
     "dra_republish": "debounce, the refresh, every slice rewritten at the new generation "
     "through the API-server stand-in (its strict validation runs in the bench's own "
     "process: about half of the figure)",

@@ -27,6 +27,7 @@ Rows (figure keys; ``lower`` is better unless said):
 - ``prep_p50`` / ``prep_p99``: DRA Prepare of a claim whose group is already on vfio-pci,
   in-process; ``prep_on1`` / ``prep_on4``: Prepare with ``bind: onPrepare`` of 1 / 4 groups
   as a multiple of ``Host.bind`` of the same groups in the same process (simulator);
+  ``prep_big``: the no-bind Prepare of one VF's group on the 4,160-function tree;
 - ``dra_republish``: a device leaves (or comes back to) vfio-pci → the pool republished at a
   new generation, 1,024 devices.
 """
@@ -85,6 +86,7 @@ FIGURES = [
     Figure("wh_rss", "webhook RSS after the rounds", "MB", "bounded"),
     Figure("prep_p50", "DRA Prepare, group on vfio-pci, in-process, p50", "ms", "-"),
     Figure("prep_p99", "DRA Prepare, group on vfio-pci, in-process, p99", "ms", "< 2 ms"),
+    Figure("prep_big", "DRA Prepare, group on vfio-pci, 4,160-function host, p50", "ms", "-"),
     Figure("prep_on1", "DRA Prepare onPrepare, 1 group (simulator)", "ms", "<= 1.2x Host.bind",
            anchor="bind_1"),
     Figure("prep_on4", "DRA Prepare onPrepare, 4 groups (simulator)", "ms", "<= 1.2x Host.bind",
