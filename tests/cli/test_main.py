@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,31 @@ def test_help_lists_what_click_would_without_importing_the_commands() -> None:
     assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout + out.stderr
 
 
+def _list_loads(root: Path, check: str, modules: tuple[str, ...]) -> list[str]:
+    """Run ``vfioctl list -o json`` on ``root`` in a fresh interpreter; ``check`` asserts on
+    ``devices`` (the parsed output). Which of ``modules`` it loaded."""
+    code = (
+        "import sys, json, io, contextlib\n"
+        "from cli.main import main\n"
+        "sys.argv = ['vfioctl', 'list', '--root', sys.argv[1], '-o', 'json']\n"
+        "out = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "devices = json.loads(out.getvalue())\n"
+        f"{check}\n"
+        f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
 def test_a_read_only_list_loads_nothing_that_changes_a_machine(tmp_path: Path) -> None:
     # start-up is most of `vfioctl list` on a small host: the binder, the ledger, the
     # operations, the check rules and the DRA checkpoint (nothing on vfio-pci, no checkpoint)
@@ -68,26 +94,11 @@ def test_a_read_only_list_loads_nothing_that_changes_a_machine(tmp_path: Path) -
     tree = SysfsTree(tmp_path)
     tree.add(Dev("0000:00:1f.6", "8086", "15bb", "020000", driver="e1000e", group=1))
     tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="nvidia", group=2))
-    code = (
-        "import sys, json, io, contextlib\n"
-        "from cli.main import main\n"
-        "sys.argv = ['vfioctl', 'list', '--root', sys.argv[1], '-o', 'json']\n"
-        "out = io.StringIO()\n"
-        "try:\n"
-        "    with contextlib.redirect_stdout(out):\n"
-        "        main()\n"
-        "except SystemExit as e:\n"
-        "    assert not e.code, e.code\n"
-        "assert json.loads(out.getvalue()), 'no devices listed'\n"
-        "print([m for m in ('vfio_dp.host.bind', 'vfio_dp.host.ledger', 'vfio_dp.host.operations',"
-        " 'vfio_dp.model.plan', 'vfio_dp.dra.checkpoint', 'cli.host_cmds', 'queue')"
-        " if m in sys.modules])\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tree.root)], capture_output=True, text=True, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    modules = (
+        "vfio_dp.host.bind", "vfio_dp.host.ledger", "vfio_dp.host.operations", "vfio_dp.model.plan",
+        "vfio_dp.dra.checkpoint", "cli.host_cmds", "queue",
+    )  # fmt: skip
+    assert _list_loads(tree.root, "assert devices, 'no devices listed'", modules) == []
 
 
 def test_the_dra_view_of_list_loads_neither_the_slice_format_nor_openssl(tmp_path: Path) -> None:
@@ -97,23 +108,6 @@ def test_the_dra_view_of_list_loads_neither_the_slice_format_nor_openssl(tmp_pat
 
     tree = SysfsTree(tmp_path)
     tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="vfio-pci", group=2))
-    code = (
-        "import sys, json, io, contextlib\n"
-        "from cli.main import main\n"
-        "sys.argv = ['vfioctl', 'list', '--root', sys.argv[1], '-o', 'json']\n"
-        "out = io.StringIO()\n"
-        "try:\n"
-        "    with contextlib.redirect_stdout(out):\n"
-        "        main()\n"
-        "except SystemExit as e:\n"
-        "    assert not e.code, e.code\n"
-        "[dev] = json.loads(out.getvalue())\n"
-        "assert dev['dra_health'] == 'HEALTHY', dev\n"
-        "print([m for m in ('vfio_dp.dra.slices', 'vfio_dp.model.dra_metadata', '_hashlib')"
-        " if m in sys.modules])\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tree.root)], capture_output=True, text=True, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    check = "assert devices[0]['dra_health'] == 'HEALTHY', devices"
+    modules = ("vfio_dp.dra.slices", "vfio_dp.model.dra_metadata", "_hashlib")
+    assert _list_loads(tree.root, check, modules) == []
