@@ -93,3 +93,20 @@ def test_any_member_names_the_whole_group(tmp_path: Path, member: str) -> None:
     assert sorted(map(str, part.groups[9].devices)) == [
         "0000:05:00.0", "0000:06:00.0", "0000:06:01.0", "0000:07:00.0", "0000:08:00.0",
     ]  # fmt: skip
+
+
+def test_a_group_dir_linking_out_of_the_root_lists_nothing(tmp_path: Path) -> None:
+    tree = dra_host(tmp_path / "root")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "0000:65:00.0").touch()  # a device of another group, named from outside
+    devices = tree.root / "sys/kernel/iommu_groups/9/devices"
+    for entry in devices.iterdir():
+        entry.unlink()
+    devices.rmdir()
+    devices.symlink_to(outside)
+    part = Host(tree.root).scan_groups([PciAddress.parse("0000:07:00.0")])
+    # the named device is still read (through sys/bus/pci/devices, inside the root); the
+    # listing out of the root is not used
+    assert [str(a) for a in part.devices] == ["0000:07:00.0"]
+    assert part.groups[9].devices == (PciAddress.parse("0000:07:00.0"),)

@@ -444,13 +444,18 @@ def read_group_devices(root: Root, addresses: Iterable[PciAddress]) -> dict[PciA
     (``numbers``): what a full scan says of those groups, at the cost of a few devices (a
     claim's groups on a host of thousands)."""
     devices = read_devices(root, addresses)
-    base = root.path("sys", "kernel", "iommu_groups")
     listed: dict[str, PciAddress] = {}
     for number in sorted({d.iommu_group for d in devices.values() if d.iommu_group is not None}):
+        try:  # listed inside the root: a group dir that links out of it lists nothing
+            dfd = root.open_dir("sys", "kernel", "iommu_groups", str(number), "devices")
+        except (OSError, PathEscapeError):
+            continue
         try:
-            names = os.listdir(f"{base}/{number}/devices")
+            names = os.listdir(dfd)
         except OSError:
             continue
+        finally:
+            os.close(dfd)
         for name in names:
             addr = _canonical(name)
             if addr is not None and addr not in devices:
