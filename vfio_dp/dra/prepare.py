@@ -7,12 +7,12 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    (:mod:`.claims`: opaque config for our driver, a foreign pool, a request name that is not
    a DNS label are refused before anything is touched);
 2. **resolve** each result's ``device`` (``pci-0000-3b-00-0``) to its IOMMU group
-   (:mod:`.resolve`), read fresh from sysfs for that claim alone -- the groups its devices name, whole, with the
-   host's use of them, and no other device (:meth:`vfio_dp.host.Host.scan_groups`: what a
-   full scan says of them, at the cost of a few devices on a host of thousands) -- and
-   checkpoint the claim as ``preparing`` when it has a group to bind
-   (before the bind; a claim with nothing to bind is recorded once, ``prepared``; the
-   checkpoint format: :mod:`.checkpoint`);
+   (:mod:`.resolve`), read fresh from sysfs for that claim alone -- the groups its devices
+   name, whole, with the host's use of them, and no other device
+   (:meth:`vfio_dp.host.Host.scan_groups`: what a full scan says of them, at the cost of a
+   few devices on a host of thousands) -- and checkpoint the claim as ``preparing`` when it
+   has a group to bind (before the bind; a claim with nothing to bind is recorded once,
+   ``prepared``; the checkpoint format: :mod:`.checkpoint`);
 3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
    same rollback and the same durable record, owner ``claim:<uid>``; never ``probe``: the
