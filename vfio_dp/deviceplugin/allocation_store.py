@@ -28,11 +28,12 @@ from vfio_dp.deviceplugin.allocation import (
 )
 from vfio_dp.errors import VfioError
 from vfio_dp.host.atomic import replace_at
+from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root
 
 log = logging.getLogger("vfio_dp.core")
 
-RECORD_PATH = ("var", "lib", "vfio_dp", "allocations.json")
+RECORD_PATH = (*STATE_DIR, "allocations.json")
 
 
 class AllocationStore:

@@ -52,7 +52,7 @@ from vfio_dp.errors import DraError, PathEscapeError
 from vfio_dp.host.atomic import replace_at
 from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.host import read_boot_id
-from vfio_dp.host.records import write_failure
+from vfio_dp.host.records import STATE_DIR, write_failure
 from vfio_dp.host.root import Root
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
@@ -167,9 +167,6 @@ def _claim_from_json(c: object) -> ClaimRecord:
         pod_claim_name=None if pcn is None else str(pcn),
         devices=tuple(_device_from_json(d) for d in devices),
     )
-
-
-STATE_DIR = ("var", "lib", "vfio_dp")
 
 
 _Undo = tuple[str, "ClaimRecord | None", "tuple[str, object] | None"]  # uid, was, was bad

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
@@ -28,7 +29,7 @@ def checkpoint_holds(root: Root, driver: str | None = None) -> dict[PciAddress |
     """Address -> ``claim default/vm-nic (prepared, vfio.example.com)`` for each function a
     claim in a checkpoint holds; ``ANY`` -> problems with checkpoints that cannot be read."""
     out: dict[PciAddress | str, list[str]] = {}
-    base = root.path("var", "lib", "vfio_dp")
+    base = root.path(*STATE_DIR)
     try:
         names = sorted(os.listdir(base))
     except OSError:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
 from vfio_dp.host import sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
+from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
     from vfio_dp.model.plan import CheckReport
-
-
-#: ``<root>/var/lib/vfio_dp``: where front-ends keep their own durable files
-STATE_DIR = ("var", "lib", "vfio_dp")
 
 
 def read_boot_id(fs: Root) -> str:

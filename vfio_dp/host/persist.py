@@ -17,13 +17,12 @@ from collections.abc import Iterable, Mapping
 
 from vfio_dp.errors import CorruptRecordError
 from vfio_dp.host.files import NotRegularFileError, read_regular
-from vfio_dp.host.records import RecordFiles
+from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 from vfio_dp.model.persist import RULES_NAME, PersistedBind, from_json, to_json, udev_rules
 
-STATE_DIR = ("var", "lib", "vfio_dp")
 RECORD_NAME = "persist.json"
 RULES_DIR = ("etc", "udev", "rules.d")
 _MAX_BYTES = 4 << 20

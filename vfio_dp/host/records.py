@@ -25,6 +25,9 @@ from vfio_dp.host.root import Root
 #: a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
 MAX_RECORD = 1 << 20
 
+#: ``<root>/var/lib/vfio_dp``: the node's own durable files, every store's directory below it
+STATE_DIR = ("var", "lib", "vfio_dp")
+
 
 def write_failure(path: str, e: OSError) -> str:
     """``cannot write <path>: <why>; <fix> and retry`` for a failed write of a state file."""

@@ -31,12 +31,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from vfio_dp.errors import CorruptRecordError
-from vfio_dp.host.records import RecordFiles
+from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import SriovRecord
 
-RECORD_DIR = ("var", "lib", "vfio_dp", "sriov")
+RECORD_DIR = (*STATE_DIR, "sriov")
 OPS_DIR = (*RECORD_DIR, "ops")
 _MAX = 1 << 16
 

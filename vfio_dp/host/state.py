@@ -55,12 +55,12 @@ from vfio_dp.errors import (
     StateWriteError,
 )
 from vfio_dp.host.records import MAX_RECORD as _MAX_RECORD
-from vfio_dp.host.records import RecordFiles, write_failure
+from vfio_dp.host.records import STATE_DIR, RecordFiles, write_failure
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
 
-ORIGINAL_DIR = ("var", "lib", "vfio_dp", "original")
-OPS_DIR = ("var", "lib", "vfio_dp", "ops")
+ORIGINAL_DIR = (*STATE_DIR, "original")
+OPS_DIR = (*STATE_DIR, "ops")
 LOCK_DIR = ("run", "vfio_dp")
 
 BOUND_BY_OPERATOR = "operator"
