@@ -349,8 +349,8 @@ def single_instance(root: str, process: str, driver: str | None, wait: float) ->
 
 
 def host_for(root: str) -> Host:
+    """The :class:`~vfio_dp.host.Host` of a one-shot command on ``root``."""
     import gc
-    import os
 
     from vfio_dp.host import Host
 
