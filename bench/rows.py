@@ -100,9 +100,16 @@ ANCHORS = {
     "lspci_small": "lspci -D -k, the 10-function host",
     "bind_1": "Host.bind --group, 1 group (same process)",
     "bind_4": "Host.bind --group, 4 groups (same process)",
+    "py_bare": "floor of every vfioctl command: the venv's python -c pass, ms",
+    "py_click": "floor of every vfioctl command: python -c 'import click', ms",
     "durable_p50": "one durable atomic write on the bench's disk, p50, ms (a Prepare makes one)",
     "durable_p99": "one durable atomic write on the bench's disk, p99, ms",
 }
+
+
+#: rows whose goal is measured against a floor no vfioctl command can go below (the
+#: interpreter starting and importing click, the CLI library this project chose)
+FLOORS = {"help": "py_click", "list_small": "py_click"}
 
 
 def met(key: str, value: float, anchors: dict[str, float]) -> bool | None:
@@ -273,8 +280,13 @@ def process_rows(
         out.setdefault(key, {}).setdefault(who, []).append(value)
 
     lspci_env = dict(os.environ)
+    python = str(VENV_BIN / "python")
+    floor_env = Side("floor").env()  # no side's code on the path: the interpreter and click
     for r in range(rounds):
         order = sides if r % 2 == 0 else sides[::-1]
+        # what any vfioctl command costs before a line of it runs, measured beside it
+        add("py_bare", "anchor", run_timed([python, "-c", "pass"], floor_env) * 1000)
+        add("py_click", "anchor", run_timed([python, "-c", "import click"], floor_env) * 1000)
         if LSPCI:
             add("lspci_big", "anchor", run_timed(lspci_args(big), lspci_env))
             add("lspci_big_1cpu", "anchor", run_timed(PIN + lspci_args(big), lspci_env))
