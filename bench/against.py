@@ -35,10 +35,11 @@ DEFAULT_REF_FILE = Path(__file__).resolve().parent / "against.ref"
 WORSE = 1.10
 GROUP_OF = {
     "list_big": "process", "list_big_1cpu": "process", "list_small": "process",
-    "help": "process", "dp_idle": "device-plugin", "alloc_p50": "device-plugin",
-    "alloc_p99": "device-plugin", "dra_idle": "dra", "dra_republish": "dra",
-    "wh_p99": "webhook", "wh_rps": "webhook", "wh_rss": "webhook", "prep_p50": "prepare",
-    "prep_p99": "prepare", "prep_on1": "prepare", "prep_on4": "prepare", "prep_big": "prepare",
+    "help": "process", "check_big": "process", "dp_idle": "device-plugin",
+    "alloc_p50": "device-plugin", "alloc_p99": "device-plugin", "dra_idle": "dra",
+    "dra_republish": "dra", "wh_p99": "webhook", "wh_rps": "webhook", "wh_rss": "webhook",
+    "prep_p50": "prepare", "prep_p99": "prepare", "prep_on1": "prepare", "prep_on4": "prepare",
+    "prep_big": "prepare",
 }  # fmt: skip
 
 

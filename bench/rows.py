@@ -17,7 +17,10 @@ Rows (figure keys; ``lower`` is better unless said):
 - ``list_big`` / ``list_big_1cpu``: ``vfioctl list -o json`` on the 4,160-function tree of
   ``bench/host_bench.py`` (whole process, seconds), on every CPU and under ``taskset -c 0``;
   anchors ``lspci -D -k`` on the same tree the same way;
-- ``list_small`` (a 10-function host; anchor lspci) and ``help`` (``vfioctl --help``);
+- ``list_small`` (a 10-function host; anchor lspci) and ``help`` (``vfioctl --help``), with
+  the start-up floor beside them (``py_bare``, ``py_click``: the venv's interpreter alone,
+  and importing click);
+- ``check_big``: ``vfioctl check`` of one VF of the 4,160-function tree (ms);
 - ``dp_idle`` / ``dra_idle``: % of one CPU the device-plugin / DRA daemon uses while nothing
   happens, 4,096 devices, ``--resync 5`` (summed ``/proc/<pid>/task/*/schedstat`` over
   windows of two resync periods);
@@ -76,6 +79,7 @@ FIGURES = [
     Figure("list_small", "vfioctl list -o json, a 10-function host", "ms", "<= 4.5x lspci",
            anchor="lspci_small"),
     Figure("help", "vfioctl --help", "ms", "<= 40 ms"),
+    Figure("check_big", "vfioctl check of one VF, 4,160 functions", "ms", "-"),
     Figure("dp_idle", "device-plugin daemon idle, 4,096 devices, resync 5 s", "% CPU",
            "< 0.5 %"),
     Figure("dra_idle", "DRA plugin idle, 4,096 devices, resync 5 s", "% CPU", "< 0.5 %"),
@@ -109,7 +113,7 @@ ANCHORS = {
 
 #: rows whose goal is measured against a floor no vfioctl command can go below (the
 #: interpreter starting and importing click, the CLI library this project chose)
-FLOORS = {"help": "py_click", "list_small": "py_click"}
+FLOORS = {"help": "py_click", "list_small": "py_click", "check_big": "py_click"}
 
 
 def met(key: str, value: float, anchors: dict[str, float]) -> bool | None:
@@ -267,6 +271,8 @@ def lspci_args(root: Path) -> list[str]:
 
 
 PIN = ["taskset", "-c", "0"]
+#: a VF of the big tree (on vfio-pci, its own group): what ``vfioctl check`` is timed on
+CHECK_VF = "0000:10:00.1"
 
 
 def process_rows(
@@ -311,6 +317,11 @@ def process_rows(
                     run_timed([*cmd, "list", "--root", str(small), "-o", "json"], env) * 1000,
                 )
                 add("help", side.label, run_timed([*cmd, "--help"], env) * 1000)
+                add(
+                    "check_big",
+                    side.label,
+                    run_timed([*cmd, "check", "--root", str(big), CHECK_VF], env) * 1000,
+                )
             except RuntimeError as e:
                 side.broken["process"] = str(e)
     return out

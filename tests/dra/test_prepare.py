@@ -257,10 +257,10 @@ class CountingHost(Host):
         self.scans += 1
         return super().scan(usage=usage)
 
-    def scan_groups(self, addresses: Any) -> Any:
+    def scan_groups(self, addresses: Any, *, usage: bool = True) -> Any:
         given = list(addresses)
         self.group_reads.append(sorted(map(str, given)))
-        return super().scan_groups(given)
+        return super().scan_groups(given, usage=usage)
 
     def refresh(self, previous: Any) -> Any:
         self.refreshes += 1

@@ -1,17 +1,24 @@
-"""``Host.scan_groups``: a claim's IOMMU groups read alone say what a full scan says of them."""
+"""``Host.scan_groups``: a device's IOMMU group read alone says what a full scan says of it, so
+a DRA Prepare, ``bind``, ``unbind``, ``check`` and a front-end's release read only the groups
+they act on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.dra.topologies import DRA_CONFIG, dra_host
+from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree, gpu_host
 from vfio_dp.host import Host
-from vfio_dp.host.state import OriginalDriver
+from vfio_dp.host.state import OriginalDriver, bound_by_claim
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import load_config_text
+from vfio_dp.model.device import Inventory
+from vfio_dp.model.plan import plan_bind, plan_check, plan_unbind
 from vfio_dp.model.serving import dra_units
 
 #: everything on the DRA path, so every group of gpu_host has a unit to compare
@@ -110,3 +117,69 @@ def test_a_group_dir_linking_out_of_the_root_lists_nothing(tmp_path: Path) -> No
     # listing out of the root is not used
     assert [str(a) for a in part.devices] == ["0000:07:00.0"]
     assert part.groups[9].devices == (PciAddress.parse("0000:07:00.0"),)
+
+
+def test_bind_unbind_and_check_plan_the_same_from_the_group_alone(tmp_path: Path) -> None:
+    """Every rule of ``bind`` (with and without ``--group`` and ``--force``), ``check`` and
+    ``unbind`` gives the same answer from the device's group read alone as from a full scan
+    (with host use, and without it as ``unbind`` reads), for every device of two hosts."""
+    planned = 0
+    for tree, _text in _trees(tmp_path):
+        host = Host(tree.root)
+        full, bare = host.scan(), host.scan(usage=False)
+        records = host.ledger.records()
+        for addr in full.devices:
+            part, part_bare = host.scan_groups([addr]), host.scan_groups([addr], usage=False)
+            assert part_bare.devices == {a: bare.devices[a] for a in part_bare.devices}, addr
+            for group in (False, True):
+                for force in (False, True):
+                    want = plan_bind(full, [addr], group=group, force=force)
+                    assert plan_bind(part, [addr], group=group, force=force) == want, addr
+            assert plan_check(part, [addr], {}) == plan_check(full, [addr], {}), addr
+            want_unbind = plan_unbind(bare, records, [addr])
+            assert plan_unbind(part_bare, records, [addr]) == want_unbind, addr
+            planned += 1
+    assert planned >= 25
+
+
+class ScanCountingHost(Host):
+    """A real Host that counts its full scans and the addresses of its group reads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scans = 0
+        self.group_reads: list[list[str]] = []
+
+    def scan(self, *, usage: bool = True) -> Inventory:
+        self.scans += 1
+        return super().scan(usage=usage)
+
+    def scan_groups(self, addresses: Iterable[PciAddress], *, usage: bool = True) -> Inventory:
+        given = list(addresses)
+        self.group_reads.append(sorted(map(str, given)))
+        return super().scan_groups(given, usage=usage)
+
+
+def test_bind_unbind_check_and_release_read_only_their_groups(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """Checking, binding, releasing and unbinding the shared e1000 group read that group
+    (the addresses they act on), never every device of the host; each still judged and done
+    as before."""
+    h = ScanCountingHost(tree.root, kernel=kernel)
+    nic, nic2 = PciAddress.parse("0000:03:01.0"), PciAddress.parse("0000:03:02.0")
+    [report] = h.check([nic])
+    assert not report.ready and "vfioctl bind --group 0000:03:01.0" in " ".join(report.reasons)
+    h.bind([nic], group=True, probe=False, bound_by=bound_by_claim("u"))
+    assert tree.driver_of(str(nic)) == "vfio-pci" and tree.driver_of(str(nic2)) == "vfio-pci"
+    released = h.release(bound_by_claim("u"))
+    assert len(released.restored) == 2 and not released.kept, released
+    assert tree.driver_of(str(nic)) == "e1000" and tree.driver_of(str(nic2)) == "e1000"
+    h.bind([nic], group=True, probe=False)
+    h.unbind([nic, nic2])
+    assert tree.driver_of(str(nic)) == "e1000" and tree.driver_of(str(nic2)) == "e1000"
+    assert h.scans == 0
+    both = ["0000:03:01.0", "0000:03:02.0"]
+    # check, bind, release (its holdings, then the group it gives back), bind, unbind
+    assert h.group_reads == [["0000:03:01.0"], ["0000:03:01.0"], both, both,
+                             ["0000:03:01.0"], both]  # fmt: skip

@@ -106,14 +106,16 @@ class Host:
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
-    def scan_groups(self, addresses: Iterable[PciAddress]) -> Inventory:
+    def scan_groups(self, addresses: Iterable[PciAddress], *, usage: bool = True) -> Inventory:
         """:meth:`scan` of the IOMMU groups of ``addresses`` only (:func:`.sysfs.read_group_devices`):
-        their members read in full, with ``original_driver`` and ``in_use``; no other device
-        is read. What a DRA Prepare needs of its claim's groups, at the same freshness as a
-        full scan (on a host of thousands of devices, a full scan is a few hundred ms)."""
+        their members read in full, with ``original_driver`` and, with ``usage``, ``in_use``;
+        no other device is read. Every rule that binds, unbinds, releases or checks a device
+        (:mod:`vfio_dp.model.plan`, a DRA Prepare) looks only at its group's members, so
+        those read this, at the same freshness as a full scan (on a host of thousands of
+        devices, a full scan is a few hundred ms)."""
         given = list(addresses)
         devices = sysfs.read_group_devices(self.fs, given)
-        self._annotate(devices, True)
+        self._annotate(devices, usage)
         numbers = {
             g
             for a in given
@@ -268,16 +270,18 @@ class Host:
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
         first write, rolls back every device it touched and raises :class:`BindError`. The
-        plan (:func:`vfio_dp.model.plan.plan_bind`) is made from the scan, then made again
-        under the devices' locks from their state as it is then (another vfioctl may have
-        bound some meanwhile): the binder only executes it. An interrupted operation on these
-        devices (its process was killed) is undone first (:meth:`recover`), so the original
-        drivers recorded stay the true ones.
+        plan (:func:`vfio_dp.model.plan.plan_bind`) is made from the groups of ``addresses``
+        (:meth:`scan_groups`: no other device is read), then made again under the devices'
+        locks from their state as it is then (another vfioctl may have bound some meanwhile):
+        the binder only executes it. An interrupted operation on these devices (its process
+        was killed) is undone first (:meth:`recover`), so the original drivers recorded stay
+        the true ones.
         ``bound_by`` goes into each new bind record (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``); devices already on vfio-pci keep their record and
-        owner. ``inventory``: a :meth:`scan` the caller has just made, used for the first
-        plan instead of a scan of its own (the plan is made again under the locks from the
-        devices as they are then; it is not used when an interrupted operation was undone).
+        owner. ``inventory``: a :meth:`scan` (or :meth:`scan_groups` of ``addresses``) the
+        caller has just made, used for the first plan instead of reading the groups again
+        (the plan is made again under the locks from the devices as they are then; it is not
+        used when an interrupted operation was undone).
         """
         from vfio_dp.host import operations
 
@@ -327,7 +331,8 @@ class Host:
         With no record and no ``driver``, the override is cleared and the kernel probes
         (like ``driverctl unset-override``). Refuses a group a process holds open unless
         ``force`` (the unbind would block until the VM lets go). Planned by
-        :func:`vfio_dp.model.plan.plan_unbind` from the state read under the devices' locks.
+        :func:`vfio_dp.model.plan.plan_unbind` from their groups (:meth:`scan_groups`) as read
+        under the devices' locks.
         """
         from vfio_dp.host import operations
 
@@ -364,7 +369,8 @@ class Host:
         """Give back every device ``owner`` bound, IOMMU group by group, to its recorded
         driver -- except groups a process holds open (``/dev/vfio/<N>``, found through
         ``<root>/proc/*/fd``: a VM's QEMU): those are kept and named, to be released later.
-        Records of devices gone from the host are forgotten (nothing to give back)."""
+        Records of devices gone from the host are forgotten (nothing to give back). Reads the
+        groups of the devices ``owner`` bound (:meth:`scan_groups`), no other device."""
         from vfio_dp.host import operations
 
         return operations.release(self, owner)
@@ -372,10 +378,11 @@ class Host:
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
         """Is each device ready for passthrough right now? Every reason, each with its fix
-        (:func:`vfio_dp.model.plan.plan_check`); the groups of devices on vfio-pci are probed."""
+        (:func:`vfio_dp.model.plan.plan_check`), from the devices' groups read alone
+        (:meth:`scan_groups`); the groups of devices on vfio-pci are probed."""
         from vfio_dp.model.plan import plan_check
 
-        inv = self.scan()
+        inv = self.scan_groups(addresses)
         groups = {
             g.number: g
             for a in addresses

@@ -174,7 +174,7 @@ def bind(
         if rec_out.problems:
             raise BindError("\n".join(rec_out.problems))
         undone = [f"undid the interrupted {d} first" for d in rec_out.recovered]
-    inv = inventory if inventory is not None and not undone else host.scan()
+    inv = inventory if inventory is not None and not undone else host.scan_groups(addresses)
     _check_escapes(host, inv, addresses)
     in_use = groups_in_use(host, inv, addresses) if probe else None
     plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force)
@@ -347,7 +347,7 @@ def unbind(
         return result
     planner = Binder(host.fs, host.kernel)
     with _locked(host, addresses):
-        inv = host.scan(usage=False)
+        inv = host.scan_groups(addresses, usage=False)
         _check_escapes(host, inv, addresses)
         for a in addresses:  # an unreadable record refuses (CorruptRecordError), never
             host.ledger.record(a)  # reads as "no record": it would be restored over, dropped
@@ -410,7 +410,7 @@ def release(host: Host, owner: str) -> Release:
     mine = host.ledger.holdings(owner)
     if not mine:
         return out
-    inv = host.scan(usage=False)
+    inv = host.scan_groups(mine, usage=False)
     by_group: dict[int | None, list[PciAddress]] = {}
     for a in mine:
         dev = inv.devices.get(a)
