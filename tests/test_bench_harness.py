@@ -1,0 +1,53 @@
+"""The benchmark harness runs: ``make bench`` measures every row of the performance table,
+and ``bench/against.py`` unpacks a ref and reports. No figure is judged here (targets live
+in the benchmarks, issue 25); this keeps the instrument from rotting, so the regression guard
+still works the day someone needs it (a row whose command or tree changed fails here, not
+in the middle of someone's measurement)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.rows import ANCHORS, FIGURES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+
+
+#: one round of every row: building the 4,160-function tree (10-60 s here), the daemons'
+#: idle windows, the webhook's load and the Prepare runs take one to three minutes
+@pytest.mark.timeout(600)
+def test_make_bench_measures_every_row() -> None:
+    """One round of every row (cold, so the figures mean nothing): each row has a value, each
+    anchor is printed, nothing "could not run". Exit 1 is a goal not met, which is fine here."""
+    r = _run("bench/goals.py", "--rounds", "1")
+    assert r.returncode in (0, 1), (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
+    lines = r.stdout.splitlines()
+    for fig in FIGURES:
+        row = [line for line in lines if line.startswith(fig.what)]
+        assert len(row) == 1, (fig.what, r.stdout[-3000:])
+        assert "not measured" not in row[0], (row[0], r.stdout[-3000:], r.stderr[-3000:])
+        value = row[0][len(fig.what) :].split()[0]
+        assert float(value) >= 0, row[0]
+    for what in ANCHORS.values():
+        assert f"anchor: {what}:" in r.stdout, (what, r.stdout[-3000:])
+    assert "could not run" not in r.stdout, r.stdout[-3000:]
+
+
+def test_against_unpacks_a_ref_and_reports() -> None:
+    """``bench/against.py HEAD`` with every group skipped: the ref is resolved, unpacked and
+    byte-compiled, and the report names every row and why it was not measured."""
+    r = _run("bench/against.py", "HEAD", "--skip", "process,prepare,daemons,webhook")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    for fig in FIGURES:
+        assert fig.what in r.stdout, fig.what
+    assert "not measured (skipped)" in r.stdout
