@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rows import ANCHORS, FIGURES, Figure, Side, measure, met, ref_side
+from bench.rows import ANCHORS, FIGURES, Figure, Side, floor_note, measure, met, ref_side
 
 DEFAULT_REF_FILE = Path(__file__).resolve().parent / "against.ref"
 WORSE = 1.10
@@ -126,6 +126,9 @@ def report(tree: Side, ref: Side, results: dict[str, dict[str, list[float]]]) ->
         ok = met(fig.key, m, {fig.anchor: a} if fig.anchor and a is not None else {})
         if ok is not None:
             verdict += f"; goal {fig.goal}: {'met' if ok else 'NOT met'}"
+        floor = floor_note(fig.key, results, tree.label)
+        if floor:
+            verdict += f" ({floor})"
         print(f"{fig.what:52} {fig.unit:6} {fmt(m, fig.unit):>9} {fmt(t, fig.unit):>9} "
               f"{ratio:6.2f} {lo:5.2f}–{hi:<5.2f}  {verdict}")  # fmt: skip
     for key, what in ANCHORS.items():

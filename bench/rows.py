@@ -116,6 +116,26 @@ ANCHORS = {
 FLOORS = {"help": "py_click", "list_small": "py_click", "check_big": "py_click"}
 
 
+def floor_note(key: str, results: dict[str, dict[str, list[float]]], side: str) -> str:
+    """What the row cannot go below, measured in the same run, as a note ("" when the row has
+    no floor or it was not measured): the start-up of any vfioctl command (:data:`FLOORS`);
+    for ``onPrepare``, ``Host.bind`` of the same groups plus the two durable checkpoint
+    writes crash safety needs (``preparing`` before the first bind, ``prepared`` before
+    kubelet is answered)."""
+    if key in FLOORS:
+        values = results.get(FLOORS[key], {}).get("anchor")
+        if values:
+            return f"floor: python + import click {statistics.median(values):.1f} ms"
+    fig = next((f for f in FIGURES if f.key == key), None)
+    if key in ("prep_on1", "prep_on4") and fig is not None and fig.anchor:
+        bind = results.get(fig.anchor, {}).get(side)
+        durable = results.get("durable_p50", {}).get(side)
+        if bind and durable:
+            b, d = statistics.median(bind), statistics.median(durable)
+            return f"floor: Host.bind + 2 durable writes = {(b + 2 * d) / b:.2f}x"
+    return ""
+
+
 def met(key: str, value: float, anchors: dict[str, float]) -> bool | None:
     """Whether a median meets its goal (None: no goal to meet)."""
     fig = next(f for f in FIGURES if f.key == key)
