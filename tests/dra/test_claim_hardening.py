@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.counting_host import CountingHost
 from tests.dra.test_prepare import CONFIG as PREPARE_CONFIG
-from tests.dra.test_prepare import Claims, CountingHost, _preparer, _spec, result, run
+from tests.dra.test_prepare import Claims, _preparer, _spec, result, run
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra import cdi

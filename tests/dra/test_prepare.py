@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.counting_host import CountingHost
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra import cdi
@@ -238,37 +239,6 @@ def test_operator_binding_is_never_undone(
     assert run(preparer.unprepare([ref])) == {"uid-nic": ""}
     assert tree.driver_of(E1000_A) == "vfio-pci"  # the operator's binding stays
     assert _record(tree, E1000_A)["bound_by"] == BOUND_BY_OPERATOR  # type: ignore[index]
-
-
-class CountingHost(Host):
-    """A real Host that counts its sysfs reads: full scans, whole refreshes, the group reads
-    of a claim (with the addresses they were given) and rereads of the devices a bind
-    changed."""
-
-    scans = 0
-    refreshes = 0
-    rereads = 0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.group_reads: list[list[str]] = []
-
-    def scan(self, *, usage: bool = True) -> Any:
-        self.scans += 1
-        return super().scan(usage=usage)
-
-    def scan_groups(self, addresses: Any, *, usage: bool = True) -> Any:
-        given = list(addresses)
-        self.group_reads.append(sorted(map(str, given)))
-        return super().scan_groups(given, usage=usage)
-
-    def refresh(self, previous: Any) -> Any:
-        self.refreshes += 1
-        return super().refresh(previous)
-
-    def reread(self, inv: Any, addresses: Any) -> Any:
-        self.rereads += 1
-        return super().reread(inv, addresses)
 
 
 def test_a_prepare_reads_its_claims_groups_and_nothing_else(

@@ -4,12 +4,11 @@ they act on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.counting_host import CountingHost
 from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree, gpu_host
@@ -17,7 +16,6 @@ from vfio_dp.host import Host
 from vfio_dp.host.state import OriginalDriver, bound_by_claim
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import load_config_text
-from vfio_dp.model.device import Inventory
 from vfio_dp.model.plan import plan_bind, plan_check, plan_unbind
 from vfio_dp.model.serving import dra_units
 
@@ -142,31 +140,13 @@ def test_bind_unbind_and_check_plan_the_same_from_the_group_alone(tmp_path: Path
     assert planned >= 25
 
 
-class ScanCountingHost(Host):
-    """A real Host that counts its full scans and the addresses of its group reads."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.scans = 0
-        self.group_reads: list[list[str]] = []
-
-    def scan(self, *, usage: bool = True) -> Inventory:
-        self.scans += 1
-        return super().scan(usage=usage)
-
-    def scan_groups(self, addresses: Iterable[PciAddress], *, usage: bool = True) -> Inventory:
-        given = list(addresses)
-        self.group_reads.append(sorted(map(str, given)))
-        return super().scan_groups(given, usage=usage)
-
-
 def test_bind_unbind_check_and_release_read_only_their_groups(
     tree: SysfsTree, kernel: SimulatedKernel
 ) -> None:
     """Checking, binding, releasing and unbinding the shared e1000 group read that group
     (the addresses they act on), never every device of the host; each still judged and done
     as before."""
-    h = ScanCountingHost(tree.root, kernel=kernel)
+    h = CountingHost(tree.root, kernel=kernel)
     nic, nic2 = PciAddress.parse("0000:03:01.0"), PciAddress.parse("0000:03:02.0")
     [report] = h.check([nic])
     assert not report.ready and "vfioctl bind --group 0000:03:01.0" in " ".join(report.reasons)
