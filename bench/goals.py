@@ -58,7 +58,7 @@ WHERE = {
     "prep_on1": "the bind itself, plus the checkpoint written before it (crash safety) and "
     "after, the metadata file and the CDI spec; the claim's group read once, the bind plans "
     "from it. The floor beside the row is Host.bind plus those two durable writes, measured "
-    "in this run: for one group it is above 1.2x on this disk",
+    "in this run",
     "prep_on4": "as above, four groups",
     "prep_big": "as prep_p99: the Prepare reads its claim's IOMMU group, not the host's "
     "4,160 functions (a full scan: ~0.2 s here)",
