@@ -32,7 +32,10 @@ Rows (figure keys; ``lower`` is better unless said):
   as a multiple of ``Host.bind`` of the same groups in the same process (simulator);
   ``prep_big``: the no-bind Prepare of one VF's group on the 4,160-function tree;
 - ``dra_republish``: a device leaves (or comes back to) vfio-pci → the pool republished at a
-  new generation, 1,024 devices.
+  new generation, 1,024 devices;
+- ``dra_holders``: the DRA plugin's per-resync ``/proc`` holder scan on this machine's real
+  ``/proc`` made busy (``bench/holders_bench.py``: 500 processes, ~20,000 descriptors), which
+  the idle rows' stand-in ``/proc`` (one process) does not show.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ FIGURES = [
     Figure("prep_on4", "DRA Prepare onPrepare, 4 groups (simulator)", "ms", "<= 1.2x Host.bind",
            anchor="bind_4"),
     Figure("dra_republish", "DRA republish after a change, 1,024 devices", "ms", "median < 500 ms"),
+    Figure("dra_holders", "DRA plugin's /proc holder scan per resync, busy node", "ms", "-"),
 ]  # fmt: skip
 ANCHORS = {
     "lspci_big": "lspci -D -k, same tree, 2 CPUs",
@@ -108,6 +112,7 @@ ANCHORS = {
     "py_click": "floor of every vfioctl command: python -c 'import click', ms",
     "durable_p50": "one durable atomic write on the bench's disk, p50, ms (a Prepare makes one)",
     "durable_p99": "one durable atomic write on the bench's disk, p99, ms",
+    "holder_fds": "descriptors the holder scan read (this machine's /proc + 500 sleepers)",
 }
 
 
@@ -629,6 +634,15 @@ def prepare_rows(
                 side.broken["prepare"] = tail[:400] or f"exit {res.returncode}"
                 continue
             data = json.loads(res.stdout)
+            holders = subprocess.run(
+                [sys.executable, str(REPO / "bench" / "holders_bench.py"), "--json"],
+                env=side.env(BENCH_CODE=str(side.tree)),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if holders.returncode == 0:
+                data.update(json.loads(holders.stdout))
             for key, value in data.items():
                 out.setdefault(key, {}).setdefault(side.label, []).append(value)
     # Host.bind is each side's own anchor: keep it per side under the anchor keys

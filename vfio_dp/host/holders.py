@@ -67,9 +67,9 @@ class HolderScan:
         return f"{node} is not held open"
 
 
-def _rdev(path: str) -> int | None:
+def _rdev(path: str, dir_fd: int | None = None) -> int | None:
     try:
-        st = os.stat(path)
+        st = os.stat(path, dir_fd=dir_fd)
     except OSError:
         return None
     return st.st_rdev if stat.S_ISCHR(st.st_mode) else None
@@ -99,33 +99,43 @@ def scan_holders(root: Root, nodes: Iterable[str]) -> HolderScan:
     except OSError:
         return out
     for pid in sorted(pids):
-        fd_dir = f"{proc}/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
+        try:  # the descriptors are read relative to this dir: no path walk for each one
+            fd_dir = os.open(f"{proc}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             continue  # exited
         except OSError:
             if os.path.exists(f"{proc}/{pid}"):
                 out.unreadable.append(pid)
             continue
-        for name in fds:
-            if not name.isdigit():
-                continue
-            link = f"{fd_dir}/{name}"
+        try:
             try:
-                target = os.readlink(link)
+                fds = os.listdir(fd_dir)
+            except FileNotFoundError:
+                continue  # exited since
             except OSError:
-                continue  # closed or exited meanwhile
-            node = target if target in by_path else None
-            if node is None and _group_node_name(target):
-                if by_rdev is None:
-                    rdevs = {n: _rdev(root.prefix + n) for n in nodes}
-                    by_rdev = {r: n for n, r in rdevs.items() if r is not None}
-                node = by_rdev.get(_rdev(link) or -1)
-            if node is None:
+                out.unreadable.append(pid)
                 continue
-            comm = read_text(f"{proc}/{pid}/comm") or "?"
-            out.by_node.setdefault(node, []).append(Holder(pid, comm, int(name)))
+            for name in fds:
+                if not name.isdigit():
+                    continue
+                try:
+                    target = os.readlink(name, dir_fd=fd_dir)
+                except OSError:
+                    continue  # closed or exited meanwhile
+                node = target if target in by_path else None
+                # a group node's name ends in a digit: most targets (sockets, pipes, files)
+                # are passed over before the name is looked at
+                if node is None and target[-1:].isdigit() and _group_node_name(target):
+                    if by_rdev is None:
+                        rdevs = {n: _rdev(root.prefix + n) for n in nodes}
+                        by_rdev = {r: n for n, r in rdevs.items() if r is not None}
+                    node = by_rdev.get(_rdev(name, fd_dir) or -1)
+                if node is None:
+                    continue
+                comm = read_text(f"{proc}/{pid}/comm") or "?"
+                out.by_node.setdefault(node, []).append(Holder(pid, comm, int(name)))
+        finally:
+            os.close(fd_dir)
     return out
 
 
