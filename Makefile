@@ -36,6 +36,7 @@ bench-detail:
 	$(PYTHON) bench/dra_bench.py
 	$(PYTHON) bench/dra_prepare_bench.py
 	$(PYTHON) bench/dra_health_bench.py
+	$(PYTHON) bench/holders_bench.py
 
 bench-tools:
 	$(PYTHON) bench/compare_tools.py
