@@ -154,3 +154,8 @@ async def test_with_usage_an_interface_brought_up_is_seen_within_one_resync(
     uses = core.inventory.devices[PciAddress.parse(NIC)].in_use
     assert any("eth0" in str(u) for u in uses), uses
     assert rec.snapshots[-1].inventory is core.inventory  # the front-ends were told
+    (tree.sys("class/net/eth0") / "flags").write_text("0x1002\n")  # down again: given back
+    await two_resyncs(core)
+    assert core.inventory.devices[PciAddress.parse(NIC)].in_use == ()
+    assert rec.snapshots[-1].inventory is core.inventory
+    assert core.metrics.get("vfio_dp_scans_total", trigger="resync") == 0

@@ -81,11 +81,14 @@ def with_usage(root: Root, inv: Inventory) -> Inventory:
     from vfio_dp.host.usage import host_usage
 
     used = host_usage(root, inv.devices)
-    changed = {
-        a: dataclasses.replace(d, in_use=now)
-        for a, d in inv.devices.items()
-        if d.in_use != (now := tuple(used.get(a, ())))
-    }
+    changed = {}
+    for a, uses in used.items():  # the few devices in use now
+        d = inv.devices.get(a)
+        if d is not None and d.in_use != (now := tuple(uses)):
+            changed[a] = dataclasses.replace(d, in_use=now)
+    for a, d in inv.devices.items():  # the few in use before: no address hashed for the rest
+        if d.in_use and a not in used:
+            changed[a] = dataclasses.replace(d, in_use=())
     if not changed:
         return inv
     devices = {a: changed.get(a, d) for a, d in inv.devices.items()}
