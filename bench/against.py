@@ -39,7 +39,7 @@ GROUP_OF = {
     "alloc_p50": "device-plugin", "alloc_p99": "device-plugin", "dra_idle": "dra",
     "dra_republish": "dra", "wh_p99": "webhook", "wh_rps": "webhook", "wh_rss": "webhook",
     "prep_p50": "prepare", "prep_p99": "prepare", "prep_on1": "prepare", "prep_on4": "prepare",
-    "prep_big": "prepare", "dra_holders": "prepare",
+    "prep_big": "prepare", "dra_holders": "holders",
 }  # fmt: skip
 
 

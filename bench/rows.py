@@ -643,6 +643,9 @@ def prepare_rows(
             )
             if holders.returncode == 0:
                 data.update(json.loads(holders.stdout))
+            else:  # said in the table (an old ref has no holders module), never silent
+                tail = " | ".join(holders.stderr.strip().splitlines()[-3:])
+                side.broken["holders"] = tail[:400] or f"exit {holders.returncode}"
             for key, value in data.items():
                 out.setdefault(key, {}).setdefault(side.label, []).append(value)
     # Host.bind is each side's own anchor: keep it per side under the anchor keys
