@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.host import Host
 from vfio_dp.model.config import load_config_text
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from tests.dra.apiserver_standin import CLAIMS, NODES, ApiServerStandin  # noqa: E402
 from tests.dra.kubelet_dra_standin import KubeletDraStandin  # noqa: E402
 from tests.sysfs_tree import Dev, SysfsTree  # noqa: E402
-from vfio_dp.dra.driver import DraOptions, DraPlugin  # noqa: E402
+from vfio_dp.dra.plugin import DraOptions, DraPlugin  # noqa: E402
 from vfio_dp.host import Host  # noqa: E402
 
 NODE = "bench-node"

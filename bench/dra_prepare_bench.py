@@ -2,7 +2,7 @@
 """Benchmark: NodePrepareResources / NodeUnprepareResources of the DRA handler on a temp tree.
 
 Builds a node with four lone NICs (each its own IOMMU group) plus the usual host devices, and
-times :class:`vfio_dp.dra.prepare.ClaimPreparer` in-process (the gRPC hop is not included):
+times :class:`vfio_dp.dra.claimpath.prepare.ClaimPreparer` in-process (the gRPC hop is not included):
 
 - Prepare/Unprepare of a claim whose group is already on vfio-pci (``bind: false``): the
   handler's own cost -- ResourceClaim read (an in-memory reader), the read of the claim's
@@ -43,8 +43,8 @@ sys.path.insert(0, os.environ.get("BENCH_CODE") or str(Path(__file__).resolve().
 
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.host import Host
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import load_config_text

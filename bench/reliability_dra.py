@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Reliability table, area "dra": the DRA plugin's claim path against hostile peers and files.
 
-Each row drives the real claim handler (:class:`vfio_dp.dra.prepare.ClaimPreparer`, the code
+Each row drives the real claim handler (:class:`vfio_dp.dra.claimpath.prepare.ClaimPreparer`, the code
 behind NodePrepareResources / NodeUnprepareResources) in-process on a temp sysfs tree with the
 simulated kernel (``tests/kernel_sim.py``), as ``bench/dra_batch_bench.py`` does:
 
 - **hostile API server**: the real ``kubernetes`` client and the plugin's claim reader
-  (:func:`vfio_dp.dra.publisher.claim_reader`, deadline 2 s here, 10 s in the plugin) against
+  (:func:`vfio_dp.dra.apiserver.publisher.claim_reader`, deadline 2 s here, 10 s in the plugin) against
   a TCP server that accepts and never answers; ten claims prepared at once while a
   never-prepared claim is unprepared: the unprepare must answer at once, each prepare must
   fail alone naming the deadline, nothing bound.
@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.host import Host
 from vfio_dp.model.config import load_config_text
 
@@ -157,7 +157,7 @@ def _silent_server() -> Iterator[int]:
 def hostile_api_server() -> dict[str, object]:
     import kubernetes.client as k8s
 
-    from vfio_dp.dra.publisher import claim_reader
+    from vfio_dp.dra.apiserver.publisher import claim_reader
 
     with tempfile.TemporaryDirectory(prefix="rel-dra") as d, _silent_server() as port:
         base = Path(d)

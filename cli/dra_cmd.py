@@ -3,7 +3,7 @@
 Thin: parses flags (each also from ``VFIOCTL_<FLAG>``; ``--node-name`` also from
 ``NODE_NAME``; the node core's flags and every default come from
 :func:`cli.common.front_end_options` and :mod:`vfio_dp.dra.options`), then hands over to
-:func:`vfio_dp.dra.driver.run`. gRPC and the Kubernetes
+:func:`vfio_dp.dra.plugin.run`. gRPC and the Kubernetes
 client are imported only inside the command body: no other vfioctl command pays for them.
 """
 
@@ -104,8 +104,8 @@ def dra_plugin(
             raise UsageError(
                 "--node-name is required (or NODE_NAME, e.g. from the pod's spec.nodeName)"
             )
-        from vfio_dp.dra.driver import run
-        from vfio_dp.dra.publisher import api_client
+        from vfio_dp.dra.apiserver.publisher import api_client
+        from vfio_dp.dra.plugin import run
         from vfio_dp.host.root import Root
 
         options = DraOptions(

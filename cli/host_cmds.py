@@ -133,7 +133,7 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     """Every SR-IOV PF vfio_dp changed back to the VF count it had (before the binds are
     given back: the VFs' own bind records go with them); a PF with a held VF is refused."""
     from vfio_dp.deviceplugin.podresources import DEFAULT_SOCKET, holds
-    from vfio_dp.dra.holds import checkpoint_holds
+    from vfio_dp.dra.claimpath.holds import checkpoint_holds
     from vfio_dp.errors import RefusedError
     from vfio_dp.host.sriov import Sriov
 

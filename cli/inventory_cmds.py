@@ -27,7 +27,7 @@ from cli.common import (
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
-    from vfio_dp.dra.health import GroupView
+    from vfio_dp.dra.observers.health import GroupView
     from vfio_dp.host import Host
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
@@ -107,7 +107,7 @@ def _dra_view(
     if not units and host.has_state_file(dra_checkpoint_file(driver)) is False:
         return {}  # nothing on the DRA path, no claim prepared: its rules are not needed
 
-    from vfio_dp.dra.checkpoint import peek
+    from vfio_dp.dra.claimpath.checkpoint import peek
 
     records, problem = peek(host, driver)
     if problem:
@@ -115,7 +115,7 @@ def _dra_view(
     if not units and not records:
         return {}  # an empty or unreadable checkpoint: the same
 
-    from vfio_dp.dra import health
+    from vfio_dp.dra.observers import health
     from vfio_dp.host.vfio import group_nodes_present
 
     holds = health.claim_holds(records)
@@ -238,7 +238,7 @@ def list_cmd(
 
 
 def _dra_cell(view: dict[int, GroupView], group: int | None, device: str | None) -> str | None:
-    from vfio_dp.dra.health import describe
+    from vfio_dp.dra.observers.health import describe
 
     v = view.get(group) if group is not None else None
     if v is None or (device is None and not v.held):
@@ -365,7 +365,7 @@ def groups_cmd(
 
 
 def _dra_group_cell(view: dict[int, GroupView], group: int) -> str | None:
-    from vfio_dp.dra.health import describe
+    from vfio_dp.dra.observers.health import describe
 
     v = view.get(group)
     return None if v is None else describe(v)

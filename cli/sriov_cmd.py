@@ -47,7 +47,7 @@ def _holds(sriov: Sriov, pod_resources_socket: str) -> Held:
     """Who else holds a VF: the DRA plugin's prepared claims (its checkpoints) and the
     devices the kubelet gave running pods (its PodResources API, when it is there)."""
     from vfio_dp.deviceplugin.podresources import holds
-    from vfio_dp.dra.holds import checkpoint_holds
+    from vfio_dp.dra.claimpath.holds import checkpoint_holds
 
     out: dict[PciAddress | str, list[str]] = {}
     for found in (checkpoint_holds(sriov.host.fs), holds(pod_resources_socket)):

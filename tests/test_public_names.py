@@ -19,6 +19,10 @@ MODULE_PACKAGES = [
     "vfio_dp.core",
     "vfio_dp.deviceplugin",
     "vfio_dp.dra",
+    "vfio_dp.dra.apiserver",
+    "vfio_dp.dra.claimpath",
+    "vfio_dp.dra.kubeletapi",
+    "vfio_dp.dra.observers",
     "vfio_dp.model",
     "vm_translate",
     "cli",
@@ -64,7 +68,9 @@ def test_exception_trees() -> None:
     from vm_translate import errors as cluster
 
     for mod, base in ((node, node.VfioError), (cluster, cluster.TranslateError)):
-        classes = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, Exception)]
+        classes = [
+            v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, Exception)
+        ]
         assert classes and all(issubclass(c, base) for c in classes), mod.__name__
     from vm_translate.errors import Unresolvable
     from vm_translate.patch import PatchError

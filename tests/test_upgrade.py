@@ -25,7 +25,10 @@ WRITE = """
 import sys
 from vfio_dp.host.root import Root
 from vfio_dp.host.state import OpDevice, OriginalDriver, StateStore
-from vfio_dp.dra.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+try:  # this release: the claim path's own room
+    from vfio_dp.dra.claimpath.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+except ImportError:  # the previous release: one flat dra/
+    from vfio_dp.dra.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 root = Root(sys.argv[1])
 st = StateStore(root)
 st.put(OriginalDriver("0000:65:00.0", "e1000e", None, "8086", "10d3", sys.argv[2]))
@@ -42,7 +45,10 @@ READ = """
 import json, sys
 from vfio_dp.host.root import Root
 from vfio_dp.host.state import StateStore
-from vfio_dp.dra.checkpoint import Checkpoint
+try:
+    from vfio_dp.dra.claimpath.checkpoint import Checkpoint
+except ImportError:  # the previous release
+    from vfio_dp.dra.checkpoint import Checkpoint
 root = Root(sys.argv[1])
 st = StateStore(root)
 ops, problems = st.operations()
@@ -109,12 +115,12 @@ def test_each_version_reads_the_others_state(
         "0000:3b:00.0": ["nouveau", "claim:6f1c-uid"],
     }
     assert got["ops"] == [["bind", owner, [["0000:66:00.0", 1]]]]
-    assert got["claims"] == {
-        "6f1c-uid": ["vm-gpu", "prepared", [["0000:3b:00.0", "0000:3b:00.1"]]]
-    }
+    assert got["claims"] == {"6f1c-uid": ["vm-gpu", "prepared", [["0000:3b:00.0", "0000:3b:00.1"]]]}
 
 
-def test_the_current_version_finishes_the_previous_ones_journal(previous: Path, tmp_path: Path) -> None:
+def test_the_current_version_finishes_the_previous_ones_journal(
+    previous: Path, tmp_path: Path
+) -> None:
     """A journal the old daemon (owner ``daemon``) left is the new device plugin's to finish."""
     root = _root(tmp_path)
     _run(WRITE, previous, root, "daemon")

@@ -226,15 +226,15 @@ class CorruptRecordError(HostError):
         super().__init__(f"unreadable record {path}: {why}; it is kept as it is; {fix}")
 
 
-class PluginError(VfioError):
+class DevicePluginError(VfioError):
     """A device-plugin request cannot be served (unknown device, unhealthy, renumbered group)."""
 
 
-class PluginRequestError(PluginError):
+class PluginRequestError(DevicePluginError):
     """The request itself is malformed (no device IDs at all): gRPC ``INVALID_ARGUMENT``."""
 
 
-class UnknownDeviceError(PluginError):
+class UnknownDeviceError(DevicePluginError):
     """The kubelet named a device ID this resource does not list (never advertised or gone).
     The message shows at most :data:`SHOWN_CHARS` of the ID (a 1 MB ID is not echoed)."""
 
@@ -244,7 +244,7 @@ class UnknownDeviceError(PluginError):
         super().__init__(f"{resource}: unknown device {shown(device_id)}: {why}")
 
 
-class UnhealthyDeviceError(PluginError):
+class UnhealthyDeviceError(DevicePluginError):
     """The device is listed but cannot be handed to a pod now; ``reasons`` say why."""
 
     def __init__(self, resource: str, device_id: str, reasons: list[str]) -> None:
@@ -256,7 +256,7 @@ class UnhealthyDeviceError(PluginError):
         )
 
 
-class StaleAllocationError(PluginError):
+class StaleAllocationError(DevicePluginError):
     """PreStartContainer found that an earlier Allocate's answer no longer holds (a group was
     renumbered across a reboot, or no record of the Allocate exists): the container must not
     start with a ``/dev/vfio/<N>`` that may now be another device's group."""

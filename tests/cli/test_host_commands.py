@@ -367,7 +367,7 @@ def test_groups_show_the_taint_of_a_prepared_group_gone_bad(
 ) -> None:
     """A claim holds the NIC's group (checkpoint); the NIC is off vfio-pci: the DRA plugin
     keeps it published with a NoSchedule taint, and vfioctl says so."""
-    from vfio_dp.dra.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
+    from vfio_dp.dra.claimpath.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
     from vfio_dp.host.root import Root
 
     driver = "vfio.dra.vfio-dp.io"

@@ -96,7 +96,7 @@ def test_a_read_only_list_loads_nothing_that_changes_a_machine(tmp_path: Path) -
     tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="nvidia", group=2))
     modules = (
         "vfio_dp.host.bind", "vfio_dp.host.ledger", "vfio_dp.host.operations", "vfio_dp.model.plan",
-        "vfio_dp.dra.checkpoint", "cli.host_cmds", "queue",
+        "vfio_dp.dra.claimpath.checkpoint", "cli.host_cmds", "queue",
     )  # fmt: skip
     assert _list_loads(tree.root, "assert devices, 'no devices listed'", modules) == []
 

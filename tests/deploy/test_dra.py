@@ -101,7 +101,7 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
         (g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
         for v in rule["verbs"]
     }  # fmt: skip
-    # what vfio_dp/dra/publisher.py calls (its docstring lists them), plus claims for Prepare;
+    # what vfio_dp/dra/apiserver/publisher.py calls (its docstring lists them), plus claims for Prepare;
     # test_dra_policy.py derives the same set from the publisher's real requests
     needed = {
         ("", "nodes", "get"),

@@ -27,8 +27,8 @@ from tests.deploy.conftest import DEPLOY, Obj, find, kubectl
 from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.dra.apiserver_standin import CLAIMS, DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
-from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus
-from vfio_dp.dra.publisher import SlicePublisher, claim_reader, class_reader
+from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter, DeviceStatus
+from vfio_dp.dra.apiserver.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
 from vfio_dp.model.dra_metadata import Attribute

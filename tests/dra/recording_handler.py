@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from tests.dra.conftest import DRIVER, NODE
-from vfio_dp.dra.claims import ClaimRef, ClaimResult, PreparedDevice
+from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult, PreparedDevice
 
 UID_A = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 UID_B = "11111111-2222-3333-4444-555555555555"

@@ -18,9 +18,9 @@ import pytest
 from tests.dra.test_prepare import CONFIG, _boot
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import claim_reader
+from vfio_dp.dra.apiserver.publisher import claim_reader
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.host import Host
 from vfio_dp.model.config import load_config_text
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra import cdi
-from vfio_dp.dra import metadata as mdfile
+from vfio_dp.dra.claimpath import cdi
+from vfio_dp.dra.claimpath import metadata as mdfile
 from vfio_dp.errors import CdiError, DraError, MetadataFormatError
 from vfio_dp.host import Host
 from vfio_dp.model import dra_metadata as md

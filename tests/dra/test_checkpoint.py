@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vfio_dp.dra import checkpoint as checkpoint_mod
-from vfio_dp.dra.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
+from vfio_dp.dra.claimpath import checkpoint as checkpoint_mod
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
 from vfio_dp.errors import DraError
 from vfio_dp.host.root import Root
 
@@ -132,7 +132,7 @@ def test_failed_save_keeps_memory_and_disk_consistent(
     def enospc(*a: object, **k: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("vfio_dp.dra.checkpoint.replace_at", enospc)
+    monkeypatch.setattr("vfio_dp.dra.claimpath.checkpoint.replace_at", enospc)
     with pytest.raises(DraError, match="No space left on device; free space"):
         cp.put(_claim("u-2"))
     with pytest.raises(DraError, match="No space left on device"):

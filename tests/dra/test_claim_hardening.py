@@ -20,10 +20,10 @@ from tests.dra.test_prepare import CONFIG as PREPARE_CONFIG
 from tests.dra.test_prepare import Claims, _preparer, _spec, result, run
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra import cdi
-from vfio_dp.dra import metadata as mdfile
-from vfio_dp.dra.claims import MAX_RESULTS, ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath import cdi
+from vfio_dp.dra.claimpath import metadata as mdfile
+from vfio_dp.dra.claimpath.claims import MAX_RESULTS, ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.model.config import Config, load_config_text
 
 DRIVER = "vfio.example.com"

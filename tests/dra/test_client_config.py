@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tests.dra.topologies import dra_host
-from vfio_dp.dra.publisher import client_config_source
+from vfio_dp.dra.apiserver.publisher import client_config_source
 
 
 def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:

@@ -19,7 +19,7 @@ from tests.dra.test_prepare_e2e import DRIVER, claim, gpu_result
 from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 
 GPU, AUDIO = "0000:3b:00.0", "0000:3b:00.1"

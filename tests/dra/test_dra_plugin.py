@@ -25,7 +25,7 @@ from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import Dev, SysfsTree
 from tests.waiting import DEFAULT_TIMEOUT, wait_until_async
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 
 DRIVER = "vfio.dra.vfio-dp.io"

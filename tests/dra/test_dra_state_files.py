@@ -15,7 +15,7 @@ import pytest
 from tests.dra.test_prepare import CONFIG, DRIVER, Claims, _boot, _preparer, _spec, result, run
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
 from vfio_dp.errors import PathEscapeError
 from vfio_dp.host.root import Root
 from vfio_dp.model.config import Config, load_config_text

@@ -13,8 +13,8 @@ import pytest
 
 from tests.dra.apiserver_standin import ApiServerStandin
 from tests.dra.topologies import DRA_CONFIG, dra_host
-from vfio_dp.dra.deviceclasses import IMPLICIT_PREFIX
-from vfio_dp.dra.extended import (
+from vfio_dp.dra.apiserver.publisher import class_reader
+from vfio_dp.dra.claimpath.extended import (
     EXTENDED_RESOURCE_CLAIM,
     is_extended,
     request_classes,
@@ -22,7 +22,7 @@ from vfio_dp.dra.extended import (
     request_resources,
     resource_endpoints,
 )
-from vfio_dp.dra.publisher import class_reader
+from vfio_dp.dra.deviceclasses import IMPLICIT_PREFIX
 from vfio_dp.errors import ClaimError
 from vfio_dp.host import Host
 from vfio_dp.model.address import PciAddress

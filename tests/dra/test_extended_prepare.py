@@ -27,7 +27,7 @@ from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.dra.deviceclasses import device_classes
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 from vfio_dp.model.config import load_config_text
 from vfio_dp.model.naming import kubevirt_env_var, sriov_env_var

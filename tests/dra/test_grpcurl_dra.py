@@ -17,7 +17,7 @@ import pytest
 
 from tests.dra.conftest import DRIVER, NODE
 from tests.dra.recording_handler import UID_A, RecordingHandler
-from vfio_dp.dra.kubelet import KubeletFrontEnd
+from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
 
 REPO = Path(__file__).resolve().parents[2]
 PB = REPO / "proto/vfio_dp/dra/_pb"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, Fault
-from vfio_dp.dra.checkpoint import PREPARED, PREPARING, ClaimRecord, DeviceRecord
-from vfio_dp.dra.health import claim_holds, pool_devices, reports, taint_value
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, ClaimRecord, DeviceRecord
+from vfio_dp.dra.observers.health import claim_holds, pool_devices, reports, taint_value
 from vfio_dp.dra.slices import Device
 from vfio_dp.model.dra_metadata import Attribute
 

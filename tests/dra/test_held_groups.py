@@ -14,7 +14,7 @@ from tests.dra.apiserver_standin import ApiServerStandin
 from tests.dra.conftest import NODE
 from tests.dra.test_dra_plugin import DRIVER, pool, until
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 from vfio_dp.model.serving import DraUnit, withdraw_held
 

@@ -15,7 +15,7 @@ from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.recording_handler import RecordingHandler
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from vfio_dp.dra.kubelet import KubeletFrontEnd
+from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
 
 
 def slice_names(api: ApiServerStandin) -> list[str]:

@@ -1,4 +1,4 @@
-"""``vfio_dp.dra.kubelet``: registration and DRAPlugin v1/v1beta1 over real unix sockets, called
+"""``vfio_dp.dra.kubeletapi.server``: registration and DRAPlugin v1/v1beta1 over real unix sockets, called
 by the kubelet DRA stand-in (a real gRPC client from the vendored protos) and by raw stubs."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from vfio_dp.dra._pb.dra.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from vfio_dp.dra.kubelet import (
+from vfio_dp.dra.kubeletapi.server import (
     MAX_ECHO,
     KubeletFrontEnd,
 )

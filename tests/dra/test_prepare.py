@@ -1,4 +1,4 @@
-"""NodePrepare/NodeUnprepareResources and reconcile (vfio_dp.dra.prepare) on temp sysfs trees
+"""NodePrepare/NodeUnprepareResources and reconcile (vfio_dp.dra.claimpath.prepare) on temp sysfs trees
 with the kernel simulator (tests/kernel_sim.py); ResourceClaims from a dict-backed reader that
 answers like the API server (None = 404), and in one test through the API-server stand-in and
 the real kubernetes client."""
@@ -17,11 +17,11 @@ import pytest
 from tests.counting_host import CountingHost
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra import cdi
-from vfio_dp.dra import metadata as mdfile
-from vfio_dp.dra.checkpoint import RELEASING, Checkpoint
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath import cdi
+from vfio_dp.dra.claimpath import metadata as mdfile
+from vfio_dp.dra.claimpath.checkpoint import RELEASING, Checkpoint
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.dra.slices import Device
 from vfio_dp.host import Host
 from vfio_dp.host.state import BOUND_BY_OPERATOR, bound_by_claim

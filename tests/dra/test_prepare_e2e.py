@@ -20,7 +20,7 @@ from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from tests.waiting import wait_until_async
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 from vfio_dp.model import dra_metadata as md
 

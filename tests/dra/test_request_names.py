@@ -11,7 +11,7 @@ import pytest
 from tests.dra.test_prepare import CONFIG, Claims, _boot, _preparer, _spec, result, run
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
-from vfio_dp.dra import metadata as mdfile
+from vfio_dp.dra.claimpath import metadata as mdfile
 from vfio_dp.errors import MetadataFormatError
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model.config import load_config_text

@@ -158,7 +158,7 @@ def test_each_front_end_recovers_its_own_journals_and_old_daemon_ones() -> None:
 
 def test_the_front_ends_name_themselves() -> None:
     from vfio_dp.deviceplugin.app import Options
-    from vfio_dp.dra.driver import DraOptions
+    from vfio_dp.dra.plugin import DraOptions
 
     assert Options().core().owner == BOUND_BY_DEVICE_PLUGIN == "device-plugin"
     dra = DraOptions(node_name="n", driver_name="vfio.example.com").core()

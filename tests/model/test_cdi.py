@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vfio_dp.dra import cdi as dra_cdi
+from vfio_dp.dra.claimpath import cdi as dra_cdi
 from vfio_dp.errors import CdiError
 from vfio_dp.model import cdi
 

@@ -151,7 +151,7 @@ def allocate(
     nodes_for: NodesFor,
     cdi_vendor: str | None = None,
 ) -> ContainerAllocation:
-    """Answer one ``ContainerAllocateRequest``; raise a :class:`PluginError` subclass naming the
+    """Answer one ``ContainerAllocateRequest``; raise a :class:`DevicePluginError` subclass naming the
     device and the reason for an unknown or unhealthy ID. With ``cdi_vendor`` the answer also
     names each unit's CDI device (see :func:`cdi_specs`)."""
     units = [

@@ -58,7 +58,7 @@ from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
 from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
 from vfio_dp.deviceplugin.options import Options
-from vfio_dp.errors import PluginError, SocketPathError
+from vfio_dp.errors import DevicePluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
@@ -278,7 +278,7 @@ class Daemon(FrontEnd):
 
     def _ensure_cdi(self, listing: Listing, resource: str, ids: Sequence[str]) -> None:
         """Before Allocate answers ``cdi_devices``: the specs they name are on disk and
-        current, else :class:`PluginError` (the runtime would fail later and less clearly)."""
+        current, else :class:`DevicePluginError` (the runtime would fail later and less clearly)."""
         assert self.cdi is not None
         wanted = {
             cdi.spec_file_name(self.cdi.vendor, cdi_device_name(u))
@@ -289,7 +289,7 @@ class Daemon(FrontEnd):
         try:
             self.cdi.write({k: v for k, v in specs.items() if k in wanted})
         except OSError as e:
-            raise PluginError(
+            raise DevicePluginError(
                 f"{resource}: cannot write the CDI spec for {list(ids)} in "
                 f"{self.cdi.directory}: {e.strerror or e}; check --cdi-dir (the host's "
                 "/var/run/cdi mounted read-write)"
@@ -346,7 +346,7 @@ class Daemon(FrontEnd):
     # -- the Core protocol used by the servicer ------------------------------------------
     def _current(self) -> Listing:
         if self.listing is None:
-            raise PluginError("the daemon has not scanned the devices yet")
+            raise DevicePluginError("the daemon has not scanned the devices yet")
         return self.listing
 
     async def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation:
@@ -361,7 +361,7 @@ class Daemon(FrontEnd):
             )
             if self.cdi is not None:
                 await self.core.run(self._ensure_cdi, listing, resource, ids)
-        except PluginError as e:
+        except DevicePluginError as e:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
             log.warning("Allocate refused: %s", e)
             raise
@@ -386,7 +386,7 @@ class Daemon(FrontEnd):
         listing = await self.rescan("prestart")  # verify against sysfs as it is now
         try:
             verify_prestart(listing, resource, ids, self.store.record, self.host.device_nodes)
-        except PluginError as e:
+        except DevicePluginError as e:
             self.metrics.inc(
                 "vfio_dp_allocation_errors_total", resource=resource, call="PreStartContainer"
             )

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 
-from vfio_dp.errors import AddressError, PluginError
+from vfio_dp.errors import AddressError, DevicePluginError
 from vfio_dp.model.address import PciAddress
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
-class PodResourcesError(PluginError):
+class PodResourcesError(DevicePluginError):
     """The kubelet's PodResources API could not be asked (the answer is unknown)."""
 
 

@@ -19,7 +19,7 @@ from vfio_dp.core.sockets import SocketServer
 from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vfio_dp.deviceplugin.allocation import ContainerAllocation
 from vfio_dp.deviceplugin.listing import Unit
-from vfio_dp.errors import PluginError, PluginRequestError, UnknownDeviceError
+from vfio_dp.errors import DevicePluginError, PluginRequestError, UnknownDeviceError
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
@@ -64,7 +64,7 @@ def to_device(u: Unit) -> Any:
     return api_pb2.Device(ID=str(u.id), health=u.health, topology=topology)
 
 
-def _status(e: PluginError) -> grpc.StatusCode:
+def _status(e: DevicePluginError) -> grpc.StatusCode:
     if isinstance(e, UnknownDeviceError):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(e, PluginRequestError):
@@ -112,7 +112,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
         for creq in request.container_requests:
             try:
                 alloc = await self.core.allocate(self.resource, list(creq.devices_ids))
-            except PluginError as e:
+            except DevicePluginError as e:
                 await context.abort(_status(e), str(e))
             responses.append(
                 api_pb2.ContainerAllocateResponse(
@@ -134,7 +134,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
     async def PreStartContainer(self, request: Any, context: Any) -> Any:
         try:
             await self.core.prestart(self.resource, list(request.devices_ids))
-        except PluginError as e:
+        except DevicePluginError as e:
             await context.abort(_status(e), str(e))
         return api_pb2.PreStartContainerResponse()
 

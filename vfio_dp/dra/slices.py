@@ -3,7 +3,7 @@
 One pool per node, named after the node; one DRA device per IOMMU group that can be handed
 over (:func:`vfio_dp.model.serving.dra_units`), named after the group's first endpoint
 (``pci-0000-3b-00-0``); at most :data:`MAX_DEVICES_PER_SLICE` devices per slice (64 while a
-device of the pool is tainted: :mod:`vfio_dp.dra.health`), every slice carrying
+device of the pool is tainted: :mod:`vfio_dp.dra.observers.health`), every slice carrying
 ``pool.resourceSliceCount``; every slice owned by the Node. Each device is a typed
 :class:`Device` (its attributes :class:`~vfio_dp.model.dra_metadata.Attribute` values, which
 Prepare copies into the device metadata and checks against the hardware; its taints); the
@@ -89,7 +89,7 @@ class Device:
     name: str
     attributes: Mapping[str, Attribute]
     #: ``[{"key": "<driver>/unhealthy", "value": ..., "effect": "NoSchedule", "timeAdded":
-    #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.health`)
+    #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.observers.health`)
     taints: tuple[Mapping[str, str], ...] = ()
     #: the counter set (its PF's, :func:`counter_set_name`) an SR-IOV VF consumes one
     #: :data:`VF_COUNTER` of; None for anything else

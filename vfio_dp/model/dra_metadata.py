@@ -1,6 +1,6 @@
 """The KEP-5304 device-metadata format, written by the DRA plugin and read by ``vfioctl hostdev``.
 
-One place for the format so the writer (:mod:`vfio_dp.dra.metadata`) and every reader
+One place for the format so the writer (:mod:`vfio_dp.dra.claimpath.metadata`) and every reader
 (vm_translate's hostdev) cannot drift. Pure: strings in, typed values out, no I/O.
 
 The file is a JSON *stream*: the same object once per supported version, newest first;

@@ -127,7 +127,7 @@ def check_dra_driver_name(name: str) -> str:
 
 def dra_checkpoint_file(driver: str) -> str:
     """``dra-<driver>.checkpoint.json``: the DRA plugin's checkpoint, a file of
-    ``<root>/var/lib/vfio_dp/`` (:mod:`vfio_dp.dra.checkpoint`); the driver name checked."""
+    ``<root>/var/lib/vfio_dp/`` (:mod:`vfio_dp.dra.claimpath.checkpoint`); the driver name checked."""
     return f"dra-{check_dra_driver_name(driver)}.checkpoint.json"
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, os.getcwd())
 
 from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
 from tests.dra.kubelet_dra_standin import KubeletDraStandin
-from vfio_dp.dra.driver import DraOptions, DraPlugin
+from vfio_dp.dra.plugin import DraOptions, DraPlugin
 
 OUT = os.environ.get("GUEST_RIG_OUT", "/tmp")
 LONE, SHARED_A, SHARED_B = "0000:01:00.0", "0000:03:01.0", "0000:03:02.0"

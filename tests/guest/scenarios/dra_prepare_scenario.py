@@ -22,8 +22,8 @@ from typing import Any
 sys.path.insert(0, os.getcwd())
 
 from tests.guest.cdi_consumer import podman_setup, run_with_cdi
-from vfio_dp.dra.claims import ClaimRef
-from vfio_dp.dra.prepare import ClaimPreparer
+from vfio_dp.dra.claimpath.claims import ClaimRef
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.host import Host
 from vfio_dp.model.config import load_config_text
 

@@ -245,7 +245,7 @@ def traced(args: list[str], trace: list[str]) -> dict[str, Any]:
     start-up under emulation would cost half a minute)."""
     code = (
         "import os, signal, json; import cli.main, cli.sriov_cmd, vfio_dp.host.sriov, "
-        "vfio_dp.host.host, vfio_dp.host.bind, vfio_dp.dra.holds, vfio_dp.model.plan; "
+        "vfio_dp.host.host, vfio_dp.host.bind, vfio_dp.dra.claimpath.holds, vfio_dp.model.plan; "
         "os.kill(os.getpid(), signal.SIGSTOP); cli.main.main()"
     )
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,

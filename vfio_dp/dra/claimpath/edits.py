@@ -1,17 +1,17 @@
 """What a prepared claim leaves on the node: its CDI edits and device-metadata files.
 
-:func:`build` is pure: from the claim, its resolved devices (:class:`~vfio_dp.dra.resolve.Chosen`),
+:func:`build` is pure: from the claim, its resolved devices (:class:`~vfio_dp.dra.claimpath.resolve.Chosen`),
 their published form (:class:`~vfio_dp.dra.slices.Device`: the metadata repeats the slice's
 attributes) and each group's device nodes, it makes :class:`ClaimFiles` -- one metadata file
-per request (:mod:`vfio_dp.dra.metadata`), one CDI device per group handed over plus one per
-request mounting its metadata file read-only (:mod:`vfio_dp.dra.cdi`), and kubelet's answer::
+per request (:mod:`vfio_dp.dra.claimpath.metadata`), one CDI device per group handed over plus one per
+request mounting its metadata file read-only (:mod:`vfio_dp.dra.claimpath.cdi`), and kubelet's answer::
 
     pci-0000-3b-00-0 (request gpu) → ["<driver>/vfio=<uid>-pci-0000-3b-00-0",
                                       "<driver>/vfio=<uid>-metadata-gpu"]
 
 The metadata mount goes with the request's first device only; ``adminAccess`` devices get
 the mount and never the group. An extended-resource claim's group devices also carry their
-request's ``PCI_RESOURCE_<NAME>`` / ``PCIDEVICE_<NAME>`` (:mod:`vfio_dp.dra.extended`);
+request's ``PCI_RESOURCE_<NAME>`` / ``PCIDEVICE_<NAME>`` (:mod:`vfio_dp.dra.claimpath.extended`);
 ordinary claims get no variables. :class:`ClaimDirs` writes and removes them (the one atomic
 writer; metadata first, then the CDI spec that points at it); an :class:`OSError` there
 (ENOSPC, EROFS, a directory where the spec goes) becomes a :class:`DraError` naming the path
@@ -25,10 +25,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from vfio_dp.dra import cdi
-from vfio_dp.dra import metadata as mdfile
-from vfio_dp.dra.claims import ClaimRef, PreparedDevice
-from vfio_dp.dra.resolve import Chosen
+from vfio_dp.dra.claimpath import cdi
+from vfio_dp.dra.claimpath import metadata as mdfile
+from vfio_dp.dra.claimpath.claims import ClaimRef, PreparedDevice
+from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import DraError
 from vfio_dp.model import dra_metadata as md
@@ -78,7 +78,7 @@ def build(
     hardware is now), by name;
     ``group_nodes``: the device nodes of each group handed over, by DRA device name;
     ``env``: request → its ``NAME=value`` variables (an extended-resource claim's, from
-    :func:`vfio_dp.dra.extended.request_env`), set in full on EVERY group device of that
+    :func:`vfio_dp.dra.claimpath.extended.request_env`), set in full on EVERY group device of that
     request and on no other (kubelet gives a container only its requests' devices; CDI env is
     last-wins)."""
     by_request: dict[str, list[tuple[str, md.MetadataDevice]]] = {}

@@ -147,7 +147,7 @@ def _device_from_json(d: object) -> DeviceRecord:
 
 
 def _claim_from_json(c: object) -> ClaimRecord:
-    from vfio_dp.dra.cdi import check_uid  # a UID reaches CDI file names: CDI's rule
+    from vfio_dp.dra.claimpath.cdi import check_uid  # a UID reaches CDI file names: CDI's rule
 
     if not isinstance(c, dict):
         raise TypeError("claim must be an object")

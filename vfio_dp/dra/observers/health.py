@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
-from vfio_dp.dra.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 from vfio_dp.model.device import Inventory, IommuGroup

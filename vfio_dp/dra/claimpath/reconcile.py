@@ -24,15 +24,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vfio_dp.dra.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
-from vfio_dp.dra.claims import stale_reason
-from vfio_dp.dra.edits import ClaimDirs
+from vfio_dp.dra.claimpath.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
+from vfio_dp.dra.claimpath.claims import stale_reason
+from vfio_dp.dra.claimpath.edits import ClaimDirs
 from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
 from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.model.address import PciAddress
 
-log = logging.getLogger("vfio_dp.dra.prepare")
+log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
 #: ``await reader(namespace, name)`` → the ResourceClaim in its API JSON form, None if absent.
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any] | None]]

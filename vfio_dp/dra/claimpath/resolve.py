@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vfio_dp.dra.checkpoint import DeviceRecord
-from vfio_dp.dra.claims import AllocationResult
+from vfio_dp.dra.claimpath.checkpoint import DeviceRecord
+from vfio_dp.dra.claimpath.claims import AllocationResult
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import ClaimError
 from vfio_dp.model.address import PciAddress

@@ -33,7 +33,7 @@ from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra_health.v1 import api_pb2_grpc as v1_grpc
 from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from vfio_dp.dra._pb.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from vfio_dp.dra.health import Report
+from vfio_dp.dra.observers.health import Report
 
 log = logging.getLogger("vfio_dp.dra")
 

@@ -21,7 +21,7 @@ controllers do. The API server (Kubernetes >= 1.36) authorizes the write twice: 
 ``deploy/components/dra/dra-rbac.yaml``); a 403 is logged with that fix.
 
 The builders are pure; :class:`ClaimStatusWriter` is a blocking shell (run it in a thread)
-over the client's ``ApiClient`` with plain JSON bodies, like :mod:`vfio_dp.dra.publisher`.
+over the client's ``ApiClient`` with plain JSON bodies, like :mod:`vfio_dp.dra.apiserver.publisher`.
 """
 
 from __future__ import annotations

@@ -51,9 +51,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from vfio_dp.dra import cdi, extended, resolve
-from vfio_dp.dra.checkpoint import PREPARED, PREPARING, Checkpoint, ClaimRecord, DeviceRecord
-from vfio_dp.dra.claims import (
+from vfio_dp.dra.claimpath import cdi, extended, resolve
+from vfio_dp.dra.claimpath.checkpoint import (
+    PREPARED,
+    PREPARING,
+    Checkpoint,
+    ClaimRecord,
+    DeviceRecord,
+)
+from vfio_dp.dra.claimpath.claims import (
     AllocationResult,
     ClaimRef,
     ClaimResult,
@@ -64,9 +70,9 @@ from vfio_dp.dra.claims import (
     describe,
     ours,
 )
-from vfio_dp.dra.edits import ClaimDirs, ClaimFiles, build, io_error
-from vfio_dp.dra.reconcile import ClaimReader, Held, Reconciler, ReconcileReport
-from vfio_dp.dra.resolve import Chosen
+from vfio_dp.dra.claimpath.edits import ClaimDirs, ClaimFiles, build, io_error
+from vfio_dp.dra.claimpath.reconcile import ClaimReader, Held, Reconciler, ReconcileReport
+from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import ClaimError, VfioError
 from vfio_dp.host import Host
@@ -79,7 +85,7 @@ from vfio_dp.model.serving import dra_units
 
 __all__ = ["ClaimPreparer", "ClaimReader", "ReconcileReport"]
 
-log = logging.getLogger("vfio_dp.dra.prepare")
+log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
 
 class Metrics(Protocol):
@@ -106,7 +112,7 @@ def _internal(e: Exception) -> str:
 
 
 class ClaimPreparer:
-    """The :class:`vfio_dp.dra.claims.Handler` of the DRA plugin (see module doc)."""
+    """The :class:`vfio_dp.dra.claimpath.claims.Handler` of the DRA plugin (see module doc)."""
 
     def __init__(
         self,
@@ -402,6 +408,6 @@ class ClaimPreparer:
     # -- reconcile -----------------------------------------------------------------------
     async def reconcile(self) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot
-        (:meth:`vfio_dp.dra.reconcile.Reconciler.reconcile`)."""
+        (:meth:`vfio_dp.dra.claimpath.reconcile.Reconciler.reconcile`)."""
         await self._ensure_loaded()
         return await self.reconciler.reconcile()

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vfio_dp.dra import extended
+from vfio_dp.dra.claimpath import extended
 from vfio_dp.errors import ClaimError
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming

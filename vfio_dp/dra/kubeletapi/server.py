@@ -2,15 +2,15 @@
 
 The ONLY module on the DRA side that imports ``grpc`` and the generated code
 (``vfio_dp.dra._pb``, vendored from kubernetes/kubelet ``pkg/apis/...``). It translates
-between the wire and the typed values of :mod:`vfio_dp.dra.claims` (pure, so the claim path
-loads no ``grpc``); every decision is the :class:`~vfio_dp.dra.claims.Handler`'s.
+between the wire and the typed values of :mod:`vfio_dp.dra.claimpath.claims` (pure, so the claim path
+loads no ``grpc``); every decision is the :class:`~vfio_dp.dra.claimpath.claims.Handler`'s.
 
 Sockets (as kubelet and kubernetes/dynamic-resource-allocation ``kubeletplugin`` expect)::
 
     <plugins dir>/<driver>/dra.sock           k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin
                                                k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin
                                                v1.DRAResourceHealth, v1alpha1.DRAResourceHealth
-                                               (:mod:`vfio_dp.dra.health_stream`, when given)
+                                               (:mod:`vfio_dp.dra.kubeletapi.health_stream`, when given)
     <registry dir>/<driver>-reg.sock          pluginregistration.Registration
 
 kubelet watches the registry dir, dials ``-reg.sock``, calls ``GetInfo`` (answered with
@@ -54,8 +54,8 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from vfio_dp.dra.claims import ClaimRef, ClaimResult, Handler
-from vfio_dp.dra.health_stream import SERVICE_NAMES, HealthStream
+from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult, Handler
+from vfio_dp.dra.kubeletapi.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.model import naming
 
 #: seconds the DRA service gives running calls and streams when the plugin stops

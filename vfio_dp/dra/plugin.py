@@ -7,14 +7,14 @@ What ``vfioctl dra-plugin`` runs, one asyncio process:
    hotplug; ``bind: onPrepare`` groups stay on their host drivers.
 2. After every scan (start, uevent, SIGUSR1, resync, config reload) this front-end computes
    the devices to publish (:func:`vfio_dp.dra.slices.published_devices`, pure) and hands them
-   to the :class:`~vfio_dp.dra.publisher.SlicePublisher`, which writes them when they changed
+   to the :class:`~vfio_dp.dra.apiserver.publisher.SlicePublisher`, which writes them when they changed
    and rewrites them when someone deleted or changed ours (within one resync).
-3. The kubelet shell (:class:`vfio_dp.dra.kubelet.KubeletFrontEnd`) serves
+3. The kubelet shell (:class:`vfio_dp.dra.kubeletapi.server.KubeletFrontEnd`) serves
    ``<plugins>/<driver>/dra.sock``, then ``<registry>/<driver>-reg.sock``; every 0.25 s it
    re-creates a socket removed from under it.
 4. NodePrepareResources / NodeUnprepareResources go to the
-   :class:`~vfio_dp.dra.prepare.ClaimPreparer` (claims read through the publisher's
-   :func:`~vfio_dp.dra.publisher.claim_reader`): ``bind: onPrepare`` groups are bound when a
+   :class:`~vfio_dp.dra.claimpath.prepare.ClaimPreparer` (claims read through the publisher's
+   :func:`~vfio_dp.dra.apiserver.publisher.claim_reader`): ``bind: onPrepare`` groups are bound when a
    claim is prepared and given back when it is unprepared; CDI specs go to ``--cdi-dir`` and
    device metadata under ``<plugins>/<driver>/``. At start and every resync it reconciles:
    claims gone from the API server are unprepared, groups still held open are kept.
@@ -39,22 +39,22 @@ from typing import Any
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HEALTHY, HealthModel, assess
 from vfio_dp.core.node import NodeCore, Snapshot
-from vfio_dp.dra import health
-from vfio_dp.dra.checkpoint import PREPARED, ClaimRecord
-from vfio_dp.dra.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
-from vfio_dp.dra.claims import ClaimRef, ClaimResult
-from vfio_dp.dra.health_stream import HealthStream
-from vfio_dp.dra.holds import checkpoint_holds
-from vfio_dp.dra.kubelet import KubeletFrontEnd
-from vfio_dp.dra.options import DraOptions
-from vfio_dp.dra.prepare import ClaimPreparer
-from vfio_dp.dra.publisher import (
+from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter, DeviceStatus, StatusError
+from vfio_dp.dra.apiserver.publisher import (
     PublishError,
     SlicePublisher,
     api_executor,
     claim_reader,
     class_reader,
 )
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, ClaimRecord
+from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult
+from vfio_dp.dra.claimpath.holds import checkpoint_holds
+from vfio_dp.dra.claimpath.prepare import ClaimPreparer
+from vfio_dp.dra.kubeletapi.health_stream import HealthStream
+from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
+from vfio_dp.dra.observers import health
+from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host

@@ -6,7 +6,7 @@ the host, default ``/var/lib/kubelet/plugins``)::
     <plugins>/<driver>/dra-device-metadata/<claimUID>/<request>/<driver>-metadata.json
 
 keyed by claim UID so that NodeUnprepareResources, which names the claim only by
-namespace/name/UID, removes exactly its files. The CDI device of :mod:`vfio_dp.dra.cdi`
+namespace/name/UID, removes exactly its files. The CDI device of :mod:`vfio_dp.dra.claimpath.cdi`
 bind-mounts each file read-only at the container path KubeVirt >= 1.8.3 reads
 (:func:`vfio_dp.model.dra_metadata.container_path`). The format itself lives in
 :mod:`vfio_dp.model.dra_metadata`, shared with the readers.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from vfio_dp.dra import cdi
+from vfio_dp.dra.claimpath import cdi
 from vfio_dp.errors import MetadataFormatError
 from vfio_dp.host.atomic import remove_tree_durably, write_atomic
 from vfio_dp.model import dra_metadata as md

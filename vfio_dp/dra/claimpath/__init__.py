@@ -1,0 +1,25 @@
+"""The DRA claim path: NodePrepareResources, NodeUnprepareResources and reconcile.
+
+``prepare`` (the kubelet's Handler as a recipe: read, resolve, take ownership, write, record),
+``reconcile`` (Unprepare's release, reconcile, re-verify after a reboot), and the pure or
+file-owning helpers it runs over: ``claims`` (kubelet's claim types, the ResourceClaim as
+read, its checks), ``resolve`` (results → IOMMU groups), ``edits`` (a claim's CDI edits and
+metadata), ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 files), ``extended``
+(what a pod's extended-resource claim gets), ``checkpoint`` (the prepared claims, with the
+boot ID: the one reader and writer of that file) and ``holds`` (which functions prepared
+claims hold, read through ``checkpoint``). Importing any of it loads no gRPC
+(import-linter contract).
+"""
+
+__all__ = [
+    "cdi",
+    "checkpoint",
+    "claims",
+    "edits",
+    "extended",
+    "holds",
+    "metadata",
+    "prepare",
+    "reconcile",
+    "resolve",
+]
