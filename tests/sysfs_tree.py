@@ -167,15 +167,19 @@ class SysfsTree:
         return p
 
     def driver_of(self, address: str) -> str | None:
-        link = self.dev_dir(address) / "driver"
-        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+        """The device's driver, read once: the plugin under test may re-link ``driver`` at the
+        same moment (reconcile giving a group back), so "absent" is "no driver", not an error."""
+        try:
+            return os.path.basename(os.readlink(self.dev_dir(address) / "driver"))
+        except OSError:  # gone (FileNotFoundError) or not a link (EINVAL)
+            return None
 
     def set_driver(self, address: str, driver: str | None) -> None:
         """Move the device's ``driver`` link (and the driver's back link); vfio nodes follow."""
         d = self.dev_dir(address)
         old = self.driver_of(address)
         if old:
-            (d / "driver").unlink()
+            (d / "driver").unlink(missing_ok=True)
             back = self.sys("bus/pci/drivers", old, address)
             if back.is_symlink():
                 back.unlink()
