@@ -11,6 +11,7 @@ __all__ = [
     "dra_cmd",
     "host_cmds",
     "inventory_cmds",
+    "kubectl_vfio",
     "main",
     "sriov_cmd",
     "vm_cmds",

@@ -20,10 +20,12 @@ import-light on purpose: nothing heavy loads until a command needs it.
 __all__ = [
     "alias",
     "allocation",
+    "cluster",
     "config_watch",
     "dra",
     "entries",
     "errors",
+    "fleet",
     "hostdev",
     "inputs",
     "kube_adapter",

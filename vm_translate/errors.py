@@ -115,3 +115,11 @@ class CertificateJobError(TranslateError):
 
 class NodeCheckError(TranslateError):
     """The node-capacity check could not ask the API server."""
+
+
+class FleetError(TranslateUsageError, ValueError):
+    """``kubectl vfio``: a command it will not run on the nodes, or an output it cannot merge."""
+
+
+class ClusterError(TranslateError):
+    """``kubectl vfio``: the API server cannot be reached or refused; names the server and why."""

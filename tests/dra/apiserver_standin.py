@@ -1025,6 +1025,11 @@ class ApiServerStandin:
         #: including the granular claim-status check of Kubernetes >= 1.36 (see authorize)
         self.rules: list[dict[str, Any]] | None = None
         self.user = "system:serviceaccount:vfio-dp:vfio-dp-dra"
+        #: ``pods/exec`` (tests/dra/standin_exec.py): runs the command locally with the
+        #: container's env; a test may replace it
+        from tests.dra.standin_exec import local_runner
+
+        self.exec_runner = local_runner
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1625,6 +1630,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self) -> None:
+        from tests.dra import standin_exec
+
+        if standin_exec.is_exec(self.path):
+            standin_exec.serve(self, self.api, self.api.exec_runner)
+            return
         self._serve("GET")
 
     def do_POST(self) -> None:
