@@ -32,7 +32,13 @@ def _cluster(ctx: click.Context) -> Cluster:
     from vm_translate.cluster import Cluster
 
     o = ctx.obj
-    return Cluster(o["kubeconfig"], o["context"], o["namespace"], exec_timeout=o["timeout"])
+    return Cluster(
+        o["kubeconfig"],
+        o["context"],
+        o["namespace"],
+        request_timeout=o["request_timeout"],
+        exec_timeout=o["timeout"],
+    )
 
 
 @click.group(
@@ -58,6 +64,13 @@ def _cluster(ctx: click.Context) -> Cluster:
     type=click.FloatRange(1, 3600),
     help="Seconds one command may run on a node.",
 )
+@click.option(
+    "--request-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 600),
+    help="Seconds one API call (or an exec's WebSocket handshake) may take.",
+)
 @click.version_option(package_name="vfio-dp", prog_name="kubectl-vfio")
 @click.pass_context
 def kubectl_vfio(
@@ -68,6 +81,7 @@ def kubectl_vfio(
     node: str | None,
     all_nodes: bool,
     timeout: float,
+    request_timeout: float,
 ) -> None:
     """vfio-dp on every node: a vfioctl read command on one node (--node) or all
     (--all-nodes), or `status` / `held` for the whole cluster.
@@ -85,6 +99,7 @@ def kubectl_vfio(
         "node": node,
         "all_nodes": all_nodes,
         "timeout": timeout,
+        "request_timeout": request_timeout,
     }
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
@@ -206,17 +221,15 @@ def held_cmd(ctx: click.Context, wait_s: float) -> None:
 def main() -> None:
     """The ``kubectl-vfio`` entry point: `kubectl vfio [FLAGS] list …` runs as `run list …`."""
     argv = sys.argv[1:]
+    valued = {  # the group's own options that take a value, read from the group itself
+        o
+        for p in kubectl_vfio.params
+        if isinstance(p, click.Option) and not p.is_flag and not p.count
+        for o in p.opts
+    }
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
-        takes_value = argv[i] in (
-            "--kubeconfig",
-            "--context",
-            "-n",
-            "--namespace",
-            "--node",
-            "--timeout",
-        )
-        i += 2 if takes_value and "=" not in argv[i] else 1
+        i += 2 if argv[i] in valued else 1
     if i < len(argv) and argv[i] not in kubectl_vfio.commands:
         argv = [*argv[:i], "run", *argv[i:]]
     kubectl_vfio.main(args=argv, prog_name="kubectl vfio")

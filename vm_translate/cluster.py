@@ -117,10 +117,14 @@ class Cluster:
     def exec(self, pod: Pod, command: Sequence[str]) -> ExecResult:
         """Run ``command`` in the pod's container (pods/exec over a WebSocket), bounded by
         ``exec_timeout``: a command still running then is named, not waited for."""
+        import websocket
         from kubernetes.client.exceptions import ApiException
         from kubernetes.stream import stream
         from websocket import WebSocketException
 
+        # the client opens the WebSocket with no timeout of its own: a server that accepts and
+        # never answers the handshake (or stalls mid-frame) would hold this process forever
+        websocket.setdefaulttimeout(self.request_timeout)
         try:
             ws = stream(
                 self.core.connect_get_namespaced_pod_exec,
@@ -145,7 +149,12 @@ class Cluster:
                 f"exec in pod {self.namespace}/{pod.name} through {self.server} failed: {e}"
             ) from e
         try:
-            ws.run_forever(timeout=self.exec_timeout)
+            try:
+                ws.run_forever(timeout=self.exec_timeout)
+            except (WebSocketException, OSError) as e:
+                raise ClusterError(
+                    f"exec in pod {self.namespace}/{pod.name} through {self.server} broke off: {e}"
+                ) from e
             if ws.is_open():
                 raise ClusterError(
                     f"{' '.join(command)} in pod {self.namespace}/{pod.name} (node {pod.node}) "

@@ -255,3 +255,25 @@ def test_merge_tables_keeps_messages_and_skips_empty_outputs() -> None:
 def test_non_json_output_is_named() -> None:
     with pytest.raises(FleetError, match="node n1: the command's output is not JSON"):
         fleet.merge_json([("n1", "GROUP VIABLE\n")])
+
+
+def test_a_server_that_never_answers_is_bounded(tmp_path: Path) -> None:
+    """A listener that accepts and says nothing: each call ends at --request-timeout."""
+    import socket
+    import time
+
+    api = ApiServerStandin(str(tmp_path / "api"))
+    api.start()
+    api.stop()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", int(api.url.rsplit(":", 1)[1])))
+    silent.listen(8)
+    try:
+        t0 = time.monotonic()
+        done = _kubectl(api, "--request-timeout", "2", "--node", "node-a", "list", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert done.returncode == 1, done.stderr
+    assert "did not answer" in done.stderr and "Traceback" not in done.stderr
+    assert took < 30, f"{took:.1f} s"
