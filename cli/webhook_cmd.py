@@ -117,6 +117,14 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     help="How long a node list is reused.",
 )
 @option(
+    "--shutdown-delay",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 300),
+    help="After SIGTERM, keep answering this many seconds with /healthz failing, so a rolling "
+    "update's endpoint change refuses no review (the Deployment sets 5).",
+)
+@option(
     "--log-level",
     default="info",
     show_default=True,
@@ -140,6 +148,7 @@ def webhook(
     reload_interval: float,
     check_nodes: bool,
     node_cache_seconds: float,
+    shutdown_delay: float,
     log_level: str,
 ) -> None:
     """Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET /healthz.
@@ -198,6 +207,7 @@ def webhook(
             reload_interval=reload_interval,
             check_nodes=check_nodes,
             node_cache_seconds=node_cache_seconds,
+            shutdown_delay=shutdown_delay,
         )
         run(
             config,

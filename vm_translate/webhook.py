@@ -97,6 +97,10 @@ class WebhookSettings:
     #: a review waits this long for the node list, then is answered unchecked (with a
     #: warning); well inside the API server's timeoutSeconds (5)
     node_wait: float = 2.0
+    #: after SIGTERM keep answering this long with /healthz failing (a rolling update: the
+    #: Service drops a terminating pod's endpoint a moment after the kubelet's SIGTERM, and
+    #: reviews sent meanwhile must not be refused); SIGINT stops at once
+    shutdown_delay: float = 0.0
 
 
 NodeFetch = Callable[[], Awaitable[list[NodeResources]]]
@@ -127,6 +131,8 @@ class _State:
     budget: _BodyBudget
     listener: Listener | None = field(default=None)
     metrics: WebhookMetrics = field(default_factory=lambda: WebhookMetrics())
+    #: SIGTERM arrived: /healthz says 503 so the Service stops sending, reviews still answered
+    draining: bool = False
 
 
 _STATE: web.AppKey[_State] = web.AppKey("vfio_dp_webhook", _State)
@@ -238,7 +244,9 @@ async def _mutate(request: web.Request, state: _State) -> web.Response:
         return web.Response(body=text.encode(), content_type="application/json")
 
 
-async def healthz(_request: web.Request) -> web.Response:
+async def healthz(request: web.Request) -> web.Response:
+    if request.app[_STATE].draining:
+        return web.Response(status=503, text="draining: shutting down")
     return web.Response(text="ok")
 
 
@@ -395,6 +403,10 @@ class Webhook:
         )
         return cls(runner, server, tls, state.configs, listener, reloader)
 
+    def drain(self) -> None:
+        """Fail /healthz from now on; keep answering reviews until :meth:`stop`."""
+        self._runner.app[_STATE].draining = True
+
     async def stop(self) -> None:
         self._reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -424,9 +436,12 @@ async def serve(
     config: Config | ConfigWatch,
     settings: WebhookSettings,
     ready: Callable[[int], None] | None = None,
+    started: Callable[[Webhook], None] | None = None,
 ) -> None:
     """Run until cancelled (SIGTERM/SIGINT under :func:`run`)."""
     hook = await Webhook.start(config, settings)
+    if started is not None:
+        started(hook)
     if ready is not None:
         ready(hook.port)
     try:
@@ -447,9 +462,19 @@ def run(
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+        hooks: list[Webhook] = []
+
+        def terminate() -> None:
+            if settings.shutdown_delay <= 0 or not hooks or loop.is_closed():
+                task.cancel()
+            elif not hooks[0]._runner.app[_STATE].draining:  # a second SIGTERM changes nothing
+                hooks[0].drain()
+                log.info("SIGTERM: draining for %g s, then stopping", settings.shutdown_delay)
+                loop.call_later(settings.shutdown_delay, task.cancel)
+
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, settings, ready)
+            await serve(config, settings, ready, hooks.append)
 
     asyncio.run(main())
