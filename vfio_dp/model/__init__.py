@@ -7,6 +7,7 @@ __all__ = [
     "cdi",
     "config",
     "config_check",
+    "config_fields",
     "config_yaml",
     "device",
     "dra_metadata",

@@ -51,16 +51,35 @@ This module says what a configuration means (:class:`Config`, :class:`Selector`)
 way in: :func:`load_config_bytes`, :func:`load_config_text`, :func:`parse_config`. Reading the
 file's YAML within bounds is :mod:`vfio_dp.model.config_yaml`'s job; checking the document
 field by field, every problem listed with its place, :mod:`vfio_dp.model.config_check`'s.
+Each field the file sets is declared once, on :class:`Selector` or :class:`Config`, with its
+YAML key, kind and docs text; how to add one: :mod:`vfio_dp.model.config_fields`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vfio_dp.model import config_yaml, naming
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.config_fields import (
+    ACTION,
+    ADDRESSES,
+    BIND,
+    COUNT,
+    DOMAIN,
+    DRIVERS,
+    HEX4,
+    HEX_PREFIX,
+    MATCH,
+    NODE_PATTERNS,
+    RESOURCE_NAME,
+    SELECTORS,
+    WHERE,
+    one_of,
+    yaml_field,
+)
 from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
@@ -77,35 +96,113 @@ NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a sele
 TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
 SRIOV_KINDS = ("pf", "vf")
 VF_DRIVERS = (VFIO_PCI, "none")
+PATH_KIND = one_of(*PATHS)
+TAINT_KIND = one_of(*TAINT_EFFECTS)
+SRIOV_KIND = one_of(*SRIOV_KINDS, meanings={"pf": "SR-IOV PFs", "vf": "their VFs"})
+VF_DRIVER_KIND = one_of(*VF_DRIVERS)
 
 
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """One entry of ``selectors``; empty tuples mean "any"."""
+    """One entry of ``selectors``; empty tuples mean "any". Each field the file sets is
+    declared here once, with its YAML key, kind and docs text (:mod:`vfio_dp.model.config_fields`:
+    how to add one)."""
 
-    vendors: tuple[str, ...] = ()
-    devices: tuple[str, ...] = ()
-    classes: tuple[str, ...] = ()  # lowercase hex prefixes of the 6-digit class
-    subsystem_vendors: tuple[str, ...] = ()
-    subsystem_devices: tuple[str, ...] = ()
-    addresses: tuple[PciAddress, ...] = ()
-    drivers: tuple[str, ...] = ()
-    resource_name: str | None = None  # fully qualified when set
-    bind: bool = False  # bound to vfio-pci at start / hotplug
-    path: str = DEVICE_PLUGIN  # DEVICE_PLUGIN or DRA
+    vendors: tuple[str, ...] = yaml_field(
+        (), "vendor", HEX4, MATCH, "the PCI vendor ID (`<bdf>/vendor`) is one of these"
+    )
+    devices: tuple[str, ...] = yaml_field(
+        (), "device", HEX4, MATCH, "the PCI device ID (`<bdf>/device`) is one of these"
+    )
+    classes: tuple[str, ...] = yaml_field(  # lowercase hex prefixes of the 6-digit class
+        (), "class", HEX_PREFIX, MATCH, "the class (`<bdf>/class`) starts with one (`0108`: NVMe)"
+    )
+    subsystem_vendors: tuple[str, ...] = yaml_field(
+        (), "subsystemVendor", HEX4, MATCH, "the subsystem vendor ID (`<bdf>/subsystem_vendor`)"
+    )
+    subsystem_devices: tuple[str, ...] = yaml_field(
+        (), "subsystemDevice", HEX4, MATCH, "the subsystem device ID (`<bdf>/subsystem_device`)"
+    )
+    addresses: tuple[PciAddress, ...] = yaml_field(
+        (),
+        "addresses",
+        ADDRESSES,
+        MATCH,
+        "the device is one of these (with `numVfs`: the PFs whose VFs it takes)",
+    )
+    drivers: tuple[str, ...] = yaml_field(
+        (),
+        "drivers",
+        DRIVERS,
+        MATCH,
+        "its kernel driver is one of these (with `bind`: the one recorded before the bind)",
+    )
+    sriov: str | None = yaml_field(  # "pf" | "vf": only SR-IOV PFs / only VFs
+        None,
+        "sriov",
+        SRIOV_KIND,
+        MATCH,
+        "only SR-IOV PFs, or only VFs (tells them apart where they share vendor:device)",
+    )
+    nodes: tuple[str, ...] = yaml_field(  # node-name patterns; empty = every node
+        (),
+        "nodes",
+        NODE_PATTERNS,
+        WHERE,
+        "only on the nodes whose name matches one (`--node-name`, `NODE_NAME`)",
+    )
+    resource_name: str | None = yaml_field(  # fully qualified when set
+        None,
+        "resourceName",
+        RESOURCE_NAME,
+        ACTION,
+        "the name its devices are advertised under",
+        default_text="`<resourceDomain>/<vendor>_<device>`",
+    )
+    path: str = yaml_field(
+        DEVICE_PLUGIN,
+        "path",
+        PATH_KIND,
+        ACTION,
+        "the node process that serves it: `vfioctl plugin` or `vfioctl dra-plugin`",
+    )
+    bind: bool = yaml_field(  # bound to vfio-pci at start / hotplug
+        False,
+        "bind",
+        BIND,
+        ACTION,
+        "`true`: bind its devices and their IOMMU groups to vfio-pci at start and on hotplug; "
+        "`onPrepare` (only with `path: dra`): when a claim is prepared",
+    )
     bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
-    nodes: tuple[str, ...] = ()  # node-name patterns; empty = every node
+    taint_effect: str = yaml_field(
+        NO_SCHEDULE,
+        "taintEffect",
+        TAINT_KIND,
+        ACTION,
+        "only with `path: dra`: the taint on a prepared device that goes bad "
+        "(`NoExecute` evicts the pod)",
+    )
+    num_vfs: int | None = yaml_field(  # the VFs each PF in ``addresses`` should have
+        None,
+        "numVfs",
+        COUNT,
+        ACTION,
+        "make this many VFs on each PF in `addresses`; the selector takes the VFs",
+    )
+    vf_driver: str = yaml_field(
+        VFIO_PCI,
+        "vfDriver",
+        VF_DRIVER_KIND,
+        ACTION,
+        "only with `numVfs`: where the VFs go (`vfio-pci` implies `bind: true`)",
+    )
 
     def on_node(self, node: str | None) -> bool:
         """Does this selector apply on ``node`` (None: a process that does not know it)?"""
         if not self.nodes:
             return True
         return node is not None and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
-
-    taint_effect: str = NO_SCHEDULE  # ``taintEffect`` (only with path: dra)
-    sriov: str | None = None  # "pf" | "vf": only SR-IOV PFs / only VFs
-    num_vfs: int | None = None  # ``numVfs``: the VFs each PF in ``addresses`` should have
-    vf_driver: str = VFIO_PCI  # ``vfDriver``: where made VFs go (vfio-pci | none)
 
     @property
     def binds(self) -> bool:
@@ -168,8 +265,24 @@ _DEFAULT_SELECTORS: tuple[Selector, ...] = (DEFAULT_SELECTOR,)
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    resource_domain: str = naming.DEFAULT_DOMAIN
-    selectors: tuple[Selector, ...] = field(default_factory=lambda: _DEFAULT_SELECTORS)
+    """The whole file; ``resourceDomain`` and ``selectors`` are declared here once."""
+
+    resource_domain: str = yaml_field(
+        naming.DEFAULT_DOMAIN,
+        "resourceDomain",
+        DOMAIN,
+        ACTION,
+        "the domain of default resource names and of bare `resourceName`s",
+    )
+    selectors: tuple[Selector, ...] = yaml_field(
+        _DEFAULT_SELECTORS,
+        "selectors",
+        SELECTORS,
+        ACTION,
+        "what is served, and how",
+        default_text="without it: every device already on vfio-pci, served by whichever "
+        "process runs",
+    )
     #: True without a config (or without ``selectors``): every path serves what is selected
     any_path: bool = False
     #: the node this config is read on (:meth:`for_node`); None: unknown (offline readers)

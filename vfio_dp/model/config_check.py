@@ -10,13 +10,16 @@ or a :class:`~vfio_dp.errors.ConfigError` naming each wrong value, where it is a
         Prepare step); use bind: true, or add path: dra
 
 What the fields mean is :mod:`vfio_dp.model.config`'s docstring; the way in is
-:func:`vfio_dp.model.config.load_config_text` and friends.
+:func:`vfio_dp.model.config.load_config_text` and friends. The keys known and the parser each
+value goes through come from the fields' one declaration (:mod:`vfio_dp.model.config_fields`):
+one parser per kind of value (``_PARSERS``), then the rules between fields (``_relations``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.errors import AddressError, ConfigError
@@ -26,39 +29,21 @@ from vfio_dp.model.config import (
     DEFAULT_SELECTOR,
     DEVICE_PLUGIN,
     DRA,
-    NO_SCHEDULE,
     ON_PREPARE,
-    PATHS,
-    SRIOV_KINDS,
-    TAINT_EFFECTS,
-    VF_DRIVERS,
     Config,
     Selector,
 )
+from vfio_dp.model.config_fields import MATCH, Kind, yaml_fields
 from vfio_dp.model.device import VFIO_PCI
 
 _HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
 _DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _NODE_PATTERN = re.compile(r"[a-z0-9.*?\[\]!-]{1,253}")
 
-_SELECTOR_KEYS = {
-    "vendor",
-    "device",
-    "class",
-    "subsystemVendor",
-    "subsystemDevice",
-    "addresses",
-    "drivers",
-    "resourceName",
-    "bind",
-    "path",
-    "nodes",
-    "taintEffect",
-    "sriov",
-    "numVfs",
-    "vfDriver",
-}
-_TOP_KEYS = {"resourceDomain", "selectors"}
+#: the keys each level knows, from the fields' one declaration (:mod:`vfio_dp.model.config_fields`)
+_SELECTOR_FIELDS = yaml_fields(Selector)
+_SELECTOR_KEYS = {f.key for f in _SELECTOR_FIELDS}
+_TOP_KEYS = {f.key for f in yaml_fields(Config)}
 
 
 def _as_list(value: object) -> list[object] | None:
@@ -151,32 +136,140 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     )
 
 
-def _hex_list(
-    raw: Mapping[str, Any],
-    key: str,
-    where: str,
-    problems: list[tuple[str, object, str]],
-    *,
-    width: int | None,
-) -> tuple[str, ...]:
-    if key not in raw:
-        return ()
-    values = _as_list(raw[key])
+@dataclass(slots=True)
+class _Field:
+    """Where a value is (``selectors[2].vendor``), for its parser's problems."""
+
+    where: str
+    key: str
+    domain: str
+    problems: list[tuple[str, object, str]]
+
+    def problem(self, value: object, why: str) -> None:
+        self.problems.append((f"{self.where}.{self.key}", value, why))
+
+
+def _hex_list(value: object, at: _Field, width: int | None) -> tuple[str, ...]:
+    values = _as_list(value)
     if not values:
-        problems.append((f"{where}.{key}", raw[key], "must be a hex string or a non-empty list"))
+        at.problem(value, "must be a hex string or a non-empty list")
         return ()
     out: list[str] = []
     for v in values:
         if not isinstance(v, str):
-            problems.append((f"{where}.{key}", v, _quote_it(key, v, "hex ID")))
+            at.problem(v, _quote_it(at.key, v, "hex ID"))
             continue
         m = _HEX_PREFIX.fullmatch(v)
         if not m or (width is not None and len(m.group(1)) != width):
             want = f"{width} hex digits" if width else "2, 4 or 6 hex digits"
-            problems.append((f"{where}.{key}", v, f"must be {want}"))
+            at.problem(v, f"must be {want}")
             continue
         out.append(m.group(1).lower())
     return tuple(out)
+
+
+def _hex4(value: object, at: _Field, kind: Kind) -> tuple[str, ...]:
+    return _hex_list(value, at, 4)
+
+
+def _hex_prefix(value: object, at: _Field, kind: Kind) -> tuple[str, ...]:
+    return _hex_list(value, at, None)
+
+
+def _addresses(value: object, at: _Field, kind: Kind) -> tuple[PciAddress, ...]:
+    values = _as_list(value)
+    if not values:
+        at.problem(value, "must be a non-empty list")
+    out: list[PciAddress] = []
+    for v in values or []:
+        if not isinstance(v, str):
+            at.problem(v, _quote_it(at.key, v, "PCI address"))
+            continue
+        try:
+            out.append(PciAddress.parse(v))
+        except AddressError as e:
+            at.problem(v, e.why + "; expected DDDD:BB:SS.F")
+    return tuple(out)
+
+
+def _drivers(value: object, at: _Field, kind: Kind) -> tuple[str, ...]:
+    values = _as_list(value)
+    if not values:
+        at.problem(value, "must be a non-empty list")
+    out: list[str] = []
+    for v in values or []:
+        if not isinstance(v, str) or not _DRIVER.fullmatch(v):
+            at.problem(v, "must be a kernel driver name")
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+def _node_patterns(value: object, at: _Field, kind: Kind) -> tuple[str, ...]:
+    values = _as_list(value)
+    if not values:
+        at.problem(value, "must be a non-empty list")
+    out: list[str] = []
+    for v in values or []:
+        if not isinstance(v, str) or not _NODE_PATTERN.fullmatch(v):
+            at.problem(
+                v,
+                "must be a node name or a shell pattern of one (lowercase "
+                "a-z, 0-9, '-', '.', with * ? [ ]), e.g. node-a or gpu-*",
+            )
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+def _resource_name(value: object, at: _Field, kind: Kind) -> str | None:
+    if not isinstance(value, str) or not value:
+        at.problem(value, "must be a string")
+        return None
+    name = naming.qualify(value, at.domain)
+    why = naming.resource_name_problem(name)
+    if why:
+        at.problem(value, why)
+    return name
+
+
+def _choice(value: object, at: _Field, kind: Kind) -> object:
+    if value not in kind.values:
+        at.problem(value, f"must be {kind.must_be}")
+        return _NOT_SET
+    return value
+
+
+def _bind(value: object, at: _Field, kind: Kind) -> object:
+    """``true`` | ``false`` | ``onPrepare``; :func:`_relations` splits it in two fields."""
+    if value == ON_PREPARE or isinstance(value, bool):
+        return value
+    at.problem(value, f"must be true, false or {ON_PREPARE}")
+    return _NOT_SET
+
+
+def _count(value: object, at: _Field, kind: Kind) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        at.problem(value, "must be a whole number, 0 or more")
+        return None
+    return value
+
+
+_NOT_SET = object()  # a parser's "refused: keep the default"
+_Parser = Callable[[object, _Field, Kind], object]
+#: one parser per kind of value (:class:`vfio_dp.model.config_fields.Kind`); a problem is
+#: listed with its place and the fix, and the field keeps its default
+_PARSERS: dict[str, _Parser] = {
+    "hex4": _hex4,
+    "hexPrefix": _hex_prefix,
+    "addresses": _addresses,
+    "drivers": _drivers,
+    "nodePatterns": _node_patterns,
+    "resourceName": _resource_name,
+    "choice": _choice,
+    "bind": _bind,
+    "count": _count,
+}
 
 
 def _parse_selector(
@@ -189,144 +282,53 @@ def _parse_selector(
     for key in raw:
         if key not in _SELECTOR_KEYS:
             problems.append((f"{where}.{key}", raw[key], unknown_key(str(key), _SELECTOR_KEYS)))
-    addresses: list[PciAddress] = []
-    if "addresses" in raw:
-        values = _as_list(raw["addresses"])
-        if not values:
-            problems.append((f"{where}.addresses", raw["addresses"], "must be a non-empty list"))
-        for v in values or []:
-            if not isinstance(v, str):
-                problems.append((f"{where}.addresses", v, _quote_it("addresses", v, "PCI address")))
-                continue
-            try:
-                addresses.append(PciAddress.parse(v))
-            except AddressError as e:
-                problems.append((f"{where}.addresses", v, e.why + "; expected DDDD:BB:SS.F"))
-    drivers: list[str] = []
-    if "drivers" in raw:
-        values = _as_list(raw["drivers"])
-        if not values:
-            problems.append((f"{where}.drivers", raw["drivers"], "must be a non-empty list"))
-        for v in values or []:
-            if not isinstance(v, str) or not _DRIVER.fullmatch(v):
-                problems.append((f"{where}.drivers", v, "must be a kernel driver name"))
-            else:
-                drivers.append(v)
-    resource_name = raw.get("resourceName")
-    if resource_name is not None:
-        if not isinstance(resource_name, str) or not resource_name:
-            problems.append((f"{where}.resourceName", resource_name, "must be a string"))
-            resource_name = None
-        else:
-            resource_name = naming.qualify(resource_name, domain)
-            why = naming.resource_name_problem(resource_name)
-            if why:
-                problems.append((f"{where}.resourceName", raw.get("resourceName"), why))
-    path = raw.get("path", DEVICE_PLUGIN)
-    if path not in PATHS:
-        problems.append((f"{where}.path", path, f"must be {DEVICE_PLUGIN} or {DRA}"))
-        path = DEVICE_PLUGIN
-    raw_bind = raw.get("bind", False)
-    bind, on_prepare = False, False
-    if raw_bind == ON_PREPARE:
-        on_prepare = True
+    values: dict[str, Any] = {}
+    for f in _SELECTOR_FIELDS:
+        # an explicit null leaves an optional field (default None) unset; elsewhere it is a
+        # value like any other, and refused
+        if f.key not in raw or (raw[f.key] is None and f.default is None):
+            continue
+        value = _PARSERS[f.kind.name](raw[f.key], _Field(where, f.key, domain, problems), f.kind)
+        if value is not _NOT_SET:
+            values[f.attr] = value
+    _relations(raw, values, where, problems)
+    if len(problems) == before and not any(
+        values.get(f.attr, f.default) != f.default for f in _SELECTOR_FIELDS if f.role == MATCH
+    ):
+        problems.append((where, dict(raw), "selects nothing: give at least one match field"))
+    return Selector(**values) if len(problems) == before else None
+
+
+def _relations(
+    raw: Mapping[str, Any],
+    values: dict[str, Any],
+    where: str,
+    problems: list[tuple[str, object, str]],
+) -> None:
+    """The rules between fields of one selector (each field's own value is already checked)."""
+    path = values.get("path", DEVICE_PLUGIN)
+    if values.get("bind") == ON_PREPARE:
+        values["bind"], values["bind_on_prepare"] = False, True
         if path != DRA:
             problems.append(
                 (
                     f"{where}.bind",
-                    raw_bind,
+                    ON_PREPARE,
                     f"{ON_PREPARE} needs path: {DRA} (the device plugin has no Prepare step); "
                     f"use bind: true, or add path: {DRA}",
                 )
             )
-    elif isinstance(raw_bind, bool):
-        bind = raw_bind
-    else:
-        problems.append((f"{where}.bind", raw_bind, f"must be true, false or {ON_PREPARE}"))
-    nodes: list[str] = []
-    if "nodes" in raw:
-        values = _as_list(raw["nodes"])
-        if not values:
-            problems.append((f"{where}.nodes", raw["nodes"], "must be a non-empty list"))
-        for v in values or []:
-            if not isinstance(v, str) or not _NODE_PATTERN.fullmatch(v):
-                problems.append(
-                    (
-                        f"{where}.nodes",
-                        v,
-                        "must be a node name or a shell pattern of one (lowercase "
-                        "a-z, 0-9, '-', '.', with * ? [ ]), e.g. node-a or gpu-*",
-                    )
-                )
-            else:
-                nodes.append(v)
-    taint_effect = raw.get("taintEffect", NO_SCHEDULE)
-    if taint_effect not in TAINT_EFFECTS:
-        problems.append(
-            (f"{where}.taintEffect", taint_effect, f"must be {' or '.join(TAINT_EFFECTS)}")
-        )
-        taint_effect = NO_SCHEDULE
-    elif "taintEffect" in raw and path != DRA:
+    if "taint_effect" in values and path != DRA:
         problems.append(
             (
                 f"{where}.taintEffect",
-                taint_effect,
+                values["taint_effect"],
                 f"only the DRA plugin taints devices: add path: {DRA} or remove it",
             )
         )
-    sriov, num_vfs, vf_driver = _parse_sriov(raw, where, bool(addresses), problems)
-    if num_vfs is not None and "bind" not in raw and vf_driver == VFIO_PCI:
-        bind = True  # made VFs go to vfio-pci unless the selector says otherwise
-    sel = Selector(
-        vendors=_hex_list(raw, "vendor", where, problems, width=4),
-        devices=_hex_list(raw, "device", where, problems, width=4),
-        classes=_hex_list(raw, "class", where, problems, width=None),
-        subsystem_vendors=_hex_list(raw, "subsystemVendor", where, problems, width=4),
-        subsystem_devices=_hex_list(raw, "subsystemDevice", where, problems, width=4),
-        addresses=tuple(addresses),
-        drivers=tuple(drivers),
-        resource_name=resource_name,
-        bind=bind,
-        path=path,
-        bind_on_prepare=on_prepare,
-        nodes=tuple(nodes),
-        taint_effect=taint_effect,
-        sriov=sriov,
-        num_vfs=num_vfs,
-        vf_driver=vf_driver,
-    )
-    if vf_driver == "none" and bind:
-        problems.append(
-            (f"{where}.vfDriver", vf_driver, "none leaves the VFs driverless: drop bind")
-        )
-    bare = Selector(
-        bind=bind,
-        resource_name=resource_name,
-        path=path,
-        bind_on_prepare=on_prepare,
-        nodes=tuple(nodes),
-        taint_effect=taint_effect,
-        vf_driver=vf_driver,
-    )
-    if sel == bare and len(problems) == before:
-        problems.append((where, dict(raw), "selects nothing: give at least one match field"))
-    return sel if len(problems) == before else None
-
-
-def _parse_sriov(
-    raw: Mapping[str, Any], where: str, named: bool, problems: list[tuple[str, object, str]]
-) -> tuple[str | None, int | None, str]:
-    """``sriov``, ``numVfs`` and ``vfDriver`` of one selector (see the module docstring)."""
-    sriov = raw.get("sriov")
-    if sriov is not None and sriov not in SRIOV_KINDS:
-        problems.append((f"{where}.sriov", sriov, "must be pf (SR-IOV PFs) or vf (their VFs)"))
-        sriov = None
-    num_vfs = raw.get("numVfs")
+    num_vfs = values.get("num_vfs")
     if num_vfs is not None:
-        if isinstance(num_vfs, bool) or not isinstance(num_vfs, int) or num_vfs < 0:
-            problems.append((f"{where}.numVfs", num_vfs, "must be a whole number, 0 or more"))
-            num_vfs = None
-        elif not named:
+        if not values.get("addresses"):
             problems.append(
                 (
                     f"{where}.numVfs",
@@ -335,15 +337,17 @@ def _parse_sriov(
                     'match), e.g. addresses: ["0000:01:00.0"]',
                 )
             )
-            num_vfs = None
-        elif sriov == "pf":
+            num_vfs = values["num_vfs"] = None
+        elif values.get("sriov") == "pf":
             problems.append(
-                (f"{where}.sriov", sriov, "a numVfs selector takes the PFs' VFs: drop sriov: pf")
+                (f"{where}.sriov", "pf", "a numVfs selector takes the PFs' VFs: drop sriov: pf")
             )
-    vf_driver = raw.get("vfDriver", VFIO_PCI)
-    if vf_driver not in VF_DRIVERS:
-        problems.append((f"{where}.vfDriver", vf_driver, "must be vfio-pci or none"))
-        vf_driver = VFIO_PCI
-    elif "vfDriver" in raw and num_vfs is None:
+    vf_driver = values.get("vf_driver", VFIO_PCI)
+    if "vf_driver" in values and num_vfs is None:
         problems.append((f"{where}.vfDriver", vf_driver, "only with numVfs"))
-    return sriov, num_vfs, vf_driver
+    if num_vfs is not None and "bind" not in raw and vf_driver == VFIO_PCI:
+        values["bind"] = True  # made VFs go to vfio-pci unless the selector says otherwise
+    if vf_driver == "none" and values.get("bind"):
+        problems.append(
+            (f"{where}.vfDriver", vf_driver, "none leaves the VFs driverless: drop bind")
+        )
