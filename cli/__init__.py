@@ -13,6 +13,7 @@ __all__ = [
     "inventory_cmds",
     "kubectl_vfio",
     "main",
+    "mdev_cmd",
     "sriov_cmd",
     "vm_cmds",
     "webhook_cmd",

@@ -20,6 +20,7 @@ LAZY_COMMANDS = {
     "unbind": "cli.host_cmds:unbind_cmd",
     "check": "cli.host_cmds:check_cmd",
     "sriov": "cli.sriov_cmd:sriov",
+    "mdev": "cli.mdev_cmd:mdev",
     "plugin": "cli.deviceplugin_cmd:plugin",
     "dra-plugin": "cli.dra_cmd:dra_plugin",
     "deviceclasses": "cli.deviceclass_cmd:deviceclasses",
@@ -48,6 +49,7 @@ SUMMARIES = {
     "translate": "Translate a VMI / VM / annotated Pod offline, as the webhook would (FILE or - for stdin).",
     "hostdev": "Allocated PCI_RESOURCE_* addresses and DRA claims → libvirt <hostdev> XML (printed, merged or defined).",
     "sriov": "SR-IOV PFs: VF counts (total, now, wanted by the config), who made them, which VFs are held and by whom, and why a count is not what the config wants.",
+    "mdev": "Mediated devices (vGPU-style slices): each parent's types (name, instances available, device API) and the instances made of them, with their IOMMU group and VFIO node.",
     "completion": "Print the completion script for SHELL (source it, or save it where SHELL loads it).",
 }
 

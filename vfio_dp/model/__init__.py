@@ -12,6 +12,7 @@ __all__ = [
     "device",
     "dra_metadata",
     "json_depth",
+    "mdev",
     "naming",
     "persist",
     "plan",
