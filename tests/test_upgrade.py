@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.releases import archive
+
 REPO = Path(__file__).resolve().parents[1]
 PREVIOUS = "061e962"
 
@@ -65,19 +67,7 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ref = PREVIOUS
-    out = tmp_path_factory.mktemp("previous")
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "vfio_dp"],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    if archive.returncode != 0:
-        pytest.fail(
-            f"the previous release {ref} is not in this checkout's history "
-            f"({archive.stderr.decode()[:200].strip()}); clone with full history"
-        )
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
-    return out
+    return archive(PREVIOUS, tmp_path_factory.mktemp("previous"), ("vfio_dp",))
 
 
 def _run(code: str, tree: Path, root: Path, *args: str) -> str:

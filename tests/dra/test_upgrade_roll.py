@@ -29,23 +29,22 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.deviceplugin.kubelet_standin import KubeletStandin
-from tests.dra.apiserver_standin import CLAIMS, NODES, SLICES, ApiServerStandin
+from tests.dra.apiserver_standin import CLAIMS, SLICES, ApiServerStandin
 from tests.dra.conftest import NODE
 from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.test_held_groups import hold
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
+from tests.releases import PREVIOUS_MAIN, REPO, archive
 from tests.sysfs_tree import SysfsTree
 from tests.waiting import wait_until_async
 
-REPO = Path(__file__).resolve().parents[2]
-PREVIOUS_MAIN = "3ab829d"
 DRIVER = "vfio.dra.vfio-dp.io"
 VF = "pci-0000-af-00-1"  # group 61, on vfio-pci in dra_host
 VF2 = "pci-0000-af-00-2"  # group 62
@@ -55,18 +54,7 @@ DP_RESOURCE = "devices.kubevirt.io/8086_10d3"
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's Python packages, as its image has them."""
-    out = tmp_path_factory.mktemp("previous-main")
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS_MAIN,
-         "vfio_dp", "cli", "vm_translate"],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    if archive.returncode != 0:
-        pytest.fail(
-            f"the previous release {PREVIOUS_MAIN} is not in this checkout's history "
-            f"({archive.stderr.decode()[:200].strip()}); clone with full history"
-        )
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    out = archive(PREVIOUS_MAIN, tmp_path_factory.mktemp("previous-main"))
     # the old layout, not this checkout's: one flat dra/ with driver.py
     assert (out / "vfio_dp/dra/driver.py").is_file()
     return out
@@ -152,15 +140,6 @@ class Node:
             if s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRIVER
             for d in s["spec"].get("devices") or []
         }
-
-
-@pytest.fixture
-def apiserver(tmp_path: Path) -> Iterator[ApiServerStandin]:
-    api = ApiServerStandin(str(tmp_path / "api"))
-    api.start()
-    api.seed(NODES, {"metadata": {"name": NODE}})
-    yield api
-    api.stop()
 
 
 @pytest.fixture

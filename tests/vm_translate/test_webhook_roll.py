@@ -26,27 +26,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.releases import PREVIOUS_MAIN, REPO, archive
 from tests.vm_translate.test_webhook import VMI, review
 
-REPO = Path(__file__).resolve().parents[2]
 LAG = 1.0  # seconds between SIGTERM and the endpoint leaving the Service
 DRAIN = 3.0  # --shutdown-delay of the outgoing process (the Deployment sets 5)
 
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.dra.test_upgrade_roll import PREVIOUS_MAIN
-
-    out = tmp_path_factory.mktemp("previous-webhook")
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS_MAIN,
-         "vfio_dp", "cli", "vm_translate"],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    if archive.returncode != 0:
-        pytest.fail(f"{PREVIOUS_MAIN} is not in this checkout's history: clone with full history")
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
-    return out
+    return archive(PREVIOUS_MAIN, tmp_path_factory.mktemp("previous-webhook"))
 
 
 class Pod:
