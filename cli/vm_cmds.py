@@ -204,9 +204,8 @@ def hostdev(
     def body() -> int:
         import os
 
-        from vfio_dp.model.address import PciAddress
         from vm_translate import hostdev as emitter
-        from vm_translate.allocation import Layout
+        from vm_translate.allocation import Layout, Source
         from vm_translate.entries import Entry
         from vm_translate.errors import TranslateUsageError
         from vm_translate.inputs import (
@@ -226,7 +225,7 @@ def hostdev(
             raise TranslateUsageError("--live needs --domain NAME")
         config = load_config(config_path)
         entries: list[Entry]
-        claims: dict[tuple[str, str], PciAddress] = {}
+        claims: dict[tuple[str, str], Source] = {}
         if spec_file is not None:
             objects = load_objects(read_text(spec_file), spec_file)
             if len(objects) != 1:

@@ -17,6 +17,11 @@ request was given, read from the device-metadata file by :mod:`vm_translate.inpu
 in as ``claims[(claim name, request name)]``; they get virt-launcher's ``ua-dra-*`` aliases and
 need no env var. A spec may mix both kinds.
 
+Mediated devices (vGPU-style slices) come the same ways with a UUID instead of an address: a
+resource whose ``PCI_RESOURCE_*`` is unset and ``MDEV_PCI_RESOURCE_*`` is set (KubeVirt's
+launcher reads them in that order), or a DRA device whose metadata carries ``mdevUUID`` (it
+wins over ``pciBusID``). They become :class:`MdevSource` hostdevs, never multifunction.
+
 With a :class:`Layout`, functions of one physical device (same domain:bus:slot, e.g. a GPU at
 ``.0`` and its audio function at ``.1``) are placed as functions of one guest slot, function
 0 carrying ``multifunction='on'``, so guest drivers see the host's layout.
@@ -30,6 +35,7 @@ from dataclasses import dataclass, replace
 from vfio_dp.errors import AddressError
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.mdev import is_uuid
 from vm_translate.entries import ClaimEntry, Entry
 from vm_translate.errors import HostdevError
 
@@ -48,12 +54,26 @@ class GuestAddress:
 
 
 @dataclass(frozen=True, slots=True)
+class MdevSource:
+    """A mediated device, by its UUID: ``<hostdev type='mdev'>…<address uuid='…'/>``."""
+
+    uuid: str
+
+    def __str__(self) -> str:
+        return f"mdev {self.uuid}"
+
+
+#: where a hostdev's device is on the host
+Source = PciAddress | MdevSource
+
+
+@dataclass(frozen=True, slots=True)
 class Hostdev:
-    """One ``<hostdev mode='subsystem' type='pci' managed='no'>`` to emit."""
+    """One ``<hostdev mode='subsystem' type='pci' managed='no'>`` (or ``type='mdev'``) to emit."""
 
     alias: str
     resource: str
-    source: PciAddress
+    source: Source
     guest: GuestAddress | None = None
 
 
@@ -66,17 +86,22 @@ class Layout:
     used_slots: frozenset[int] = frozenset()
 
 
-def addresses_from_env(resource: str, env: Mapping[str, str]) -> list[PciAddress]:
-    """The addresses the plugin allocated for ``resource``, in order."""
+def addresses_from_env(resource: str, env: Mapping[str, str]) -> list[Source]:
+    """The devices the plugin allocated for ``resource``, in order: PCI addresses from
+    ``PCI_RESOURCE_*``, else mdev UUIDs from ``MDEV_PCI_RESOURCE_*``."""
     var = naming.kubevirt_env_var(resource)
+    mdev_var = naming.kubevirt_mdev_env_var(resource)
     value = env.get(var)
+    if value is None and env.get(mdev_var) is not None:
+        return _uuids(mdev_var, env[mdev_var])
     if value is None:
         raise HostdevError(
-            f"no addresses for {resource}: environment variable {var} is not set; the device "
+            f"no addresses for {resource}: environment variable {var} is not set (nor "
+            f"{mdev_var}, for mediated devices); the device "
             f"plugin sets it when the pod's container has {resource} in resources.limits — "
             "request it there (or run where the variable is set)"
         )
-    out: list[PciAddress] = []
+    out: list[Source] = []
     for part in value.split(","):
         text = part.strip()
         if not text:
@@ -93,14 +118,31 @@ def addresses_from_env(resource: str, env: Mapping[str, str]) -> list[PciAddress
     return out
 
 
+def _uuids(var: str, value: str) -> list[Source]:
+    out: list[Source] = []
+    for part in value.split(","):
+        text = part.strip()
+        if not text:
+            continue
+        if not is_uuid(text):
+            raise HostdevError(
+                f"{var}={value[:200]!r}: {text[:64]!r} is not an mdev UUID (lowercase "
+                "8-4-4-4-12 hex, as /sys/bus/mdev/devices names them)"
+            )
+        if MdevSource(text) in out:
+            raise HostdevError(f"{var} lists {text} twice; each device can go to one VM slot")
+        out.append(MdevSource(text))
+    return out
+
+
 def assign(
     entries: Sequence[Entry],
     env: Mapping[str, str],
-    claims: Mapping[tuple[str, str], PciAddress] | None = None,
+    claims: Mapping[tuple[str, str], Source] | None = None,
 ) -> list[Hostdev]:
     """Map entries to allocated addresses: device-plugin entries positionally from the env
     (see module docstring), DRA entries from ``claims``."""
-    pools: dict[str, list[PciAddress]] = {}
+    pools: dict[str, list[Source]] = {}
     wanted: dict[str, list[str]] = {}
     for e in entries:
         if not isinstance(e, ClaimEntry):
@@ -129,7 +171,7 @@ def assign(
     return out
 
 
-def _claim_hostdev(e: ClaimEntry, claims: Mapping[tuple[str, str], PciAddress]) -> Hostdev:
+def _claim_hostdev(e: ClaimEntry, claims: Mapping[tuple[str, str], Source]) -> Hostdev:
     what = f"claim {e.claim_name}, request {e.request_name}"
     addr = claims.get((e.claim_name, e.request_name))
     if addr is None:
@@ -143,7 +185,7 @@ def _claim_hostdev(e: ClaimEntry, claims: Mapping[tuple[str, str], PciAddress]) 
 def _refuse_twice(hostdevs: Sequence[Hostdev]) -> None:
     """One host function can go to one guest slot: a DRA claim and an env var (or two claims)
     naming the same address is an error, not two hostdevs libvirt would refuse later."""
-    seen: dict[PciAddress, str] = {}
+    seen: dict[Source, str] = {}
     for h in hostdevs:
         if h.source in seen:
             raise HostdevError(
@@ -163,7 +205,8 @@ def place_multifunction(hostdevs: Iterable[Hostdev], layout: Layout) -> list[Hos
     devs = list(hostdevs)
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, h in enumerate(devs):
-        groups.setdefault(h.source.physical, []).append(i)
+        if isinstance(h.source, PciAddress):  # an mdev has no functions to keep together
+            groups.setdefault(h.source.physical, []).append(i)
     slot = layout.first_slot
     for members in groups.values():
         if len(members) < 2:
@@ -175,11 +218,17 @@ def place_multifunction(hostdevs: Iterable[Hostdev], layout: Layout) -> list[Hos
                 f"no free guest slot on bus 0x{layout.bus:02x} from 0x{layout.first_slot:02x} "
                 "to 0x1f for a multifunction device; pick another --guest-bus or --guest-slot"
             )
-        ordered = sorted(members, key=lambda i: devs[i].source.function)
-        keep = devs[ordered[0]].source.function == 0
+        pci = {i: devs[i].source for i in members}
+        ordered = sorted(members, key=lambda i: _function(pci[i]))
+        keep = _function(pci[ordered[0]]) == 0
         for n, i in enumerate(ordered):
-            fn = devs[i].source.function if keep else n
+            fn = _function(pci[i]) if keep else n
             guest = GuestAddress(bus=layout.bus, slot=slot, function=fn, multifunction=fn == 0)
             devs[i] = replace(devs[i], guest=guest)
         slot += 1
     return devs
+
+
+def _function(source: Source) -> int:
+    assert isinstance(source, PciAddress)  # place_multifunction groups PCI sources only
+    return source.function

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from vfio_dp.errors import AddressError, MetadataFormatError
 from vfio_dp.model import dra_metadata
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.mdev import is_uuid
+from vm_translate.allocation import MdevSource, Source
 from vm_translate.entries import ClaimEntry, VmClaim
 from vm_translate.errors import HostdevError
 
@@ -57,10 +59,11 @@ def metadata_dir(entry: ClaimEntry, claims: Mapping[str, VmClaim], base: str) ->
 
 def address_from(
     entry: ClaimEntry, files: Sequence[tuple[str, str | bytes]], directory: str
-) -> PciAddress:
-    """The one device address of ``entry`` from the metadata ``files`` ((path, text), found in
-    ``directory``). Missing, several files, no device or several, or a malformed file: an
-    error naming the claim, the request and the path."""
+) -> Source:
+    """The one device of ``entry`` from the metadata ``files`` ((path, text), found in
+    ``directory``): its ``mdevUUID`` when it has one (it wins, as in KubeVirt's launcher),
+    else its ``pciBusID``. Missing, several files, no device or several, or a malformed file:
+    an error naming the claim, the request and the path."""
     where = claim_label(entry)
     if not files:
         raise HostdevError(
@@ -86,11 +89,19 @@ def address_from(
             f"{where}: {path} lists {len(devices)} devices for the request; a host device "
             "entry takes exactly one: make the request's count 1"
         )
+    uuid = devices[0].mdev_uuid
+    if uuid is not None:
+        if not is_uuid(uuid):
+            raise HostdevError(
+                f"{where}: {path}: {dra_metadata.MDEV_UUID} {uuid[:64]!r} is not an mdev UUID"
+            )
+        return MdevSource(uuid)
     bus_id = devices[0].pci_bus_id
     if bus_id is None:
         raise HostdevError(
             f"{where}: {path}: device {devices[0].name} has no string attribute "
-            f"{dra_metadata.PCI_BUS_ID}; the driver must publish it"
+            f"{dra_metadata.PCI_BUS_ID} (or {dra_metadata.MDEV_UUID}); the driver must "
+            "publish it"
         )
     try:
         return PciAddress.parse(bus_id)

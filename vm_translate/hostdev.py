@@ -9,6 +9,15 @@ The one module that imports lxml. Each :class:`~vm_translate.allocation.Hostdev`
       <alias name="ua-hostdevice-nic1"/>
     </hostdev>
 
+A mediated device (:class:`~vm_translate.allocation.MdevSource`) becomes::
+
+    <hostdev mode="subsystem" type="mdev" model="vfio-pci">
+      <source>
+        <address uuid="83b8f4f2-509f-382f-3c1e-e6bfe0fa1001"/>
+      </source>
+      <alias name="ua-gpu-vgpu1"/>
+    </hostdev>
+
 ``managed="no"``: the device is already on vfio-pci (the daemon bound it), so libvirt must
 not detach or reattach it. With a multifunction layout the hostdev also carries its guest
 address, ``multifunction="on"`` on function 0 of the guest slot::
@@ -28,7 +37,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from lxml import etree
 
 from vfio_dp.model.address import PciAddress
-from vm_translate.allocation import GuestAddress, Hostdev, Layout, assign, place_multifunction
+from vm_translate.allocation import (
+    GuestAddress,
+    Hostdev,
+    Layout,
+    MdevSource,
+    Source,
+    assign,
+    place_multifunction,
+)
 from vm_translate.entries import Entry
 from vm_translate.errors import DomainXmlError
 
@@ -45,6 +62,7 @@ def _parser() -> etree.XMLParser:
 #: width libvirt prints them in (``domain="0x0000" bus="0x65" slot="0x00" function="0x0"``),
 #: shared by the host's ``<source><address>`` and the guest ``<address type="pci">``.
 HOSTDEV_ATTRS: Mapping[str, str] = {"mode": "subsystem", "type": "pci", "managed": "no"}
+MDEV_HOSTDEV_ATTRS: Mapping[str, str] = {"mode": "subsystem", "type": "mdev", "model": "vfio-pci"}
 PCI_ADDRESS_FIELDS: tuple[tuple[str, int], ...] = (
     ("domain", 4),
     ("bus", 2),
@@ -69,6 +87,11 @@ def address_values(el: etree._Element) -> dict[str, int] | None:
 
 def element(h: Hostdev) -> etree._Element:
     """The ``<hostdev>`` element for one device (see module docstring)."""
+    if isinstance(h.source, MdevSource):
+        dev = etree.Element("hostdev", dict(MDEV_HOSTDEV_ATTRS))
+        etree.SubElement(etree.SubElement(dev, "source"), "address", uuid=h.source.uuid)
+        etree.SubElement(dev, "alias", name=h.alias)
+        return dev
     dev = etree.Element("hostdev", dict(HOSTDEV_ATTRS))
     source = etree.SubElement(dev, "source")
     etree.SubElement(source, "address", address_attrs(h.source))
@@ -106,8 +129,11 @@ def _alias_of(el: etree._Element) -> str | None:
     return None if alias is None else alias.get("name")
 
 
-def _source_of(el: etree._Element) -> PciAddress | None:
+def _source_of(el: etree._Element) -> Source | None:
     a = el.find("source/address")
+    if el.get("type") == "mdev":
+        uuid = None if a is None else a.get("uuid")
+        return MdevSource(uuid.lower()) if uuid else None
     values = None if a is None else address_values(a)
     if values is None:
         return None
@@ -165,7 +191,7 @@ def build(
     entries: Sequence[Entry],
     env: Mapping[str, str],
     *,
-    claims: Mapping[tuple[str, str], PciAddress] | None = None,
+    claims: Mapping[tuple[str, str], Source] | None = None,
     domain_xml: str | bytes | None = None,
     layout: Layout | None = None,
     source: str = "<domain>",

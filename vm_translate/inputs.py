@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vfio_dp.host import files
-from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import MAX_CONFIG_BYTES, Config, load_config_bytes
+from vm_translate.allocation import Source
 from vm_translate.entries import ClaimEntry, DeviceEntry, Entry
 from vm_translate.errors import HostdevError, InputError, SpecError
 from vm_translate.spec import (
@@ -106,7 +106,7 @@ def entries_from_annotation(value: str, config: Config) -> list[DeviceEntry]:
 
 def dra_addresses(
     obj: Mapping[str, Any], entries: Sequence[Entry], base: str
-) -> dict[tuple[str, str], PciAddress]:
+) -> dict[tuple[str, str], Source]:
     """The address of every DRA entry of ``obj``, read from its device-metadata file under
     ``base`` (the pod's ``/var/run/kubernetes.io/dra-device-attributes``), keyed by
     (claim name, request name); see :mod:`vm_translate.dra`. Reads only regular files named
@@ -120,7 +120,7 @@ def dra_addresses(
     path = devices_path(obj)
     raw = dig(obj, claims_path(path)) if path is not None else None
     claims, _ = vm_claims(raw, "spec.resourceClaims")
-    out: dict[tuple[str, str], PciAddress] = {}
+    out: dict[tuple[str, str], Source] = {}
     for entry in wanted:
         directory = dra.metadata_dir(entry, claims, base)
         try:

@@ -45,6 +45,9 @@ TEMPLATES_SUBDIR = "resourceclaimtemplates"
 FILE_SUFFIX = "-metadata.json"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+#: a mediated device's UUID, a bare attribute (KubeVirt's launcher reads it; it wins over
+#: ``pciBusID`` when a device has both)
+MDEV_UUID = "mdevUUID"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 #: A metadata file is small; a reader refuses anything bigger (hostile or corrupt input).
 MAX_BYTES = 1 << 20
@@ -77,6 +80,12 @@ class MetadataDevice:
     def pci_bus_id(self) -> str | None:
         """``resource.kubernetes.io/pciBusID`` (``0000:3b:00.0``) when present as a string."""
         attr = self.attributes.get(PCI_BUS_ID)
+        return attr.value if attr is not None and isinstance(attr.value, str) else None
+
+    @property
+    def mdev_uuid(self) -> str | None:
+        """``mdevUUID`` when present as a string."""
+        attr = self.attributes.get(MDEV_UUID)
         return attr.value if attr is not None and isinstance(attr.value, str) else None
 
 

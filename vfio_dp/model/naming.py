@@ -38,6 +38,8 @@ DEFAULT_DOMAIN = "devices.kubevirt.io"
 #: domain.
 DEFAULT_DRA_DRIVER = "vfio.dra.vfio-dp.io"
 KUBEVIRT_ENV_PREFIX = "PCI_RESOURCE_"
+#: what KubeVirt's launcher reads for a resource of mediated devices (UUIDs, not addresses)
+KUBEVIRT_MDEV_ENV_PREFIX = "MDEV_PCI_RESOURCE_"
 DRA_DRIVER_NAME_MAX = 63  # kube-apiserver's validateDriverName (ResourceSlice spec.driver)
 SRIOV_ENV_PREFIX = "PCIDEVICE_"
 CLAIM_UID_MAX = 128  # Kubernetes UIDs are 36-character UUIDs
@@ -234,6 +236,12 @@ def _env_suffix(resource_name: str) -> str:
 def kubevirt_env_var(resource_name: str) -> str:
     """``PCI_RESOURCE_DEVICES_KUBEVIRT_IO_8086_10D3`` for ``devices.kubevirt.io/8086_10d3``."""
     return KUBEVIRT_ENV_PREFIX + _env_suffix(resource_name)
+
+
+def kubevirt_mdev_env_var(resource_name: str) -> str:
+    """``MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q`` for ``nvidia.com/GRID_T4-1Q``: the mdev
+    UUIDs a device plugin allocated, comma-separated (KubeVirt's contract)."""
+    return KUBEVIRT_MDEV_ENV_PREFIX + _env_suffix(resource_name)
 
 
 def sriov_env_var(resource_name: str) -> str:
