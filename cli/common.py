@@ -64,6 +64,20 @@ def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*decls, **kwargs)
 
 
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (``nan`` compares false
+    with every bound, so a plain range lets it through: ``--wait-for-other nan`` would wait
+    forever). Every float flag of vfioctl uses it."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number: give seconds such as 30 or 0.5", param, ctx)
+        return number
+
+
 def root_option(f: F) -> F:
     return option(
         "--root",
@@ -140,7 +154,7 @@ def front_end_options(
             "--resync",
             default=default_of(options, "resync"),
             show_default=True,
-            type=click.FloatRange(min=0.05),
+            type=FiniteFloatRange(min=0.05),
             help=resync_help,
         ),
         option(
@@ -165,7 +179,7 @@ def front_end_options(
             "--wait-for-other",
             default=30.0,
             show_default=True,
-            type=click.FloatRange(0, 3600),
+            type=FiniteFloatRange(0, 3600),
             help=wait_help,
         ),
         option(
