@@ -21,6 +21,7 @@ from cli.common import (
     print_names,
     root_option,
     run_guarded,
+    say,
 )
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
@@ -73,26 +74,26 @@ def _report(
         )
         return
     for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
+        say(f"warning: {w}", err=True)
     for r in sriov or ():
         if result.dry_run:
-            click.echo(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
+            say(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
             for step in r.steps:
-                click.echo(step)
+                say(step)
         elif not r.already:
-            click.echo(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
+            say(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
     if result.dry_run:  # a script a person can paste: comments say where each device goes
         for a, d in result.restored:
-            click.echo(f"# {a}: back to {d or 'no driver'}")
+            say(f"# {a}: back to {d or 'no driver'}")
         for s in result.steps:
-            click.echo(str(s))
+            say(str(s))
         return
     for a in result.bound:
-        click.echo(f"{a}: bound to vfio-pci")
+        say(f"{a}: bound to vfio-pci")
     for a, d in result.restored:
-        click.echo(f"{a}: restored to {d or 'no driver'}")
+        say(f"{a}: restored to {d or 'no driver'}")
     for a in result.already:
-        click.echo(f"{a}: already {verb}")
+        say(f"{a}: already {verb}")
 
 
 def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str) -> None:
@@ -109,13 +110,13 @@ def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str
             rec = PersistedBind(
                 d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device
             )
-            click.echo(f"# {store.rules_path}: {rec.udev_rule()}")
+            say(f"# {store.rules_path}: {rec.udev_rule()}")
         return
     added = store.add(devices)
     if output not in MACHINE:
         for a in sorted(set(addresses)):
             state = "persists" if a in added else "already persists"
-            click.echo(f"{a}: {state} across reboots ({store.rules_path})")
+            say(f"{a}: {state} across reboots ({store.rules_path})")
 
 
 def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> None:
@@ -126,7 +127,7 @@ def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> N
     gone = store.drop(addresses)
     if output not in MACHINE:
         for a in gone:
-            click.echo(f"{a}: no longer bound at boot (removed from {store.record_path})")
+            say(f"{a}: no longer bound at boot (removed from {store.record_path})")
 
 
 def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
@@ -146,7 +147,7 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     except RefusedError as e:
         return [], e
     for r in recovered:
-        click.echo(f"warning: {r}", err=True)
+        say(f"warning: {r}", err=True)
     return results, None
 
 
@@ -244,7 +245,7 @@ def unbind_cmd(
             if output not in MACHINE and not (
                 result.restored or result.already or result.steps or sriov
             ):
-                click.echo(
+                say(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
                 )
@@ -285,9 +286,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
             )
         else:
             for r in reports:
-                click.echo(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
+                say(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
                 for why in r.reasons:
-                    click.echo(f"  - {why}")
+                    say(f"  - {why}")
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)

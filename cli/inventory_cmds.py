@@ -23,6 +23,7 @@ from cli.common import (
     report_operations,
     root_option,
     run_guarded,
+    say,
 )
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
@@ -111,7 +112,7 @@ def _dra_view(
 
     records, problem = peek(host, driver)
     if problem:
-        click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
+        say(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
     if not units and not records:
         return {}  # an empty or unreadable checkpoint: the same
 
@@ -285,7 +286,7 @@ def groups_cmd(
         try:
             inv, status = host.groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
-            click.echo(f"vfioctl: {e}", err=True)
+            say(f"vfioctl: {e}", err=True)
             if output in MACHINE:
                 print_json([], output)
             return 0

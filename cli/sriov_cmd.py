@@ -27,6 +27,7 @@ from cli.common import (
     print_table,
     root_option,
     run_guarded,
+    say,
 )
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def sriov(
         )
         for r in rows:
             if r["interrupted"]:
-                click.echo(
+                say(
                     f"vfioctl: INTERRUPTED {r['interrupted']}: vfioctl unbind --all puts it back",
                     err=True,
                 )
@@ -194,18 +195,18 @@ def set_cmd(
             )
             return 0
         for w in res.warnings:
-            click.echo(f"warning: {w}", err=True)
+            say(f"warning: {w}", err=True)
         if res.dry_run:
             for step in res.steps:
-                click.echo(step)
+                say(step)
             return 0
         if res.already:
-            click.echo(f"{res.pf}: already {res.target} VFs")
+            say(f"{res.pf}: already {res.target} VFs")
             return 0
-        click.echo(f"{res.pf}: {res.target} VFs")
+        say(f"{res.pf}: {res.target} VFs")
         for a in res.made:
             on = "vfio-pci" if a in res.bound else "no driver"
-            click.echo(f"  made {a} ({on})")
+            say(f"  made {a} ({on})")
         return 0
 
     run_guarded(body)
