@@ -42,12 +42,21 @@ def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     return parse_many(given)
 
 
+#: what an unbind without a recorded driver does (its restore ends with drivers_probe)
+NO_DRIVER_RECORDED = (
+    "no driver recorded for it: its driver_override is cleared and drivers_probe lets the "
+    "kernel bind the loaded driver that matches it (none if no loaded driver does)"
+)
+
+
 def _report(
     result: BindResult, output: str, verb: str, sriov: list[SriovResult] | None = None
 ) -> None:
     if output == "name":
+        from vfio_dp.model.address import name_of
+
         print_names(
-            [str(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]]
+            [name_of(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]]
         )
         return
     if output in MACHINE:
@@ -84,7 +93,9 @@ def _report(
             say(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
     if result.dry_run:  # a script a person can paste: comments say where each device goes
         for a, d in result.restored:
-            say(f"# {a}: back to {d or 'no driver'}")
+            say(f"# {a}: back to {d}" if d else f"# {a}: {NO_DRIVER_RECORDED}")
+        for a in result.already:
+            say(f"# {a}: already {verb}: nothing to do")
         for s in result.steps:
             say(str(s))
         return
@@ -102,7 +113,7 @@ def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str
     from vfio_dp.host.persist import Persistence
     from vfio_dp.model.persist import PersistedBind
 
-    inv = host.scan(usage=False)
+    inv = host.scan_groups(addresses, usage=False)
     devices = [inv.devices[a] for a in sorted(set(addresses)) if a in inv.devices]
     store = Persistence(host.fs)
     if dry_run:
@@ -117,6 +128,15 @@ def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str
         for a in sorted(set(addresses)):
             state = "persists" if a in added else "already persists"
             say(f"{a}: {state} across reboots ({store.rules_path})")
+
+
+def _would_bind(host: Host, addresses: list[PciAddress], group: bool) -> list[PciAddress]:
+    """What a bind of ``addresses`` (with ``--group``: their groups' endpoints) takes, for a
+    dry run's ``--persist`` (the bind itself was planned and not refused)."""
+    if not group:
+        return addresses
+    inv = host.scan_groups(addresses, usage=False)
+    return [a for a, d in inv.devices.items() if not d.is_bridge]
 
 
 def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> None:
@@ -180,7 +200,8 @@ def bind_cmd(
         result = host.bind(addrs, group=group, force=force, dry_run=dry_run)
         _report(result, output, "on vfio-pci")
         if persist:
-            _persist(host, [*result.bound, *result.already], dry_run, output)
+            done = [*result.bound, *result.already]
+            _persist(host, _would_bind(host, addrs, group) if dry_run else done, dry_run, output)
         return 0
 
     run_guarded(body)
@@ -275,7 +296,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
     def body() -> int:
         reports = host_for(root).check(_parse(addresses))
         if output == "name":
-            print_names([r.address for r in reports if r.ready])
+            from vfio_dp.model.address import name_of
+
+            print_names([name_of(r.address) for r in reports if r.ready])
         elif output in MACHINE:
             print_json(
                 [

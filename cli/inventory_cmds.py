@@ -178,7 +178,9 @@ def list_cmd(
         view = _dra_view(host, inv, units, dra_driver)
         shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
         if output == "name":
-            print_names([str(a) for a in shown])
+            from vfio_dp.model.address import name_of
+
+            print_names([name_of(a) for a in shown])
             return 0
         rows = [
             {

@@ -166,13 +166,13 @@ def set_cmd(
     sriov_totalvfs; autoprobe off while VFs exist). Refused while any VF is held."""
 
     def body() -> int:
-        from vfio_dp.model.address import PciAddress
+        from vfio_dp.model.address import parse_given
 
         if count < 0:
             fail(f"COUNT {count} is not a VF count: give 0 or more", 2)
         s = _sriov(root)
         res = s.set(
-            PciAddress.parse(address),
+            parse_given(address),
             count,
             force=force,
             dry_run=dry_run,
