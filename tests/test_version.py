@@ -61,3 +61,27 @@ def test_the_changelog_keeps_a_changelog() -> None:
         assert re.search(rf"^\[{re.escape(v)}\]: \S+", text, re.M), f"no link for {v}"
     kinds = set(re.findall(r"^### (\w+)", text, re.M))
     assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
+
+
+def test_the_certificate_job_is_named_after_the_release() -> None:
+    """A Job's pod template is immutable: re-applying the overlay with another template under
+    the same name fails. Named after the release, one name has one template (its image is the
+    release's), so applying again -- an upgrade included -- never hits that. The docs wait
+    for it by the label its pods and it carry, which no release changes."""
+    from tests.deploy.conftest import find, render
+
+    objs = render(REPO / "deploy/overlays/self-signed")
+    job = find(objs, "Job")
+    assert job["metadata"]["name"] == f"vfio-dp-webhook-certs-{VERSION}"
+    (ctr,) = job["spec"]["template"]["spec"]["containers"]
+    assert ctr["image"].endswith(f":{VERSION}")
+    label = "app.kubernetes.io/name=vfio-dp-webhook-certs"
+    key, _, value = label.partition("=")
+    assert job["metadata"]["labels"][key] == value
+    waits = [
+        line
+        for doc in PAGES
+        for line in doc.text.splitlines()
+        if "wait --for=condition=complete job" in line
+    ]
+    assert waits and all(f"job -l {label}" in w for w in waits), waits

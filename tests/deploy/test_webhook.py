@@ -249,7 +249,7 @@ def test_self_signed_job_keeps_the_secret_the_webhook_mounts(
     cmd = command("cli.certs_cmd", "webhook_certs")
     mwc = find(objs, "MutatingWebhookConfiguration")
     services = {wh["clientConfig"]["service"]["name"] for wh in mwc["webhooks"]}
-    job = find(objs, "Job", "vfio-dp-webhook-certs")
+    job = find(objs, "Job")  # named after the release (tests/test_version.py)
     cron = find(objs, "CronJob", "vfio-dp-webhook-certs")
     for pod in (
         job["spec"]["template"]["spec"],
