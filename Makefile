@@ -5,20 +5,26 @@ PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test lint bench bench-detail bench-tools image wheel
+.PHONY: help setup demo test lint bench bench-detail bench-tools image wheel
 
-setup:
+# `make help`: every target, with the text after its `##`.
+help: ## list the targets
+	@awk '/^[a-z][a-z-]*:([^=]|$$)/ { t = $$0; sub(/:.*/, "", t); d = ""; \
+	  if (index($$0, "## ")) { d = substr($$0, index($$0, "## ") + 3) }; \
+	  printf "  make %-13s %s\n", t, d }' $(MAKEFILE_LIST)
+
+setup: ## install what everything needs (Debian packages, .venv with the test extra)
 	bash scripts/setup.sh
 
 # The demo ends with one verdict line whatever fails, its own setup included.
-demo:
+demo: ## set up, then run the main job end to end (one VERDICT line)
 	@bash scripts/setup.sh || { rc=$$?; echo "VERDICT: FAIL — before step 1 (setup): scripts/setup.sh exited $$rc (its error is above)"; exit 1; }
 	$(PYTHON) demo/run.py
 
-test: setup
+test: setup ## every test (PYTEST_ARGS=... to pass pytest options)
 	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
 
-lint:
+lint: ## ruff, mypy --strict and the import contracts
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 	$(VENV)/bin/lint-imports
@@ -26,10 +32,10 @@ lint:
 # Every row of the performance table with its goal (met / NOT met); `bench/against.py REF`
 # compares the same rows with a git ref in one run. The per-area scripts print more detail;
 # bench-tools runs the QEMU guest comparison with driverctl and dpdk-devbind (minutes).
-bench:
+bench: ## every row of the performance table against its goal
 	$(PYTHON) bench/goals.py
 
-bench-detail:
+bench-detail: ## the per-area benchmark scripts, in detail
 	$(PYTHON) bench/host_bench.py
 	$(PYTHON) bench/plugin_bench.py
 	$(PYTHON) bench/webhook_bench.py
@@ -38,14 +44,16 @@ bench-detail:
 	$(PYTHON) bench/dra_health_bench.py
 	$(PYTHON) bench/holders_bench.py
 
-bench-tools:
+bench-tools: ## the QEMU guest comparison with driverctl and dpdk-devbind (minutes)
 	$(PYTHON) bench/compare_tools.py
 
 # The container image as one OCI archive in dist/ (load it on nodes without a registry:
 # docs/install.md). IMAGE_ARGS=--debian-base builds with no registry at all.
-image:
+image: ## the container image as one OCI archive in dist/ (needs only buildah)
+	bash scripts/setup.sh --for image
 	bash scripts/build-image.sh $(IMAGE_ARGS)
 
 # The CLI as a wheel in dist/, for `pipx install dist/vfio_dp-*.whl` on a node.
-wheel: setup
+wheel: ## the CLI as a wheel in dist/ (needs only python3-venv)
+	bash scripts/setup.sh --for wheel
 	$(PYTHON) -m pip wheel --no-deps -w dist .

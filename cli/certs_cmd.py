@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from cli.common import option, run_guarded
+from cli.common import FiniteFloatRange, option, run_guarded
 
 
 @click.command("webhook-certs")
@@ -40,6 +40,14 @@ from cli.common import option, run_guarded
     help="Replace a certificate that expires within this many days.",
 )
 @option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    type=FiniteFloatRange(0.1, 600),
+    help="Seconds each call to the API server may take, its whole answer included (one "
+    "that trickles its answer is given up on).",
+)
+@option(
     "--kubeconfig",
     type=click.Path(dir_okay=False),
     help="kubeconfig; absent: $KUBECONFIG, ~/.kube/config, then the pod's service account.",
@@ -51,12 +59,15 @@ def webhook_certs(
     webhook_config: str,
     days: int,
     renew_days: int,
+    timeout: float,
     kubeconfig: str | None,
 ) -> None:
     """Create (or keep, while good) the webhook's TLS Secret and set the caBundle.
 
     Idempotent: a Secret that names the Service and is good for --renew-days more days is
-    kept. Exits 1 when the API server refuses, 2 on bad options.
+    kept. Exits 1 when the API server refuses, answers too slowly (--timeout) or answers
+    something else; 2 when it cannot be reached, or on bad options. Each failure is one line
+    naming the call, the server and the cause.
     """
 
     def body() -> int:
@@ -78,6 +89,7 @@ def webhook_certs(
             webhook_config=webhook_config,
             days=days,
             renew_days=renew_days,
+            deadline=timeout,
         )
         click.echo(
             f"Secret {namespace}/{secret}: {out.secret}; caBundle set on "

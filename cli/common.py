@@ -64,6 +64,22 @@ def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*decls, **kwargs)
 
 
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (``nan`` compares false
+    with every bound, so a plain range lets it through: ``--wait-for-other nan`` would wait
+    forever). Every float flag of vfioctl uses it."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(
+                f"{value!r} is not a finite number: give seconds such as 30 or 0.5", param, ctx
+            )
+        return number
+
+
 def root_option(f: F) -> F:
     return option(
         "--root",
@@ -140,7 +156,7 @@ def front_end_options(
             "--resync",
             default=default_of(options, "resync"),
             show_default=True,
-            type=click.FloatRange(min=0.05),
+            type=FiniteFloatRange(min=0.05),
             help=resync_help,
         ),
         option(
@@ -165,7 +181,7 @@ def front_end_options(
             "--wait-for-other",
             default=30.0,
             show_default=True,
-            type=click.FloatRange(0, 3600),
+            type=FiniteFloatRange(0, 3600),
             help=wait_help,
         ),
         option(
@@ -212,6 +228,36 @@ def output_option(f: F) -> F:
     )(f)
 
 
+def printable(text: str) -> str:
+    """``text`` as a person's terminal may show it: every character that is not printable
+    (ESC, BEL and the other C0/C1 controls, DEL, bidi overrides, line and paragraph
+    separators) as its Python escape (``\\x1b``, ``\\x07``, ``\\u202e``); newlines
+    are kept (a message may have several lines). Host text — an interface name, a mount
+    point from ``/proc/1/mountinfo``, a process name from ``/proc/<pid>/comm``, a pci.ids
+    name, a driver name — can hold anything the kernel allows, so every print to a person
+    (:func:`say`, :func:`fail`, :func:`print_table`) goes through here; ``-o json`` and
+    ``-o yaml`` escape in their own syntax. The common case (all printable) costs one
+    C-level check."""
+    if text.isprintable():
+        return text
+    if "\n" in text:
+        return "\n".join(printable(line) for line in text.split("\n"))
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def say(message: object, err: bool = False) -> None:
+    """``click.echo`` of a message for a person, host text in it shown escaped
+    (:func:`printable`)."""
+    click.echo(printable(str(message)), err=err)
+
+
 def print_json(value: object, output: str = "json") -> None:
     """Indented for a terminal; compact (and C-encoded: 4,000 devices in milliseconds, not a
     tenth of a second) when piped to a program. ``json`` is imported here: text output
@@ -252,7 +298,7 @@ def print_table(
     ``--no-headers`` leaves the header line out."""
     import shutil
 
-    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    cells = [[("-" if c is None else printable(str(c))) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row):
@@ -280,7 +326,7 @@ def print_table(
 
 def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:
     """Print ``vfioctl: <message>`` on stderr and exit with ``code``."""
-    click.echo(f"vfioctl: {message}", err=True)
+    say(f"vfioctl: {message}", err=True)
     sys.exit(code)
 
 
@@ -368,6 +414,6 @@ def report_operations(host: Host) -> None:
     table or JSON)."""
     found, problems = host.interrupted()
     for op in found:
-        click.echo(f"vfioctl: {op.message()}", err=True)
+        say(f"vfioctl: {op.message()}", err=True)
     for p in problems:
-        click.echo(f"vfioctl: warning: {p}", err=True)
+        say(f"vfioctl: warning: {p}", err=True)

@@ -21,6 +21,7 @@ from cli.common import (
     print_names,
     root_option,
     run_guarded,
+    say,
 )
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
@@ -41,12 +42,21 @@ def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
     return parse_many(given)
 
 
+#: what an unbind without a recorded driver does (its restore ends with drivers_probe)
+NO_DRIVER_RECORDED = (
+    "no driver recorded for it: its driver_override is cleared and drivers_probe lets the "
+    "kernel bind the loaded driver that matches it (none if no loaded driver does)"
+)
+
+
 def _report(
     result: BindResult, output: str, verb: str, sriov: list[SriovResult] | None = None
 ) -> None:
     if output == "name":
+        from vfio_dp.model.address import name_of
+
         print_names(
-            [str(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]]
+            [name_of(a) for a in [*result.bound, *(a for a, _ in result.restored), *result.already]]
         )
         return
     if output in MACHINE:
@@ -73,26 +83,28 @@ def _report(
         )
         return
     for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
+        say(f"warning: {w}", err=True)
     for r in sriov or ():
         if result.dry_run:
-            click.echo(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
+            say(f"# {r.pf}: SR-IOV PF back to {r.target} VFs")
             for step in r.steps:
-                click.echo(step)
+                say(step)
         elif not r.already:
-            click.echo(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
+            say(f"{r.pf}: SR-IOV PF back to {r.target} VFs")
     if result.dry_run:  # a script a person can paste: comments say where each device goes
         for a, d in result.restored:
-            click.echo(f"# {a}: back to {d or 'no driver'}")
+            say(f"# {a}: back to {d}" if d else f"# {a}: {NO_DRIVER_RECORDED}")
+        for a in result.already:
+            say(f"# {a}: already {verb}: nothing to do")
         for s in result.steps:
-            click.echo(str(s))
+            say(str(s))
         return
     for a in result.bound:
-        click.echo(f"{a}: bound to vfio-pci")
+        say(f"{a}: bound to vfio-pci")
     for a, d in result.restored:
-        click.echo(f"{a}: restored to {d or 'no driver'}")
+        say(f"{a}: restored to {d or 'no driver'}")
     for a in result.already:
-        click.echo(f"{a}: already {verb}")
+        say(f"{a}: already {verb}")
 
 
 def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str) -> None:
@@ -101,7 +113,7 @@ def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str
     from vfio_dp.host.persist import Persistence
     from vfio_dp.model.persist import PersistedBind
 
-    inv = host.scan(usage=False)
+    inv = host.scan_groups(addresses, usage=False)
     devices = [inv.devices[a] for a in sorted(set(addresses)) if a in inv.devices]
     store = Persistence(host.fs)
     if dry_run:
@@ -109,13 +121,22 @@ def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str
             rec = PersistedBind(
                 d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device
             )
-            click.echo(f"# {store.rules_path}: {rec.udev_rule()}")
+            say(f"# {store.rules_path}: {rec.udev_rule()}")
         return
     added = store.add(devices)
     if output not in MACHINE:
         for a in sorted(set(addresses)):
             state = "persists" if a in added else "already persists"
-            click.echo(f"{a}: {state} across reboots ({store.rules_path})")
+            say(f"{a}: {state} across reboots ({store.rules_path})")
+
+
+def _would_bind(host: Host, addresses: list[PciAddress], group: bool) -> list[PciAddress]:
+    """What a bind of ``addresses`` (with ``--group``: their groups' endpoints) takes, for a
+    dry run's ``--persist`` (the bind itself was planned and not refused)."""
+    if not group:
+        return addresses
+    inv = host.scan_groups(addresses, usage=False)
+    return [a for a, d in inv.devices.items() if not d.is_bridge]
 
 
 def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> None:
@@ -126,7 +147,7 @@ def _unpersist(host: Host, addresses: list[PciAddress] | None, output: str) -> N
     gone = store.drop(addresses)
     if output not in MACHINE:
         for a in gone:
-            click.echo(f"{a}: no longer bound at boot (removed from {store.record_path})")
+            say(f"{a}: no longer bound at boot (removed from {store.record_path})")
 
 
 def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], RefusedError | None]:
@@ -146,7 +167,7 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     except RefusedError as e:
         return [], e
     for r in recovered:
-        click.echo(f"warning: {r}", err=True)
+        say(f"warning: {r}", err=True)
     return results, None
 
 
@@ -179,7 +200,8 @@ def bind_cmd(
         result = host.bind(addrs, group=group, force=force, dry_run=dry_run)
         _report(result, output, "on vfio-pci")
         if persist:
-            _persist(host, [*result.bound, *result.already], dry_run, output)
+            done = [*result.bound, *result.already]
+            _persist(host, _would_bind(host, addrs, group) if dry_run else done, dry_run, output)
         return 0
 
     run_guarded(body)
@@ -244,7 +266,7 @@ def unbind_cmd(
             if output not in MACHINE and not (
                 result.restored or result.already or result.steps or sriov
             ):
-                click.echo(
+                say(
                     f"nothing to restore: no device has a record under {host.display}"
                     "var/lib/vfio_dp/original"
                 )
@@ -274,7 +296,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
     def body() -> int:
         reports = host_for(root).check(_parse(addresses))
         if output == "name":
-            print_names([r.address for r in reports if r.ready])
+            from vfio_dp.model.address import name_of
+
+            print_names([name_of(r.address) for r in reports if r.ready])
         elif output in MACHINE:
             print_json(
                 [
@@ -285,9 +309,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
             )
         else:
             for r in reports:
-                click.echo(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
+                say(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
                 for why in r.reasons:
-                    click.echo(f"  - {why}")
+                    say(f"  - {why}")
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)

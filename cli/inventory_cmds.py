@@ -23,6 +23,7 @@ from cli.common import (
     report_operations,
     root_option,
     run_guarded,
+    say,
 )
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
@@ -111,7 +112,7 @@ def _dra_view(
 
     records, problem = peek(host, driver)
     if problem:
-        click.echo(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
+        say(f"vfioctl: warning: {problem}; prepared claims not shown", err=True)
     if not units and not records:
         return {}  # an empty or unreadable checkpoint: the same
 
@@ -177,7 +178,9 @@ def list_cmd(
         view = _dra_view(host, inv, units, dra_driver)
         shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
         if output == "name":
-            print_names([str(a) for a in shown])
+            from vfio_dp.model.address import name_of
+
+            print_names([name_of(a) for a in shown])
             return 0
         rows = [
             {
@@ -285,7 +288,7 @@ def groups_cmd(
         try:
             inv, status = host.groups(probe=probe)
         except NoIommuError as e:  # an answer, not a failure: there are no groups to list
-            click.echo(f"vfioctl: {e}", err=True)
+            say(f"vfioctl: {e}", err=True)
             if output in MACHINE:
                 print_json([], output)
             return 0

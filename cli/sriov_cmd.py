@@ -27,6 +27,7 @@ from cli.common import (
     print_table,
     root_option,
     run_guarded,
+    say,
 )
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def sriov(
         )
         for r in rows:
             if r["interrupted"]:
-                click.echo(
+                say(
                     f"vfioctl: INTERRUPTED {r['interrupted']}: vfioctl unbind --all puts it back",
                     err=True,
                 )
@@ -165,13 +166,13 @@ def set_cmd(
     sriov_totalvfs; autoprobe off while VFs exist). Refused while any VF is held."""
 
     def body() -> int:
-        from vfio_dp.model.address import PciAddress
+        from vfio_dp.model.address import parse_given
 
         if count < 0:
             fail(f"COUNT {count} is not a VF count: give 0 or more", 2)
         s = _sriov(root)
         res = s.set(
-            PciAddress.parse(address),
+            parse_given(address),
             count,
             force=force,
             dry_run=dry_run,
@@ -194,18 +195,18 @@ def set_cmd(
             )
             return 0
         for w in res.warnings:
-            click.echo(f"warning: {w}", err=True)
+            say(f"warning: {w}", err=True)
         if res.dry_run:
             for step in res.steps:
-                click.echo(step)
+                say(step)
             return 0
         if res.already:
-            click.echo(f"{res.pf}: already {res.target} VFs")
+            say(f"{res.pf}: already {res.target} VFs")
             return 0
-        click.echo(f"{res.pf}: {res.target} VFs")
+        say(f"{res.pf}: {res.target} VFs")
         for a in res.made:
             on = "vfio-pci" if a in res.bound else "no driver"
-            click.echo(f"  made {a} ({on})")
+            say(f"  made {a} ({on})")
         return 0
 
     run_guarded(body)

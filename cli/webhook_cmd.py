@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from cli.common import option, run_guarded
+from cli.common import FiniteFloatRange, option, run_guarded
 from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
 
 
@@ -61,7 +61,7 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     "--read-timeout",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(0.01),
+    type=FiniteFloatRange(0.01),
     help="Seconds to receive a request body (else 408).",
 )
 @option(
@@ -76,14 +76,14 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     "--handshake-timeout",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0.01),
+    type=FiniteFloatRange(0.01),
     help="Seconds to complete the TLS handshake.",
 )
 @option(
     "--idle-timeout",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(0.01),
+    type=FiniteFloatRange(0.01),
     help="Seconds a connection may wait for a request's headers (after the handshake or the "
     "previous response) before it is closed.",
 )
@@ -100,7 +100,7 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     "reload_interval",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0.01),
+    type=FiniteFloatRange(0.01),
     help="Seconds between checks of the certificate files and --config.",
 )
 @option(
@@ -113,7 +113,7 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     "--node-cache-seconds",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=FiniteFloatRange(0),
     help="How long a node list is reused.",
 )
 @option(

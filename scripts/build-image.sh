@@ -66,8 +66,8 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   printf '[global]\ncert = /opt/host-build/ca.crt\n' > "$build_dir/pip.conf"
   mounts=(-v "$build_dir:/opt/host-build:ro" -v "$build_dir/pip.conf:/etc/pip.conf:ro")
 fi
-args=()
-[ -n "$base" ] && args=(--build-arg "PYTHON_IMAGE=$base")
+args=(--build-arg "VERSION=$version")
+[ -n "$base" ] && args+=(--build-arg "PYTHON_IMAGE=$base")
 # chroot isolation: works where the OCI runtime may not set rlimits (containers, CI)
 buildah bud --isolation chroot --network host "${mounts[@]}" "${args[@]}" \
   -f deploy/Containerfile -t "$tag" . >&2

@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
 # Install everything vfio_dp needs on a fresh Debian 12 machine: system packages with
 # apt-get, then the project (editable) with its test extra via pip. Idempotent.
+# `--for wheel` / `--for image`: only what `make wheel` / `make image` need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(
+# What each make target needs (scripts/setup.sh --for TARGET; --list prints it and exits):
+#   all    everything: the tests, the guest rig, the demo (make setup, make test, make demo)
+#   wheel  make wheel: a virtual environment that can build the package (no QEMU, libvirt or
+#          vagrant packages; the wheel itself is pure Python)
+#   image  make image: the image builder only (the image builds its own Python inside)
+FOR=all
+LIST=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --for) FOR=$2; shift 2 ;;
+    --list) LIST=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^FOR=all/ { exit }' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument $1 (--for all|wheel|image, --list)" >&2; exit 2 ;;
+  esac
+done
+
+APT_WHEEL=(python3-venv)
+APT_IMAGE=(
+  # deploy/Containerfile built by scripts/build-image.sh; --debian-base makes its base from
+  # Debian's packages (mmdebstrap) and imports it (podman): no registry at all
+  buildah podman mmdebstrap
+)
+APT_ALL=(
+  "${APT_WHEEL[@]}"
   # libvirt-python builds from source against these
-  gcc pkg-config libvirt-dev python3-dev python3-venv
+  gcc pkg-config libvirt-dev python3-dev
   # real libvirt for XML checks (test:///default via libvirt-python; virt-xml-validate)
   libvirt-clients
   # the real-kernel guest rig: QEMU, a tiny init, depmod, initramfs packing
@@ -22,10 +46,19 @@ APT_PACKAGES=(
   # `vagrant validate` of the Vagrantfile with its real libvirt provider; shellcheck for its
   # provisioning script
   vagrant vagrant-libvirt shellcheck
-  # building deploy/Containerfile in a test (tests/deploy/test_image_build.py): a Debian base
-  # made from Debian's packages, imported and built without any registry
-  mmdebstrap buildah podman
+  # building deploy/Containerfile in a test (tests/deploy/test_image_build.py)
+  "${APT_IMAGE[@]}"
 )
+case "$FOR" in
+  all) APT_PACKAGES=("${APT_ALL[@]}") ;;
+  wheel) APT_PACKAGES=("${APT_WHEEL[@]}") ;;
+  image) APT_PACKAGES=("${APT_IMAGE[@]}") ;;
+  *) echo "setup.sh: --for $FOR: give all, wheel or image" >&2; exit 2 ;;
+esac
+if [ "$LIST" = 1 ]; then
+  printf '%s\n' "${APT_PACKAGES[@]}"
+  exit 0
+fi
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
@@ -56,10 +89,16 @@ if [ -f "$VENV/pyvenv.cfg" ] && ! grep -qx "home = $want_home" "$VENV/pyvenv.cfg
   echo "setup: recreating $VENV on $PY"
   rm -rf -- "$VENV"
 fi
+if [ "$FOR" = image ]; then
+  exit 0  # the image builds its own Python environment inside (deploy/Containerfile)
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+if [ "$FOR" = wheel ]; then
+  exit 0  # pip wheel fetches the build backend itself; no test extra, no libvirt-python
+fi
 # compat mode: a plain path entry, not an import-hook finder run at every interpreter start
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' \
   --config-settings editable_mode=compat

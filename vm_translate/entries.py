@@ -173,3 +173,34 @@ def alias_conflicts(entries: Sequence[Entry], where: str) -> list[Problem]:
             else:
                 seen[alias] = e.name
     return problems
+
+
+#: upstream's ``DeviceRequestsMaxSize`` (resource.k8s.io/v1): a ResourceClaim (or a
+#: template's claim) holds at most 32 requests; the API server refuses a longer list.
+MAX_CLAIM_REQUESTS = 32
+
+
+def claim_request_problem(claim: str, requests: int, where: str) -> Problem | None:
+    """A claim asked for more requests than the API allows (:data:`MAX_CLAIM_REQUESTS`) —
+    what ``translate --dra`` would generate and what the admission check sees in a VM whose
+    DRA entries (one request each) name one claim."""
+    if requests <= MAX_CLAIM_REQUESTS:
+        return None
+    return Problem(
+        where,
+        claim,
+        f"{requests} DRA entries would each be a request of this one claim, but a "
+        f"ResourceClaim holds at most {MAX_CLAIM_REQUESTS} requests (resource.k8s.io/v1): the API server refuses it "
+        f"at creation; give the VM at most {MAX_CLAIM_REQUESTS} DRA devices per claim "
+        "(split them across claims, or leave some on the device-plugin path)",
+    )
+
+
+def claim_request_limits(entries: Sequence[Entry], where: str) -> list[Problem]:
+    """One problem per claim whose DRA entries exceed :data:`MAX_CLAIM_REQUESTS`."""
+    counts: dict[str, int] = {}
+    for e in entries:
+        if isinstance(e, ClaimEntry):
+            counts[e.claim_name] = counts.get(e.claim_name, 0) + 1
+    found = (claim_request_problem(c, n, where) for c, n in counts.items())
+    return [p for p in found if p is not None]

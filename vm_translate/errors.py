@@ -110,7 +110,15 @@ class TlsError(TranslateUsageError):
 
 
 class CertificateJobError(TranslateError):
-    """``vfioctl webhook-certs`` could not read or write the cluster's objects (exit 1)."""
+    """``vfioctl webhook-certs`` could not read or write the cluster's objects (exit 1): the
+    API server refused, answered too slowly, or answered something that is not the object."""
+
+
+class ApiUnreachableError(CertificateJobError):
+    """``vfioctl webhook-certs`` could not reach the API server at all (exit 2: the
+    kubeconfig or the network is wrong, not the cluster's objects)."""
+
+    exit_code = 2
 
 
 class NodeCheckError(TranslateError):

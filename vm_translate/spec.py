@@ -42,6 +42,7 @@ from vm_translate.entries import (
     Entry,
     VmClaim,
     alias_conflicts,
+    claim_request_limits,
     resolve_device_name,
     resolve_ids,
 )
@@ -257,6 +258,7 @@ def resolve_vm_entries(
             assert isinstance(e.name, str)
             out.append(DeviceEntry(name=e.name, resource=resource, kind=e.kind))
     problems.extend(alias_conflicts(out, prefix))
+    problems.extend(claim_request_limits(out, claims_where))
     return out, problems
 
 

@@ -6,7 +6,8 @@ entries whose devices the configuration sends to DRA (:mod:`vfio_dp.model.routes
 selectors that may take them all say ``path: dra``), leaves the others as they are, and says
 for every entry which path serves it and why (:class:`EntryVerdict`). The converted entries
 become the requests of ONE ResourceClaimTemplate per VM, one device each (KubeVirt takes
-exactly one device per request)::
+exactly one device per request); more than the 32 requests a claim holds are refused
+(:data:`vm_translate.entries.MAX_CLAIM_REQUESTS`)::
 
     spec.domain.devices.hostDevices: [{name: gpu, deviceName: 10de:1eb8},
                                       {name: nic, deviceName: 8086:10d3}]    # a device-plugin NIC
@@ -53,7 +54,7 @@ from typing import Any
 from vfio_dp.model import naming
 from vfio_dp.model.config import DEVICE_PLUGIN, DRA, Config
 from vfio_dp.model.routes import ANY, Route, routes_for_ids, routes_for_name
-from vm_translate.entries import resolve_device_name
+from vm_translate.entries import claim_request_problem, resolve_device_name
 from vm_translate.errors import Problem, SpecError, Unresolvable
 from vm_translate.spec import (
     claims_path,
@@ -203,6 +204,9 @@ def to_dra(
         )
         moved.append((e.list_key, e.index, request))
         verdicts.append(EntryVerdict(where, entry_name, e.device_name, DRA, True, reason))
+    too_many = claim_request_problem(CLAIM_NAME, len(requests), ".".join(claims_path(path)))
+    if too_many is not None:
+        problems.append(too_many)
     if problems:
         raise SpecError(subject, problems)
     if not moved:

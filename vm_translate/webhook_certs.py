@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vm_translate.errors import CertificateJobError
+from vm_translate.errors import ApiUnreachableError, CertificateJobError
 from vm_translate.tls import CertBundle, self_signed
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,187 @@ class Outcome:
     patched_webhooks: int
 
 
+#: Every API call's overall deadline in seconds (connect, send and the WHOLE answer): a
+#: server that trickles its answer a byte at a time never trips a read timeout.
+CALL_DEADLINE = 30.0
+#: How much of an API server's error body a message shows.
+SHOWN_BODY = 300
+
+
+class _Api:
+    """The calls :func:`ensure` makes, each under :data:`CALL_DEADLINE` and each failure one
+    :class:`CertificateJobError` naming the call, the server and the cause (never a
+    traceback): refused (HTTP status and the server's message), unreachable
+    (:class:`ApiUnreachableError`, exit 2), too slow, or an answer that is not the object."""
+
+    def __init__(self, client: Any, deadline: float) -> None:
+        self.client = client
+        self.server = str(getattr(client.configuration, "host", "") or "?")
+        self.deadline = deadline
+        # connect and per-read timeouts inside the overall deadline
+        self.timeout = (min(10.0, deadline), min(10.0, deadline))
+
+    def call(self, what: str, fn: Any, *, absent_ok: bool = False) -> bytes | None:
+        """``fn()`` (an API method called with ``_preload_content=False``) and its answer's
+        body, read whole, within the deadline (None: 404 and ``absent_ok``).
+
+        The deadline is a ``SIGALRM`` timer in the main thread (where the command runs): it
+        interrupts a read that a trickling server keeps alive, and leaves no thread behind
+        blocked on the socket. Called from another thread, only the connect and per-read
+        timeouts apply."""
+        import signal
+        import threading
+
+        timer = threading.current_thread() is threading.main_thread()
+        old: Any = None
+        if timer:
+
+            def expired(signum: int, frame: Any) -> None:
+                raise _Expired
+
+            old = signal.signal(signal.SIGALRM, expired)
+            signal.setitimer(signal.ITIMER_REAL, self.deadline)
+        try:
+            resp = fn(_request_timeout=self.timeout, _preload_content=False)
+            body = resp.data if resp is not None else b""
+        except _Expired:
+            raise CertificateJobError(
+                f"{what}: the API server {self.server} did not answer within "
+                f"{self.deadline:g} s (it accepted the connection but answers too slowly); "
+                "check the API server's health, or run the Job again"
+            ) from None
+        except Exception as e:
+            if absent_ok and getattr(e, "status", None) == 404:
+                return None
+            raise self._failure(what, e) from None
+        finally:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+        return body if isinstance(body, bytes) else str(body).encode()
+
+    def _failure(self, what: str, e: BaseException) -> CertificateJobError:
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(e, ApiException) and e.status:
+            return CertificateJobError(
+                f"{what}: the API server {self.server} refused: HTTP {e.status} "
+                f"{e.reason or ''}{_message_of(e.body)}{_HINTS.get(int(e.status), '')}".rstrip()
+            )
+        if _is_timeout(e):
+            return CertificateJobError(
+                f"{what}: the API server {self.server} did not answer within "
+                f"{self.timeout[1]:g} s; check the API server's health, or run the Job again"
+            )
+        return ApiUnreachableError(
+            f"{what}: cannot reach the API server {self.server}: {_cause(e)}; check the "
+            "kubeconfig's server address (or the pod's network and service account)"
+        )
+
+    def json_object(self, what: str, body: bytes, kind: str) -> dict[str, Any]:
+        """The answer as a JSON object of ``kind``, or a :class:`CertificateJobError`."""
+        import json
+
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
+            raise CertificateJobError(
+                f"{what}: the API server {self.server} answered something that is not a {kind} "
+                f"({_clip(body)!r}); is the kubeconfig's server a Kubernetes API server?"
+            )
+        return obj
+
+
+class _Expired(BaseException):
+    """The call's deadline passed (a BaseException: no client code catches it on the way)."""
+
+
+_HINTS = {
+    401: "; the credentials are not accepted: check the kubeconfig or the service account",
+    403: "; the Job's service account lacks a permission: apply "
+    "deploy/overlays/self-signed/certs-rbac.yaml (kubectl apply -k deploy/overlays/self-signed)",
+    409: "; it was changed meanwhile (or already exists): run the Job again",
+}
+
+
+def _clip(body: bytes | str | None) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    return text if len(text) <= SHOWN_BODY else f"{text[:SHOWN_BODY]}...[{len(text)} chars]"
+
+
+def _message_of(body: object) -> str:
+    """``: <the Status object's message>`` (or the body's start), bounded; "" when empty."""
+    import json
+
+    if not body:
+        return ""
+    try:
+        message = json.loads(body)["message"]  # type: ignore[arg-type]
+    except (ValueError, TypeError, KeyError):
+        message = body
+    return f": {_clip(message if isinstance(message, (bytes, str)) else str(message))}"
+
+
+def _is_timeout(e: BaseException) -> bool:
+    import socket
+
+    import urllib3.exceptions as u3
+
+    if isinstance(e, u3.MaxRetryError) and e.reason is not None:
+        e = e.reason
+    # a connect that times out is "cannot reach" (urllib3 2 also makes every
+    # NewConnectionError a ConnectTimeoutError); only an answer that stops is "too slow"
+    return isinstance(e, (u3.ReadTimeoutError, socket.timeout))
+
+
+def _cause(e: BaseException) -> str:
+    """The last words of a connection error (``[Errno 111] Connection refused``), without
+    urllib3's object reprs."""
+    import re
+
+    import urllib3.exceptions as u3
+
+    if isinstance(e, u3.MaxRetryError) and e.reason is not None:
+        e = e.reason
+    text = str(e) or type(e).__name__
+    text = re.sub(r"^\(?<[^>]*>[:,]?\s*", "", text).strip("()'\" ")
+    return _clip(text)
+
+
+def _secret_data(obj: Mapping[str, Any]) -> tuple[dict[str, str] | None, str | None]:
+    """A Secret object's ``data`` (None: none) and ``metadata.resourceVersion``, or
+    ``ValueError`` when either is not of its type."""
+    data = obj.get("data")
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    if data is not None and not (
+        isinstance(data, dict) and all(isinstance(v, str) for v in data.values())
+    ):
+        raise ValueError("its data is not a map of strings")
+    if not isinstance(version, str):
+        raise ValueError("it has no metadata.resourceVersion")
+    return data, version
+
+
+def _webhooks_valid(obj: Mapping[str, Any]) -> bool:
+    hooks = obj.get("webhooks")
+    if hooks is None:
+        return True
+    if not isinstance(hooks, list):
+        return False
+    for hook in hooks:
+        if not isinstance(hook, dict):
+            return False
+        cc = hook.get("clientConfig")
+        if cc is not None and not (
+            isinstance(cc, dict) and isinstance(cc.get("service") or {}, dict)
+        ):
+            return False
+    return True
+
+
 def ensure(
     client: Any,
     *,
@@ -135,22 +316,31 @@ def ensure(
     webhook_config: str,
     days: int = 365,
     renew_days: int = 30,
+    deadline: float = CALL_DEADLINE,
 ) -> Outcome:
-    """Make the Secret good and the caBundle match it (idempotent). ``client``: an ApiClient."""
-    from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
+    """Make the Secret good and the caBundle match it (idempotent). ``client``: an ApiClient.
 
+    Each call to the API server must finish within ``deadline`` seconds; every failure is one
+    :class:`CertificateJobError` (:class:`ApiUnreachableError` when the server cannot be
+    reached) naming the call, the server and the cause."""
+    from kubernetes import client as k8s
+
+    api = _Api(client, deadline)
     core: Any = k8s.CoreV1Api(client)
     names = service_names(service, namespace)
-    try:
-        current = core.read_namespaced_secret(secret, namespace, _request_timeout=10)
-    except ApiException as e:
-        if e.status != 404:
+    read = f"GET Secret {namespace}/{secret}"
+    raw = api.call(
+        read, lambda **kw: core.read_namespaced_secret(secret, namespace, **kw), absent_ok=True
+    )
+    current: tuple[dict[str, str] | None, str | None] | None = None
+    if raw is not None:
+        try:
+            current = _secret_data(api.json_object(read, raw, "Secret"))
+        except ValueError as e:
             raise CertificateJobError(
-                f"cannot read Secret {namespace}/{secret}: {e.status} {e.reason}"
-            ) from e
-        current = None
-    have = bundle_of(current.data if current is not None else None)
+                f"{read}: the API server {api.server} answered a malformed Secret ({e})"
+            ) from None
+    have = bundle_of(current[0] if current is not None else None)
     why = (
         "it does not exist or lacks tls.crt/tls.key/ca.crt"
         if have is None
@@ -172,25 +362,40 @@ def ensure(
             "data": secret_data(bundle),
         }
         if current is None:
-            core.create_namespaced_secret(namespace, body, _request_timeout=10)
+            api.call(
+                f"create Secret {namespace}/{secret}",
+                lambda **kw: core.create_namespaced_secret(namespace, body, **kw),
+            )
             done = "created"
         else:
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            core.replace_namespaced_secret(secret, namespace, body, _request_timeout=10)
+            body["metadata"]["resourceVersion"] = current[1]
+            api.call(
+                f"replace Secret {namespace}/{secret}",
+                lambda **kw: core.replace_namespaced_secret(secret, namespace, body, **kw),
+            )
             done = f"replaced: {why}"
     adm: Any = k8s.AdmissionregistrationV1Api(client)
-    try:
-        resp = adm.read_mutating_webhook_configuration(
-            webhook_config, _preload_content=False, _request_timeout=10
-        )
-    except ApiException as e:
+    what = f"GET MutatingWebhookConfiguration {webhook_config}"
+    raw = api.call(
+        what,
+        lambda **kw: adm.read_mutating_webhook_configuration(webhook_config, **kw),
+        absent_ok=True,
+    )
+    if raw is None:
         raise CertificateJobError(
-            f"cannot read MutatingWebhookConfiguration {webhook_config}: {e.status} {e.reason}; "
+            f"cannot read MutatingWebhookConfiguration {webhook_config}: 404 Not Found; "
             "apply the overlay first (kubectl apply -k deploy/overlays/self-signed)"
-        ) from e
-    import json
-
-    ops = ca_bundle_patch(json.loads(resp.data), service, namespace, bundle.ca_bundle)
+        )
+    mwc = api.json_object(what, raw, "MutatingWebhookConfiguration")
+    if not _webhooks_valid(mwc):
+        raise CertificateJobError(
+            f"{what}: the API server {api.server} answered a malformed "
+            "MutatingWebhookConfiguration (webhooks is not a list of objects)"
+        )
+    ops = ca_bundle_patch(mwc, service, namespace, bundle.ca_bundle)
     if ops:
-        adm.patch_mutating_webhook_configuration(webhook_config, ops, _request_timeout=10)
+        api.call(
+            f"PATCH MutatingWebhookConfiguration {webhook_config} (caBundle)",
+            lambda **kw: adm.patch_mutating_webhook_configuration(webhook_config, ops, **kw),
+        )
     return Outcome(secret=done, patched_webhooks=len(ops))

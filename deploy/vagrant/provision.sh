@@ -67,7 +67,7 @@ stage_toolkit() {
   log "applying deploy/overlays/vagrant"
   $KUBECTL apply -k "$SRC/deploy/overlays/vagrant"
   # the in-cluster CA: the Job makes the webhook's Secret and sets the caBundle
-  $KUBECTL -n vfio-dp wait --for=condition=complete job/vfio-dp-webhook-certs --timeout=300s
+  $KUBECTL -n vfio-dp wait --for=condition=complete job -l app.kubernetes.io/name=vfio-dp-webhook-certs --timeout=300s
   $KUBECTL -n vfio-dp rollout status daemonset/vfio-dp-daemon --timeout=300s
   $KUBECTL -n vfio-dp rollout status deployment/vfio-dp-webhook --timeout=300s
   # Wait until the kubelet sees the e1000e capacity the daemon advertises.

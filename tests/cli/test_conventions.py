@@ -34,7 +34,8 @@ def test_output_formats_agree(root: str) -> None:
     as_json = json.loads(_run("list", "--root", root, "-o", "json").stdout)
     assert yaml.safe_load(_run("list", "--root", root, "-o", "yaml").stdout) == as_json
     names = _run("list", "--root", root, "-o", "name").stdout.split()
-    assert names == [d["address"] for d in as_json] and len(names) == 3
+    # kubectl's type/name (issue 38.4): what every address-taking command accepts back
+    assert names == [f"pci/{d['address']}" for d in as_json] and len(names) == 3
     groups = _run("groups", "--root", root, "--no-probe", "-o", "name").stdout.split()
     assert sorted(groups, key=int) == ["7", "8", "45"]
 
@@ -51,9 +52,9 @@ def test_filters(root: str) -> None:
     def addrs(*f: str) -> list[str]:
         return _run("list", "--root", root, "-o", "name", *f).stdout.split()
 
-    assert addrs("--driver", "vfio-pci") == ["0000:3b:00.0", "0000:65:00.0"]
-    assert addrs("--class", "0302") == ["0000:3b:00.0"]
-    assert addrs("--vendor", "8086", "--driver", "e1000e") == ["0000:66:00.0"]
+    assert addrs("--driver", "vfio-pci") == ["pci/0000:3b:00.0", "pci/0000:65:00.0"]
+    assert addrs("--class", "0302") == ["pci/0000:3b:00.0"]
+    assert addrs("--vendor", "8086", "--driver", "e1000e") == ["pci/0000:66:00.0"]
 
 
 def test_check_takes_the_dra_device_names_list_prints(root: str) -> None:

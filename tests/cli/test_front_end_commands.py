@@ -80,3 +80,31 @@ def test_every_default_is_the_options_own(
     for flag, field in flags.items():
         assert params[flag].default == defaults[field], flag
     assert (Options().metrics_port, DraOptions(node_name="n").metrics_port) == (9109, 9110)
+
+
+@pytest.mark.parametrize("cmd", [plugin, dra_plugin], ids=["plugin", "dra-plugin"])
+@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--wait-for-other", "nan"), ("--wait-for-other", "NaN"), ("--resync", "nan"),
+     ("--resync", "inf")],
+)
+def test_non_finite_seconds_are_refused_before_anything_runs(
+    cmd: click.Command, how: str, flag: str, value: str, tmp_path: object
+) -> None:
+    """``nan`` compares false with every bound, so a plain FloatRange let ``--wait-for-other
+    nan`` through and the command waited for the other instance forever (issue 37.17)."""
+    from click.testing import CliRunner
+
+    from cli.common import envvar_for
+
+    args = ["--root", str(tmp_path)]
+    env = {}
+    if how == "flag":
+        args += [flag, value]
+    else:
+        env[envvar_for(flag)] = value
+    result = CliRunner().invoke(cmd, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "not a finite number" in result.output
+    assert repr(value) in result.output

@@ -59,3 +59,15 @@ def test_copies_exist_and_include_what_pip_install_reads() -> None:
     assert needed <= copied, f"not copied into the build: {needed - copied}"
     missing = [p for p in sorted(copied) if not (REPO / p).exists()]
     assert not missing, f"COPY sources missing from the checkout (the build would fail): {missing}"
+
+
+def test_the_image_has_the_pci_names_database() -> None:
+    """Issue 38.4: without pci.ids `vfioctl list` in the image showed no device names.
+    Debian's ``pci.ids`` package installs /usr/share/misc/pci.ids, the first place
+    vfio_dp.host.pciids looks."""
+    from vfio_dp.host.pciids import PCI_IDS_PATHS
+
+    runtime = " ".join(_stages()[-1])
+    installs = re.findall(r"apt-get install [^&]*", runtime)
+    assert any(re.search(r"(?<![\w.-])pci\.ids(?![\w.-])", i) for i in installs), installs
+    assert PCI_IDS_PATHS[0] == "/usr/share/misc/pci.ids"

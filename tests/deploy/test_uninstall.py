@@ -107,3 +107,56 @@ def test_every_object_of_every_install_carries_the_part_of_label(
             if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") != "vfio-dp"
         ]
         assert bare == [], target
+
+
+def _bare(objs: list[Obj]) -> list[str]:
+    return [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in objs
+        if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") != "vfio-dp"
+    ]
+
+
+def test_the_examples_and_the_uninstall_workload_carry_the_label_too(
+    deploy_copy: Path, objs: list[Obj]
+) -> None:
+    """Issue 38.4: the examples' DeviceClasses had no labels, so the uninstall's
+    `kubectl delete deviceclass -l app.kubernetes.io/part-of=vfio-dp` left them."""
+    examples = render(deploy_copy / "examples/dra")
+    assert _bare(examples) == []
+    assert _bare(objs) == []
+
+
+def test_the_examples_make_the_namespace_they_use(deploy_copy: Path) -> None:
+    """Issue 38.4: `kubectl apply -k deploy/examples/dra` failed: namespace vms was never made."""
+    examples = render(deploy_copy / "examples/dra")
+    made = {o["metadata"]["name"] for o in examples if o["kind"] == "Namespace"}
+    used = {o["metadata"]["namespace"] for o in examples if "namespace" in o["metadata"]}
+    vmi = yaml.safe_load((deploy_copy / "examples/dra/vmi.yaml").read_text())
+    assert used | {vmi["metadata"]["namespace"]} <= made == {"vms"}
+
+
+def test_generated_device_classes_carry_the_label(tmp_path: Path) -> None:
+    """`vfioctl deviceclasses | kubectl apply -f -` makes classes the uninstall finds."""
+    config = tmp_path / "config.yaml"
+    config.write_text("selectors:\n  - vendor: '10de'\n    device: '1eb8'\n    path: dra\n")
+    out = subprocess.run([*VFIOCTL, "deviceclasses", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    classes = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert classes and _bare(classes) == []
+
+
+def test_the_uninstall_steps_can_run_twice() -> None:
+    """Every `kubectl delete` of the uninstall steps after the first object is gone (step 1
+    deletes the webhook configuration, which step 4's `delete -k` of the overlay names again)
+    passes --ignore-not-found, so a step re-run or a half-done uninstall never fails."""
+    from tests.deploy.conftest import REPO
+
+    text = (REPO / "docs/install.md").read_text()
+    section = text.split("## Uninstall", 1)[1].split("\n## ", 1)[0]
+    deletes = [
+        line.strip() for line in section.splitlines() if line.strip().startswith("kubectl delete")
+    ]
+    assert len(deletes) >= 4, deletes
+    assert [d for d in deletes if "--ignore-not-found" not in d] == []

@@ -47,6 +47,9 @@ CASES = [
     ([entry()], [{"name": "nics", "resourceClaimName": "../etc"}],
      "resourceClaims[0].resourceClaimName", "DNS subdomain"),
     ([entry(name="a"), entry(name="b")], CLAIMS, "hostDevices", "already the entry 'a'"),
+    # issue 37.18c: the API server refuses a claim of more than 32 requests at creation
+    ([entry(name=f"n{i}", request=f"r{i}") for i in range(33)], CLAIMS, "spec.resourceClaims",
+     "33 DRA entries would each be a request of this one claim, but a ResourceClaim holds at most 32"),
 ]  # fmt: skip
 
 
@@ -83,6 +86,15 @@ def test_plain_translate_refuses_them_too(
 def test_a_good_claim_entry_is_still_admitted(config: Config) -> None:
     obj = vmi([entry(), entry(name="n2", request="other/big")], CLAIMS)
     assert decide(_review(obj), config)["response"]["allowed"] is True  # type: ignore[arg-type]
+
+
+def test_thirty_two_requests_of_one_claim_are_admitted(config: Config) -> None:
+    """The limit is the API's own: 32 requests per claim pass, across two claims 64 do."""
+    two = [*CLAIMS, {"name": "more", "resourceClaimTemplateName": "vm1-more"}]
+    devices = [entry(name=f"n{i}", request=f"r{i}") for i in range(32)]
+    devices += [entry(name=f"m{i}", claim="more", request=f"r{i}") for i in range(32)]
+    answer = decide(_review(vmi(devices, two)), config)  # type: ignore[arg-type]
+    assert answer["response"]["allowed"] is True, answer
 
 
 def test_a_denial_of_ten_thousand_duplicates_is_bounded(config: Config) -> None:

@@ -261,3 +261,36 @@ def test_translate_dra_command_says_per_entry_which_path_and_why(tmp_path: Path)
         vfioctl, ["translate", "--dra", "--driver-name", "Not_DNS", str(tmp_path / "vmi.yaml")]
     )
     assert bad.exit_code == 1 and "Not_DNS" in bad.stderr
+
+
+@pytest.mark.parametrize("count", [33, 40, 5_000])
+def test_more_requests_than_one_claim_holds_are_refused(tmp_path: Path, count: int) -> None:
+    """Issue 37.18c: every converted entry becomes a request of ONE claim, and the API server
+    refuses a claim of more than 32 requests at creation: translate --dra says so instead of
+    emitting a template that can never be created."""
+    obj = vmi(*((f"gpu{i}", "10de:1eb8") for i in range(count)))
+    with pytest.raises(SpecError) as caught:
+        to_dra(obj, load_config_text(ALL_DRA, "all-dra.yaml"), DRIVER)
+    message = str(caught.value)
+    assert "spec.resourceClaims: 'vfio'" in message
+    assert f"{count} DRA entries would each be a request of this one claim" in message
+    assert "at most 32 requests" in message
+    assert len(message) < 2000
+
+    spec = tmp_path / "vmi.yaml"
+    spec.write_text(yaml.safe_dump(obj))
+    (tmp_path / "config.yaml").write_text(ALL_DRA)
+    result = CliRunner().invoke(
+        vfioctl, ["translate", "--dra", "--config", str(tmp_path / "config.yaml"), str(spec)]
+    )
+    assert result.exit_code == 1
+    assert "at most 32 requests" in result.output
+    assert "ResourceClaimTemplate" not in result.output
+
+
+def test_thirty_two_requests_still_make_one_valid_template() -> None:
+    config = load_config_text(ALL_DRA, "all-dra.yaml")
+    moved = to_dra(vmi(*((f"gpu{i}", "10de:1eb8") for i in range(32))), config, DRIVER)
+    assert moved.template is not None
+    assert len(requests_of(moved.template)) == 32
+    check_strictly(moved, config)

@@ -9,7 +9,7 @@ is the name KubeVirt asks for (:mod:`vfio_dp.model.naming`, the device plugin's 
     kind: DeviceClass
     metadata:
       name: 10de-1eb8.devices.kubevirt.io
-      labels: {app.kubernetes.io/managed-by: vfio-dp}
+      labels: {app.kubernetes.io/managed-by: vfio-dp, app.kubernetes.io/part-of: vfio-dp}
     spec:
       extendedResourceName: devices.kubevirt.io/10de_1eb8
       selectors:
@@ -47,6 +47,9 @@ API_VERSION = "resource.k8s.io/v1"
 #: The name a class without ``extendedResourceName`` is reachable under (KEP-5004).
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "vfio-dp")
+#: the label every object of ours carries: the uninstall steps select by it
+#: (``kubectl delete deviceclass -l app.kubernetes.io/part-of=vfio-dp``, docs/install.md)
+PART_OF = ("app.kubernetes.io/part-of", "vfio-dp")
 MAX_ATTRIBUTE_STRING = 64
 MAX_NAME = 253
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
@@ -196,7 +199,7 @@ def device_class(resource: DraResource, driver: str) -> dict[str, Any]:
         "kind": "DeviceClass",
         "metadata": {
             "name": class_name(resource.name),
-            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1], PART_OF[0]: PART_OF[1]},
         },
         "spec": {
             "extendedResourceName": resource.name,

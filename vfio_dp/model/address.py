@@ -5,6 +5,12 @@ function 0-7. Printed: always the full lowercase form ``0000:65:00.0`` — the f
 uses under ``/sys/bus/pci/devices/`` and the form KubeVirt validates in ``PCI_RESOURCE_*``.
 Anything else (``../``, a path, a glob, whitespace) raises :class:`AddressError`, so a
 string that reaches a path join has always passed through here first.
+
+On the command line a function is also named as kubectl names objects, ``pci/0000:65:00.0``
+(:func:`name_of`, what ``vfioctl list -o name`` prints); :func:`parse_given` (and
+:func:`parse_many`) take either form, so ``vfioctl bind $(vfioctl list -o name ...)`` works.
+Files, env vars and the kernel's own names never carry the prefix: they use
+:meth:`PciAddress.parse`.
 """
 
 from __future__ import annotations
@@ -75,9 +81,26 @@ class PciAddress:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
 
 
+#: the kind in a function's name on the command line (``pci/0000:65:00.0``, kubectl's type/name)
+NAME_KIND = "pci"
+
+
+def name_of(address: PciAddress) -> str:
+    """``pci/0000:65:00.0``: how ``-o name`` prints a function."""
+    return f"{NAME_KIND}/{address}"
+
+
+def parse_given(text: str) -> PciAddress:
+    """An address a person gave: ``0000:65:00.0``, ``65:00.0`` or ``pci/0000:65:00.0``."""
+    if isinstance(text, str) and text.startswith(NAME_KIND + "/"):
+        return PciAddress.parse(text[len(NAME_KIND) + 1 :])
+    return PciAddress.parse(text)
+
+
 def parse_many(texts: list[str] | tuple[str, ...]) -> list[PciAddress]:
-    """Parse several addresses, keeping order and dropping repeats."""
+    """Parse several addresses as a person gives them (:func:`parse_given`), keeping order
+    and dropping repeats."""
     seen: dict[PciAddress, None] = {}
     for t in texts:
-        seen.setdefault(PciAddress.parse(t), None)
+        seen.setdefault(parse_given(t), None)
     return list(seen)
