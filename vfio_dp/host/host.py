@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
+from vfio_dp.errors import BindError, HostError, NoIommuError, PathEscapeError
 from vfio_dp.host import sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
@@ -340,13 +340,32 @@ class Host:
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):
-        the same checks, every device attempted; a record whose device is gone is named in
-        the error after the others are restored. No records: an empty result."""
+        the same checks, every device attempted; a record whose device is gone, or a record
+        that cannot be read (a FIFO, a directory, a link, not JSON: its device is left as it
+        is), is named in the error after the others are restored -- never "all given back"
+        while one may still be on vfio-pci (``dry_run``: named in the warnings). No records:
+        an empty result."""
         from vfio_dp.host import operations
 
-        return operations.unbind(
-            self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
+        unreadable = self.state.unreadable()
+        head = (
+            f"{len(unreadable)} bind record(s) cannot be read; their devices are left as they "
+            "are (maybe still on vfio-pci)"
         )
+        try:
+            result = operations.unbind(
+                self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
+            )
+        except HostError as e:
+            if not unreadable:
+                raise
+            raise BindError("\n".join([head, *unreadable, str(e)])) from e
+        if unreadable and dry_run:
+            result.warnings.extend(w for w in unreadable if w not in result.warnings)
+        elif unreadable:
+            done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
+            raise BindError("\n".join([head, *unreadable, *done]))
+        return result
 
     # -- ownership ---------------------------------------------------------------------
     def owners(self) -> dict[PciAddress, str]:

@@ -191,19 +191,19 @@ class StateStore:
     def get(self, address: PciAddress) -> OriginalDriver | None:
         import json
 
+        fix = f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it"
         try:
             raw = self.files.read(ORIGINAL_DIR, f"{address}.json")
-            if raw is None:
-                return None
+        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+            raise self.files.unreadable(ORIGINAL_DIR, f"{address}.json", e, fix) from e
+        if raw is None:
+            return None
+        try:
             if len(raw) > _MAX_RECORD:
                 raise ValueError("larger than 1 MB")
             return OriginalDriver(**json.loads(raw))
-        except (OSError, ValueError, TypeError) as e:
-            raise CorruptRecordError(
-                self._file(address),
-                str(e),
-                f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it",
-            ) from e
+        except (ValueError, TypeError) as e:
+            raise CorruptRecordError(self._file(address), str(e), fix) from e
 
     def all(self) -> dict[PciAddress, OriginalDriver]:
         """Every readable record, by address (see :meth:`problems` for the unreadable)."""
@@ -279,28 +279,36 @@ class StateStore:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = f"{self.ops_dir}/{name}"
+            fix = (
+                f"the original drivers are in {self.state_dir}: restore with "
+                "vfioctl unbind <address>"
+            )
             try:
                 raw = self.files.read(OPS_DIR, name)
-                if raw is None:
-                    continue  # finished meanwhile
+            except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+                problems.append(str(self.files.unreadable(OPS_DIR, name, e, fix)))
+                continue
+            if raw is None:
+                continue  # finished meanwhile
+            try:
                 if len(raw) > _MAX_RECORD:
                     raise ValueError("larger than 1 MB")
                 ops.append(_operation_from_json(json.loads(raw)))
-            except (OSError, ValueError, TypeError, KeyError, AddressError) as e:
-                problems.append(
-                    str(
-                        CorruptRecordError(
-                            path,
-                            str(e) or type(e).__name__,
-                            "the original drivers are in "
-                            f"{self.state_dir}: restore with vfioctl unbind <address>",
-                        )
-                    )
-                )
+            except (ValueError, TypeError, KeyError, AddressError) as e:
+                problems.append(str(CorruptRecordError(path, str(e) or type(e).__name__, fix)))
         return ops, problems
 
     def problems(self) -> list[str]:
-        """A message for every unreadable original-driver record (each is kept)."""
+        """A message for every unreadable original-driver record (each is kept) and every
+        odd file beside them."""
+        return self._problems(odd=True)
+
+    def unreadable(self) -> list[str]:
+        """A message for every bind record that exists but cannot be read (a FIFO, a
+        directory, a link, not JSON): each names the file, its device and the fix."""
+        return self._problems(odd=False)
+
+    def _problems(self, *, odd: bool) -> list[str]:
         out = []
         for name in self.files.names(ORIGINAL_DIR):
             if not name.endswith(".json") or name.startswith("."):
@@ -308,7 +316,8 @@ class StateStore:
             try:
                 self.get(PciAddress.parse(name[:-5]))
             except AddressError:
-                out.append(f"odd file {self.state_dir}/{name} (not <address>.json); ignored")
+                if odd:
+                    out.append(f"odd file {self.state_dir}/{name} (not <address>.json); ignored")
             except HostError as e:
                 out.append(str(e))
         return out
