@@ -234,7 +234,7 @@ class Sriov:
         previous = self.store.get(pf.address)
         op = SriovOp(
             pf=str(pf.address),
-            owner=self.host.owner,
+            runner=self.host.runner,
             pid=os.getpid(),
             started=time.time(),
             from_count=pf.numvfs,
@@ -354,7 +354,7 @@ class Sriov:
             except HostError as e:  # unreadable: said, kept, every other PF still served
                 out.append(f"SR-IOV {pf}: {e}")
                 continue
-            if op is not None and recovers(self.host.owner, op.owner):  # "daemon": older
+            if op is not None and recovers(self.host.runner, op.runner):  # "daemon": older
                 out += self.recover_one(pf)
         todo = dict(wanted)
         for pf in self.store.recorded():

@@ -46,7 +46,7 @@ class SriovOp:
     """The journal of one count change (see the module docstring)."""
 
     pf: str
-    owner: str
+    runner: str  # who runs it; stored as the journal's "owner" field (every release's)
     pid: int
     started: float
     from_count: int
@@ -58,7 +58,7 @@ class SriovOp:
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
         return (
-            f"SR-IOV count change of {self.pf} by {self.owner} (pid {self.pid}) started {when}, "
+            f"SR-IOV count change of {self.pf} by {self.runner} (pid {self.pid}) started {when}, "
             f"{self.done} of {len(self.writes)} writes made"
         )
 
@@ -80,13 +80,19 @@ def _record(data: object) -> SriovRecord:
     return rec
 
 
+def _op_to_json(op: SriovOp) -> dict[str, object]:
+    data = asdict(op)
+    data["owner"] = data.pop("runner")  # the journal's field name, as every release wrote it
+    return data
+
+
 def _op(data: object) -> SriovOp:
     if not isinstance(data, dict):
         raise TypeError("not a JSON object")
     prev = data.get("previous")
     return SriovOp(
         pf=str(PciAddress.parse(str(data["pf"]))),
-        owner=str(data["owner"]),
+        runner=str(data["owner"]),
         pid=int(data["pid"]),
         started=float(data["started"]),
         from_count=int(data["from_count"]),
@@ -152,11 +158,11 @@ class SriovStore:
 
     # -- journal -----------------------------------------------------------------------
     def begin(self, op: SriovOp) -> None:
-        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+        self._write(OPS_DIR, f"{op.pf}.json", _op_to_json(op))
 
     def step(self, op: SriovOp, done: int) -> None:
         op.done = done
-        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+        self._write(OPS_DIR, f"{op.pf}.json", _op_to_json(op))
 
     def finish(self, op: SriovOp) -> None:
         self.files.remove(OPS_DIR, f"{op.pf}.json")
