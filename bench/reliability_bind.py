@@ -73,12 +73,12 @@ def _without_driver(drivers: dict[str, str | None]) -> int:
 
 def _kill_row(run: dict[str, Any], c: dict[str, Any], source: str) -> dict[str, object]:
     what = {"bind": "vfioctl bind", "unbind": "vfioctl unbind", "daemon": "daemon bind: true"}
-    owner = "daemon" if c["kind"] == "daemon" else "vfioctl"
+    runner = "daemon" if c["kind"] == "daemon" else "vfioctl"
     verb = "unbind" if c["kind"] == "unbind" else "bind"
     dry = run["dry_runs"][f"{c['area']}/{c['kind']}"]["writes"]
     k, n = int(c["k"]), int(c["n"])
     landed = c["writes_made"] == dry[:k] if k < n else bool(c["writes_made"])
-    listed = f"INTERRUPTED {verb} by {owner}" in c["list"]["stderr"]
+    listed = f"INTERRUPTED {verb} by {runner}" in c["list"]["stderr"]
     st = c["state_after_kill"]
     intact = not st["unparsable"] and all(
         run["original"].get(a) == d for a, d in st["records"].items()
@@ -94,7 +94,7 @@ def _kill_row(run: dict[str, Any], c: dict[str, Any], source: str) -> dict[str, 
     killed = c["run"]["rc"] in (-9, 137)
     ok = killed and landed and listed and intact and recovered
     left = _without_driver(c["drivers_after_kill"])
-    recovery = "Host.recover(owner=daemon)" if c["kind"] == "daemon" else "vfioctl unbind"
+    recovery = "Host.recover(runner=daemon)" if c["kind"] == "daemon" else "vfioctl unbind"
     note = (
         f"{c['area']}; {left} device(s) without a driver after the kill; list named it: "
         f"{'yes' if listed else 'NO'}; records intact: {'yes' if intact else 'NO'}; "

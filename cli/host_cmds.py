@@ -264,7 +264,7 @@ def unbind_cmd(
                 _report(result, output, "off vfio-pci", sriov)
                 raise refused
             if output not in MACHINE and not (
-                result.restored or result.already or result.steps or sriov
+                result.restored or result.already or result.steps or sriov or result.warnings
             ):
                 say(
                     f"nothing to restore: no device has a record under {host.display}"

@@ -2,9 +2,9 @@
 
 The previous release's code (``061e962``, the main this round started from, taken from this
 checkout's git history with ``git archive``) and this checkout's code write, in turn, what
-a node holds in the middle of its life — a bind record of each owner, an interrupted bind
+a node holds in the middle of its life — a bind record of each holder, an interrupted bind
 journal, and a DRA checkpoint with a prepared claim — and the OTHER version reads it back:
-records with their drivers and owners, the journal to finish, the claim with its devices. Run
+records with their drivers and holders, the journal to finish, the claim with its devices. Run
 as separate processes (``PYTHONPATH`` = one version's tree), as the two DaemonSet images are.
 """
 
@@ -59,7 +59,8 @@ claims = cp.load()
 print(json.dumps({
     "records": {str(a): [r.driver, r.bound_by] for a, r in st.all().items()},
     "problems": problems + st.problems() + list(cp.problems),
-    "ops": [[o.kind, o.owner, [[d.address, d.writes_done] for d in o.devices]] for o in ops],
+    "ops": [[o.kind, getattr(o, "runner", None) or o.owner,  # the previous release: owner
+             [[d.address, d.writes_done] for d in o.devices]] for o in ops],
     "claims": {u: [c.name, c.state, [list(d.addresses) for d in c.devices]] for u, c in claims.items()},
 }))
 """
@@ -88,30 +89,30 @@ def _root(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("writer", "reader", "owner"),
+    ("writer", "reader", "front_end"),
     [("previous", "current", "daemon"), ("current", "previous", "device-plugin")],
     ids=["upgrade", "downgrade"],
 )
 def test_each_version_reads_the_others_state(
-    previous: Path, tmp_path: Path, writer: str, reader: str, owner: str
+    previous: Path, tmp_path: Path, writer: str, reader: str, front_end: str
 ) -> None:
     trees = {"previous": previous, "current": REPO}
     root = _root(tmp_path)
-    _run(WRITE, trees[writer], root, owner)
+    _run(WRITE, trees[writer], root, front_end)
     got = json.loads(_run(READ, trees[reader], root))
     assert got["problems"] == []
     assert got["records"] == {
-        "0000:65:00.0": ["e1000e", owner],
+        "0000:65:00.0": ["e1000e", front_end],
         "0000:3b:00.0": ["nouveau", "claim:6f1c-uid"],
     }
-    assert got["ops"] == [["bind", owner, [["0000:66:00.0", 1]]]]
+    assert got["ops"] == [["bind", front_end, [["0000:66:00.0", 1]]]]
     assert got["claims"] == {"6f1c-uid": ["vm-gpu", "prepared", [["0000:3b:00.0", "0000:3b:00.1"]]]}
 
 
 def test_the_current_version_finishes_the_previous_ones_journal(
     previous: Path, tmp_path: Path
 ) -> None:
-    """A journal the old daemon (owner ``daemon``) left is the new device plugin's to finish."""
+    """A journal the old daemon (runner ``daemon``) left is the new device plugin's to finish."""
     root = _root(tmp_path)
     _run(WRITE, previous, root, "daemon")
     code = (

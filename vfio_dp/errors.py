@@ -133,6 +133,17 @@ class HostError(VfioError):
     """Reading or writing the host's sysfs/devfs failed."""
 
 
+class InstanceLockError(HostError):
+    """A process lock file under ``run/vfio_dp/instances`` cannot be used: something that is
+    not a regular file stands at its path (a link, a FIFO, a directory, a socket), or a
+    directory on the way is not one."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"cannot take a process lock of ours at {path}: {why}; {fix}")
+
+
 class SysfsValueError(HostError):
     """A sysfs file holds what the kernel never writes there (binary, not hex, a FIFO): the
     device it describes is skipped rather than trusted (its IDs would become resource names)."""

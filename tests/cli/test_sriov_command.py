@@ -81,7 +81,8 @@ def test_set_refusals(tree: SysfsTree) -> None:
     ck.parent.mkdir(parents=True, exist_ok=True)
     ck.write_text(json.dumps({"version": 1, "claims": {"u1": {
         "namespace": "default", "name": "vm", "uid": "u1", "state": "prepared",
-        "devices": [{"addresses": ["0000:af:00.2"]}]}}}))  # fmt: skip
+        "devices": [{"requests": ["vf"], "pool": "node", "device": "pci-0000-af-00-2",
+                     "addresses": ["0000:af:00.2"]}]}}}))  # fmt: skip
     p = run("sriov", "set", "--root", str(tree.root), "--dry-run", "--force", MLX, "0")
     assert p.returncode == 1 and "claim default/vm (prepared, vfio.example.com)" in p.stderr
 

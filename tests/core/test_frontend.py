@@ -24,7 +24,7 @@ log = logging.getLogger("vfio_dp.test")
 
 def test_both_front_ends_map_the_core_options_the_same_way() -> None:
     shared = {f.name for f in fields(FrontEndOptions)}
-    assert shared == {f.name for f in fields(CoreOptions)} - {"path", "usage", "owner"}
+    assert shared == {f.name for f in fields(CoreOptions)} - {"path", "usage", "front_end"}
     assert shared == {f.name for f in fields(CoreFlags)}
     given = {
         "root": "/host",
@@ -37,8 +37,8 @@ def test_both_front_ends_map_the_core_options_the_same_way() -> None:
     }
     dp = Options(kubelet_dir="/k", **given).core()  # type: ignore[arg-type]
     dra = DraOptions(**given).core()  # type: ignore[arg-type]
-    assert dp == CoreOptions(**given, path=DEVICE_PLUGIN, usage=False, owner="device-plugin")  # type: ignore[arg-type]
-    assert dra == CoreOptions(**given, path=DRA, usage=True, owner="dra-plugin")  # type: ignore[arg-type]
+    assert dp == CoreOptions(**given, path=DEVICE_PLUGIN, usage=False, front_end="device-plugin")  # type: ignore[arg-type]
+    assert dra == CoreOptions(**given, path=DRA, usage=True, front_end="dra-plugin")  # type: ignore[arg-type]
     # each front-end keeps its own metrics port by default (both run on one host network)
     assert (Options().metrics_port, DraOptions(node_name="n").metrics_port) == (9109, 9110)
 

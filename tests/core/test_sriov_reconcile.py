@@ -39,7 +39,7 @@ def test_start_reload_and_give_back(tmp_path: Path) -> None:
     cfg.write_text(CONFIG.format(pf=PF, n=2))
     core = NodeCore(
         CoreOptions(root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False),
-        Host(tree.root, kernel=sim, owner="device-plugin"),
+        Host(tree.root, kernel=sim, runner="device-plugin"),
     )
     autoprobe = tree.dev_dir(PF) / "sriov_drivers_autoprobe"
 
@@ -81,8 +81,8 @@ def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> Non
 
     from vfio_dp.host.sriov import Sriov
 
-    # an older version's daemon (owner "daemon"): the device plugin recovers its journal
-    dying = Host(tree.root, kernel=KilledAfterCount(tree), owner="daemon")
+    # an older version's daemon (runner "daemon"): the device plugin recovers its journal
+    dying = Host(tree.root, kernel=KilledAfterCount(tree), runner="daemon")
     with contextlib.suppress(Killed):
         Sriov(dying, by="daemon").set(PciAddress.parse(PF), 2)
     ops = tree.root / "var/lib/vfio_dp/sriov/ops"
@@ -92,7 +92,7 @@ def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> Non
     sim = SimulatedKernel(tree)
     core = NodeCore(
         CoreOptions(root=str(tree.root), config_path=str(cfg), metrics_port=0, uevents=False),
-        Host(tree.root, kernel=sim, owner="device-plugin"),
+        Host(tree.root, kernel=sim, runner="device-plugin"),
     )
 
     async def scenario() -> None:
@@ -116,16 +116,16 @@ def test_each_path_reconciles_only_its_own_selectors(tmp_path: Path) -> None:
     cfg.write_text(CONFIG.format(pf=PF, n=2))  # path: devicePlugin (the default)
 
     def core(path: str, sim: SimulatedKernel) -> NodeCore:
-        owner = "dra-plugin" if path == DRA else "device-plugin"
+        front_end = "dra-plugin" if path == DRA else "device-plugin"
         opts = CoreOptions(
             root=str(tree.root),
             config_path=str(cfg),
             metrics_port=0,
             uevents=False,
             path=path,
-            owner=owner,
+            front_end=front_end,
         )
-        return NodeCore(opts, Host(tree.root, kernel=sim, owner=owner))
+        return NodeCore(opts, Host(tree.root, kernel=sim, runner=front_end))
 
     async def start_stop(c: NodeCore) -> None:
         await c.start()

@@ -47,7 +47,7 @@ async def test_pod_allocation_blocks_count_change(
             uevents=False,
             pod_resources_socket=pr.socket,
         ),
-        host=Host(tree.root, kernel=SimulatedKernel(tree), owner="device-plugin"),
+        host=Host(tree.root, kernel=SimulatedKernel(tree), runner="device-plugin"),
     )
     await d.start()
     try:

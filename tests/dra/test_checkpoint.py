@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vfio_dp.dra.claimpath import checkpoint as checkpoint_mod
 from vfio_dp.dra.claimpath.checkpoint import PREPARED, Checkpoint, ClaimRecord, DeviceRecord
 from vfio_dp.errors import DraError
+from vfio_dp.host import records as records_mod  # the checkpoint's one writer
 from vfio_dp.host.root import Root
 
 DRIVER = "vfio.example.com"
@@ -132,7 +132,7 @@ def test_failed_save_keeps_memory_and_disk_consistent(
     def enospc(*a: object, **k: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("vfio_dp.dra.claimpath.checkpoint.replace_at", enospc)
+    monkeypatch.setattr("vfio_dp.host.records.replace_at", enospc)  # its one writer
     with pytest.raises(DraError, match="No space left on device; free space"):
         cp.put(_claim("u-2"))
     with pytest.raises(DraError, match="No space left on device"):
@@ -171,14 +171,14 @@ def test_changes_made_together_are_written_together(
     cp = Checkpoint(Root(tmp_path), DRIVER)
     cp.load()
     writes: list[int] = []
-    real = checkpoint_mod.replace_at
+    real = records_mod.replace_at
 
     def slow_disk(dfd: int, name: str, data: bytes) -> None:
         time.sleep(0.01)  # the scenario: each fsynced write takes a while, as on a real disk
         real(dfd, name, data)
         writes.append(len(json.loads(data)["claims"]))
 
-    monkeypatch.setattr(checkpoint_mod, "replace_at", slow_disk)
+    monkeypatch.setattr(records_mod, "replace_at", slow_disk)
     uids = [f"u-{i}" for i in range(64)]
     outcome = _put_all_at_once(cp, uids)
     assert outcome == dict.fromkeys(uids)
@@ -198,7 +198,7 @@ def test_a_failed_group_write_fails_every_change_it_carried(
         time.sleep(0.01)  # the scenario: a slow disk that then fails, so changes pile up
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_mod, "replace_at", enospc)
+    monkeypatch.setattr(records_mod, "replace_at", enospc)
     uids = [f"u-{i}" for i in range(16)]
     outcome = _put_all_at_once(cp, uids)
     assert all(isinstance(e, DraError) and "No space left" in str(e) for e in outcome.values())

@@ -4,7 +4,7 @@ strace is the fault injector (tests/guest/scenarios/crash_scenario.py runs insid
 `vfioctl bind` and `vfioctl unbind` on the lone e1000e and on the shared e1000 group, and the
 daemon's `bind: true` path on both, each killed right after every sysfs write it makes;
 then `vfioctl list` must name the interrupted operation, recovery (`vfioctl unbind`, or
-`Host.recover(owner="device-plugin")` that the daemon runs at start) must put every device back on
+`Host.recover(runner="device-plugin")` that the daemon runs at start) must put every device back on
 its original driver, and the records must have stayed intact. Also the state directory
 full (ENOSPC) or read-only (EROFS): refused before the first sysfs write; and a sysfs write
 that hangs: timed out, named, rolled back.
@@ -97,9 +97,9 @@ def test_list_shows_the_interrupted_operation(run: dict[str, Any]) -> None:
     for c in kills(run):
         lst = c["list"]
         assert lst["rc"] == 0, lst["stderr"]
-        owner = "device-plugin" if c["kind"] == "daemon" else "vfioctl"
+        runner = "device-plugin" if c["kind"] == "daemon" else "vfioctl"
         verb = "unbind" if c["kind"] == "unbind" else "bind"
-        assert f"INTERRUPTED {verb} by {owner}" in lst["stderr"], (c["fault"], lst["stderr"])
+        assert f"INTERRUPTED {verb} by {runner}" in lst["stderr"], (c["fault"], lst["stderr"])
         assert "vfioctl unbind " in lst["stderr"]
         assert lst["json_ok"]  # stdout stays the JSON list
 

@@ -88,14 +88,15 @@ def test_stale_record_from_an_earlier_boot_is_taken_over(
     }
 
 
-# -- each front-end its own owner; what older versions wrote still reads (upgrade) ----------
-def _journal(tree: SysfsTree, owner: str, addr: PciAddress) -> Path:
-    """An interrupted bind's journal as a killed process of ``owner`` left it."""
+# -- each front-end its own runner and holder; what older versions wrote still reads -------
+def _journal(tree: SysfsTree, runner: str, addr: PciAddress) -> Path:
+    """An interrupted bind's journal as a killed process of ``runner`` left it (the journal
+    names its runner in the field ``owner``, as every release wrote it)."""
     d = Path(tree.root) / "var/lib/vfio_dp/ops"
     d.mkdir(parents=True, exist_ok=True)
-    p = d / f"1-{owner}.json"
+    p = d / f"1-{runner}.json"
     p.write_text(json.dumps({
-        "id": f"1-{owner}", "kind": "bind", "owner": owner, "pid": 999999, "started": 1.0,
+        "id": f"1-{runner}", "kind": "bind", "owner": runner, "pid": 999999, "started": 1.0,
         "devices": [{"address": str(addr), "target": "vfio-pci", "override": None,
                      "writes_done": 1, "next": None}],
     }))  # fmt: skip
@@ -110,7 +111,7 @@ def test_an_old_daemon_record_still_reads_as_a_front_end_binding(
     h = Host(tree.root, kernel=kernel)
     h.bind([NIC], group=True, probe=False, bound_by=BOUND_BY_DAEMON)
     assert _record(tree, NIC)["bound_by"] == "daemon"  # exactly what the old version wrote
-    assert h.owners() == {NIC: "daemon", NIC2: "daemon"}
+    assert h.record_holders() == {NIC: "daemon", NIC2: "daemon"}
     assert h.holdings("daemon") == [NIC, NIC2] and h.holdings(bound_by_claim("u")) == []
     assert claim_of(BOUND_BY_DAEMON) is None
     taken = h.adopt([NIC, NIC2], bound_by_claim("u"), replacing=lambda o: claim_of(o) is not None)
@@ -132,11 +133,11 @@ def test_an_old_daemon_journal_is_finished_by_either_front_end(
     h.state.put(OriginalDriver(str(NIC), "e1000", None, "8086", "100e", BOUND_BY_DAEMON))
     tree.set_override(str(NIC), "vfio-pci")
     journal = _journal(tree, "daemon", NIC)
-    out = Host(tree.root, kernel=kernel).recover(owner="vfioctl")
+    out = Host(tree.root, kernel=kernel).recover(runner="vfioctl")
     assert out.recovered == [] and journal.exists()
     assert any("not started by vfioctl" in s for s in out.skipped)
-    out = Host(tree.root, kernel=kernel, owner=BOUND_BY_DRA_PLUGIN).recover(
-        owner=BOUND_BY_DRA_PLUGIN
+    out = Host(tree.root, kernel=kernel, runner=BOUND_BY_DRA_PLUGIN).recover(
+        runner=BOUND_BY_DRA_PLUGIN
     )
     assert len(out.recovered) == 1 and out.problems == []
     assert not journal.exists() and tree.override_of(str(NIC)) is None
@@ -160,6 +161,6 @@ def test_the_front_ends_name_themselves() -> None:
     from vfio_dp.deviceplugin.app import Options
     from vfio_dp.dra.plugin import DraOptions
 
-    assert Options().core().owner == BOUND_BY_DEVICE_PLUGIN == "device-plugin"
+    assert Options().core().front_end == BOUND_BY_DEVICE_PLUGIN == "device-plugin"
     dra = DraOptions(node_name="n", driver_name="vfio.example.com").core()
-    assert dra.owner == BOUND_BY_DRA_PLUGIN == "dra-plugin"
+    assert dra.front_end == BOUND_BY_DRA_PLUGIN == "dra-plugin"

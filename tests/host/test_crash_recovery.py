@@ -113,19 +113,19 @@ def test_unbind_killed_after_each_write_is_finished_by_unbind(tree: SysfsTree) -
 def test_daemon_recovers_only_what_it_bound(tree: SysfsTree) -> None:
     # the daemon's bind is killed after drivers_probe of the first NIC ...
     with pytest.raises(Killed):
-        Host(tree.root, kernel=KilledAfter(tree, 3), owner="daemon").bind(
+        Host(tree.root, kernel=KilledAfter(tree, 3), runner="daemon").bind(
             [A(NIC_A)], group=True, probe=False
         )
     # ... and an operator's bind of the GPU after its unbind write
     with pytest.raises(Killed):
         Host(tree.root, kernel=KilledAfter(tree, 2)).bind([A(GPU)], group=True)
     assert tree.driver_of(GPU) is None  # the case of the issue: a device with no driver
-    out = Host(tree.root, kernel=SimulatedKernel(tree), owner="daemon").recover(owner="daemon")
+    out = Host(tree.root, kernel=SimulatedKernel(tree), runner="daemon").recover(runner="daemon")
     assert drivers(tree, NIC_A, NIC_B) == {NIC_A: "e1000", NIC_B: "e1000"}
     assert len(out.recovered) == 1 and out.problems == []
     assert any("not started by daemon" in s for s in out.skipped)
     assert [j["owner"] for j in journals(tree)] == ["vfioctl"]  # the operator's is left
-    # recover() without an owner undoes the rest: no device is left without a driver
+    # recover() without a runner undoes the rest: no device is left without a driver
     Host(tree.root, kernel=SimulatedKernel(tree)).recover()
     assert drivers(tree, *ORIGINAL) == ORIGINAL and journals(tree) == []
 

@@ -23,7 +23,7 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   selectors; on reload: the previous config is kept);
 - the ``bind: true`` policy (:mod:`vfio_dp.core.policy`, pure) for the devices of this
   process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
-  recorded as this front-end's (``CoreOptions.owner``: ``device-plugin``, ``dra-plugin``).
+  recorded as this front-end's (``CoreOptions.front_end``: ``device-plugin``, ``dra-plugin``).
   Never unbinds anything;
 - SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
   :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
@@ -95,7 +95,7 @@ class Observer(Protocol):
 class NodeCore:
     def __init__(self, options: CoreOptions, host: Host | None = None) -> None:
         self.options = options
-        self.host = host or Host(options.root, owner=options.owner)
+        self.host = host or Host(options.root, runner=options.front_end)
         self.config: Config = DEFAULT_CONFIG
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
@@ -110,7 +110,7 @@ class NodeCore:
         self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
         #: SR-IOV count records name the front-end (``device-plugin``, ``dra-plugin``): each
         #: node process gives back only the PFs it changed (its own path's numVfs selectors)
-        self.sriov = Sriov(self.host, by=options.owner)
+        self.sriov = Sriov(self.host, by=options.front_end)
         self._sriov_said: set[str] = set()
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -155,7 +155,7 @@ class NodeCore:
                 self.options.metrics_host, self.options.metrics_port, self.metrics, self.health
             )
         # undo binds a kill interrupted (ours, and an older version's "daemon" ones)
-        await self.run(self.host.recover, owner=self.options.owner)
+        await self.run(self.host.recover, runner=self.options.front_end)
         await self.rescan("start", bind_all=True)
         self._tasks = [
             asyncio.create_task(self._resync_loop(), name="resync"),
@@ -368,7 +368,7 @@ class NodeCore:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
             try:
                 result = await self.run(
-                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.owner
+                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.front_end
                 )
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")

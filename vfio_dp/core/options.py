@@ -47,8 +47,9 @@ class CoreOptions(CoreFlags):
     path: str = DEVICE_PLUGIN
     #: fill ``PciDevice.in_use`` on every scan (full scans only; the DRA plugin needs it)
     usage: bool = False
-    #: who this process is in bind records and journals (``device-plugin``, ``dra-plugin``)
-    owner: str = BOUND_BY_DEVICE_PLUGIN
+    #: which front-end this process is: the runner its journals name and the holder its
+    #: ``bind: true`` bind records name (``device-plugin``, ``dra-plugin``)
+    front_end: str = BOUND_BY_DEVICE_PLUGIN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,9 +60,12 @@ class FrontEndOptions(CoreFlags):
     serves: ClassVar[str]
     #: whether the core reads host usage (``PciDevice.in_use``) on every scan
     needs_usage: ClassVar[bool] = False
-    #: who this front-end is in bind records and journals (``vfio_dp.host.state.BOUND_BY_*``)
-    owner: ClassVar[str]
+    #: which front-end this is: the runner of its journals, the holder of its ``bind: true``
+    #: bind records (``vfio_dp.host.state.BOUND_BY_*``)
+    front_end: ClassVar[str]
 
     def core(self) -> CoreOptions:
         flags = {f.name: getattr(self, f.name) for f in fields(CoreFlags)}
-        return CoreOptions(**flags, path=self.serves, usage=self.needs_usage, owner=self.owner)
+        return CoreOptions(
+            **flags, path=self.serves, usage=self.needs_usage, front_end=self.front_end
+        )

@@ -15,7 +15,6 @@ device. ``flush()`` runs on stop.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 
@@ -27,13 +26,13 @@ from vfio_dp.deviceplugin.allocation import (
     record_to_json,
 )
 from vfio_dp.errors import VfioError
-from vfio_dp.host.atomic import replace_at
-from vfio_dp.host.records import STATE_DIR
+from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 
 log = logging.getLogger("vfio_dp.core")
 
 RECORD_PATH = (*STATE_DIR, "allocations.json")
+_MAX_BYTES = 64 << 20  # ~300 bytes a grant: far more grants than a node can hold
 
 
 class AllocationStore:
@@ -43,6 +42,7 @@ class AllocationStore:
         # every open is resolved inside the root: a symlinked var/lib/vfio_dp cannot send
         # the record (or its read) outside it (PathEscapeError, an OSError's sibling: logged)
         self.fs = root
+        self.files = RecordFiles(root, _MAX_BYTES)
         self.path = root.path(*RECORD_PATH)
         self.record: AllocationRecord = {}
         self.problem: str | None = None
@@ -52,13 +52,14 @@ class AllocationStore:
         self._flush_lock = threading.Lock()
 
     def load(self) -> None:
-        """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record."""
+        """Read ``<root>/var/lib/vfio_dp/allocations.json``; a missing file is an empty record.
+        Read through :class:`~vfio_dp.host.records.RecordFiles` (inside the root, never
+        blocking: a FIFO, a directory or a link there is reported, not opened)."""
         try:
-            fd = self.fs.open(self.path, os.O_RDONLY)
-            with os.fdopen(fd, encoding="utf-8") as f:
-                self.record = record_from_json(f.read())
-        except FileNotFoundError:
-            self.record = {}
+            raw = self.files.read(RECORD_PATH[:-1], RECORD_PATH[-1])
+            if raw is not None and len(raw) > _MAX_BYTES:
+                raise ValueError(f"larger than {_MAX_BYTES} bytes")
+            self.record = {} if raw is None else record_from_json(raw.decode())
         except (OSError, ValueError, KeyError, TypeError, VfioError) as e:
             self.problem = f"{self.path} is unreadable ({e}); PreStartContainer cannot verify"
             log.error("%s: treating it as empty", self.problem)
@@ -80,11 +81,7 @@ class AllocationStore:
         self.dirty = False
         record = self.record
         try:
-            dfd = self.fs.open_dir(*RECORD_PATH[:-1], create=True)
-        except VfioError as e:  # the state dir leads out of the root: refuse, say where
+            self.files.write(RECORD_PATH[:-1], RECORD_PATH[-1], record_to_json(record).encode())
+        except VfioError as e:  # full, read-only, or the state dir leads out of the root
             raise OSError(f"cannot write {self.path}: {e}") from e
-        try:
-            replace_at(dfd, RECORD_PATH[-1], record_to_json(record).encode())
-        finally:
-            os.close(dfd)
         del record

@@ -20,7 +20,7 @@ class Options(FrontEndOptions):
     """``vfioctl plugin``'s options: the core's (:class:`FrontEndOptions`) and these."""
 
     serves: ClassVar[str] = DEVICE_PLUGIN
-    owner: ClassVar[str] = BOUND_BY_DEVICE_PLUGIN
+    front_end: ClassVar[str] = BOUND_BY_DEVICE_PLUGIN
 
     kubelet_dir: str = "/var/lib/kubelet/device-plugins"
     cdi_dir: str | None = None  # write CDI specs here and answer cdi_devices; None = off

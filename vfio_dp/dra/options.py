@@ -22,7 +22,7 @@ class DraOptions(FrontEndOptions):
 
     serves: ClassVar[str] = DRA
     needs_usage: ClassVar[bool] = True  # a group a host process uses is not published
-    owner: ClassVar[str] = BOUND_BY_DRA_PLUGIN
+    front_end: ClassVar[str] = BOUND_BY_DRA_PLUGIN
 
     node_name: str
     driver_name: str = naming.DEFAULT_DRA_DRIVER

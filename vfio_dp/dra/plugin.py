@@ -386,12 +386,12 @@ class DraPlugin(FrontEnd):
         """Our entries for one prepared claim, from the health model. Blocking (reads the
         bind records: who bound the group)."""
         out: list[DeviceStatus] = []
-        owners = self.core.host.owners()
+        holders = self.core.host.record_holders()
         for d in rec.devices:
             if d.admin_access or d.iommu_group is None or not d.addresses:
                 continue
             h = self.health.states.get(d.device)
-            bound = owners.get(PciAddress.parse(d.addresses[0]))
+            bound = holders.get(PciAddress.parse(d.addresses[0]))
             out.append(
                 DeviceStatus(
                     pool=d.pool,

@@ -18,9 +18,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from vfio_dp.errors import ConfigError
-from vfio_dp.model.config import DEFAULT_CONFIG, MAX_CONFIG_BYTES, Config, load_config_bytes
+
+if TYPE_CHECKING:  # the config's module is imported by the config readers only: the record
+    from vfio_dp.model.config import Config  # readers (host.records) share this module
 
 #: What identifies a file at a path: a ConfigMap's ``..data`` swap or a re-created socket
 #: changes it even when size and content do not.
@@ -41,6 +44,20 @@ class NotRegularFileError(OSError):
     """The path is a FIFO, socket, device or directory: nothing was read from it."""
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
+
+
 def read_regular(
     path: str, limit: int, *, dir_fd: int | None = None, nofollow: bool = False
 ) -> bytes:
@@ -58,7 +75,7 @@ def read_regular(
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(f"{path} is not a regular file")
+            raise NotRegularFileError(f"{path} is not a regular file ({_kind(st.st_mode)})")
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
@@ -75,6 +92,8 @@ def read_regular(
 def read_config_bytes(path: str) -> bytes:
     """The config file's bytes (at most one more than the cap); :class:`ConfigError` naming
     the file when it cannot be read."""
+    from vfio_dp.model.config import MAX_CONFIG_BYTES
+
     try:
         return read_regular(path, MAX_CONFIG_BYTES)
     except NotRegularFileError:
@@ -94,6 +113,8 @@ def read_config_bytes(path: str) -> bytes:
 
 def load_config(path: str | None) -> Config:
     """The config at ``path``, or the default (every device on vfio-pci) without one."""
+    from vfio_dp.model.config import DEFAULT_CONFIG, load_config_bytes
+
     if not path:
         return DEFAULT_CONFIG
     return load_config_bytes(read_config_bytes(path), path)

@@ -6,9 +6,11 @@ tests. Composes discovery (:mod:`.sysfs`), host usage (:mod:`.usage`), the VFIO 
 (:mod:`.operations`, executed by :mod:`.bind`, recorded by :mod:`.ledger`, the one writer of
 bind records and journals in :mod:`.state`) -- with the pure rules of :mod:`vfio_dp.model`.
 
-Ownership: every binding has an owner (``bound_by``: ``operator``, ``device-plugin``,
-``dra-plugin``, ``claim:<uid>``); :meth:`Host.owners`, :meth:`Host.holdings`,
-:meth:`Host.adopt` and :meth:`Host.release` are how front-ends ask and act on it.
+Holding: every binding has a holder, the one its bind record names (``bound_by``:
+``operator``, ``device-plugin``, ``dra-plugin``, ``claim:<uid>``); :meth:`Host.record_holders`,
+:meth:`Host.holdings`, :meth:`Host.adopt` and :meth:`Host.release` are how front-ends ask and
+act on it. Every journalled operation names its runner (:attr:`Host.runner`: ``vfioctl``,
+``device-plugin``, ``dra-plugin``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
+from vfio_dp.errors import BindError, HostError, NoIommuError, PathEscapeError
 from vfio_dp.host import sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
@@ -56,10 +58,10 @@ class Host:
         write_timeout: float = 10.0,
         lock_timeout: float = 10.0,
         scan_processes: int = 1,
-        owner: str = "vfioctl",
+        runner: str = "vfioctl",
     ) -> None:
         """``scan_processes`` > 1 lets a big host's full scan use that many processes (the
-        CLI passes the CPUs it may use; the daemon, which has threads, keeps 1). ``owner``
+        CLI passes the CPUs it may use; the daemon, which has threads, keeps 1). ``runner``
         names who runs the operations in their journals (the front-ends pass ``"device-plugin"``
         and ``"dra-plugin"``)."""
         self.fs = Root(root)
@@ -67,7 +69,7 @@ class Host:
         self.kernel: KernelIO = kernel or RealKernel(self.fs.prefix, write_timeout, self.fs.open)
         self.state = StateStore(self.fs)
         self.lock_timeout = lock_timeout
-        self.owner = owner
+        self.runner = runner
 
     @cached_property
     def ledger(self) -> Ledger:
@@ -278,7 +280,7 @@ class Host:
         the true ones.
         ``bound_by`` goes into each new bind record (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``); devices already on vfio-pci keep their record and
-        owner. ``inventory``: a :meth:`scan` (or :meth:`scan_groups` of ``addresses``) the
+        holder. ``inventory``: a :meth:`scan` (or :meth:`scan_groups` of ``addresses``) the
         caller has just made, used for the first plan instead of reading the groups again
         (the plan is made again under the locks from the devices as they are then; it is not
         used when an interrupted operation was undone).
@@ -301,12 +303,12 @@ class Host:
 
         return [Interrupted(op, self.state.busy(op.addresses())) for op in ops], problems
 
-    def recover(self, *, owner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
+    def recover(self, *, runner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
         """Undo every INTERRUPTED operation (a bind or unbind whose process was killed):
         each of its devices goes back to the driver it had before the bind (an interrupted
         bind is rolled back, an interrupted unbind is finished), then its journal is removed.
 
-        ``owner="device-plugin"``: only what that front-end started (it calls this at start,
+        ``runner="device-plugin"``: only what that front-end started (it calls this at start,
         before it binds anything; a front-end also finishes what an older version recorded
         as ``daemon``); ``only``: only operations that include one of these devices
         (``vfioctl unbind <addresses>``). An operation whose process still runs (its locks
@@ -316,7 +318,7 @@ class Host:
         """
         from vfio_dp.host import operations
 
-        return operations.recover(self, owner=owner, only=only)
+        return operations.recover(self, runner=runner, only=only)
 
     def unbind(
         self,
@@ -340,40 +342,59 @@ class Host:
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):
-        the same checks, every device attempted; a record whose device is gone is named in
-        the error after the others are restored. No records: an empty result."""
+        the same checks, every device attempted; a record whose device is gone, or a record
+        that cannot be read (a FIFO, a directory, a link, not JSON: its device is left as it
+        is), is named in the error after the others are restored -- never "all given back"
+        while one may still be on vfio-pci (``dry_run``: named in the warnings). No records:
+        an empty result."""
         from vfio_dp.host import operations
 
-        return operations.unbind(
-            self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
+        unreadable = self.state.unreadable()
+        head = (
+            f"{len(unreadable)} bind record(s) cannot be read; their devices are left as they "
+            "are (maybe still on vfio-pci)"
         )
+        try:
+            result = operations.unbind(
+                self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
+            )
+        except HostError as e:
+            if not unreadable:
+                raise
+            raise BindError("\n".join([head, *unreadable, str(e)])) from e
+        if unreadable and dry_run:
+            result.warnings.extend(w for w in unreadable if w not in result.warnings)
+        elif unreadable:
+            done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
+            raise BindError("\n".join([head, *unreadable, *done]))
+        return result
 
-    # -- ownership ---------------------------------------------------------------------
-    def owners(self) -> dict[PciAddress, str]:
+    # -- holding -----------------------------------------------------------------------
+    def record_holders(self) -> dict[PciAddress, str]:
         """Every device with a bind record → who bound it (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``; ``daemon`` from older versions)."""
-        return self.ledger.owners()
+        return self.ledger.record_holders()
 
-    def holdings(self, owner: str) -> list[PciAddress]:
-        """The devices ``owner`` bound (their bind records name it), in address order."""
-        return self.ledger.holdings(owner)
+    def holdings(self, holder: str) -> list[PciAddress]:
+        """The devices ``holder`` bound (their bind records name it), in address order."""
+        return self.ledger.holdings(holder)
 
     def adopt(
-        self, addresses: Sequence[PciAddress], owner: str, *, replacing: Callable[[str], bool]
+        self, addresses: Sequence[PciAddress], holder: str, *, replacing: Callable[[str], bool]
     ) -> list[tuple[PciAddress, str]]:
-        """Make ``owner`` the owner of the bindings of ``addresses`` now held by an owner
+        """Make ``holder`` the holder of the bindings of ``addresses`` now held by one
         ``replacing`` accepts (:meth:`vfio_dp.host.ledger.Ledger.adopt`)."""
-        return self.ledger.adopt(addresses, owner, replacing=replacing)
+        return self.ledger.adopt(addresses, holder, replacing=replacing)
 
-    def release(self, owner: str) -> Release:
-        """Give back every device ``owner`` bound, IOMMU group by group, to its recorded
+    def release(self, holder: str) -> Release:
+        """Give back every device ``holder`` bound, IOMMU group by group, to its recorded
         driver -- except groups a process holds open (``/dev/vfio/<N>``, found through
         ``<root>/proc/*/fd``: a VM's QEMU): those are kept and named, to be released later.
         Records of devices gone from the host are forgotten (nothing to give back). Reads the
-        groups of the devices ``owner`` bound (:meth:`scan_groups`), no other device."""
+        groups of the devices ``holder`` bound (:meth:`scan_groups`), no other device."""
         from vfio_dp.host import operations
 
-        return operations.release(self, owner)
+        return operations.release(self, holder)
 
     # -- readiness ---------------------------------------------------------------------
     def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:

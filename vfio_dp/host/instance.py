@@ -26,11 +26,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from vfio_dp.errors import DriverNameError, InstanceRunningError
+from vfio_dp.errors import DriverNameError, InstanceLockError, InstanceRunningError
 from vfio_dp.host.root import Root
 from vfio_dp.model.naming import check_dra_driver_name
 
@@ -56,9 +57,58 @@ def _describe(name: str) -> str:
 
 
 def _open(root: Root, name: str) -> int:
-    d = root.open_dir(*RUN_DIR, create=True)
-    os.close(d)
-    return root.open(root.path(*RUN_DIR, name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    """The lock file ``<root>/run/vfio_dp/instances/<name>``, created when missing; opened
+    ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat``, so a link, FIFO, directory or
+    socket at its path (or a file where a directory should be) raises
+    :class:`InstanceLockError` naming the path and the fix, never blocks or crashes."""
+    path = root.path(*RUN_DIR, name)
+    try:
+        os.close(root.open_dir(*RUN_DIR, create=True))
+        fd = root.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise _unusable(root, name, e) from e
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _unusable(root, name, None)
+    return fd
+
+
+def _unusable(root: Root, name: str | None, e: OSError | None) -> InstanceLockError:
+    """What stands in the way of the lock file ``name`` (None: of the directory), and how to
+    clear it: the first path on the way (``run``, ``run/vfio_dp``, ``instances``, the file)
+    that is not what it must be. None of ours holds a lock on such a thing (we lock only
+    regular files): removing it is safe."""
+    parts = RUN_DIR if name is None else (*RUN_DIR, name)
+    for i in range(1, len(parts) + 1):
+        p = root.path(*parts[:i])
+        want_dir = i <= len(RUN_DIR)
+        try:  # a directory may be a link to one (inside the root: Root checks that)
+            mode = (os.stat if want_dir else os.lstat)(p).st_mode
+        except OSError:
+            break
+        if stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode):
+            continue
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        need = "a directory" if want_dir else "a regular file"
+        return InstanceLockError(
+            p, f"it is {kind}, not {need}", f"remove it (rm -r {p}) and start again"
+        )
+    why = (e.strerror or str(e)) if e is not None else "not a regular file"
+    return InstanceLockError(
+        root.path(*parts), why, "check that directory (it must be writable) and retry"
+    )
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
 
 
 def _pid_in(fd: int) -> int | None:
@@ -132,6 +182,8 @@ def lock_files(root: Root) -> list[str]:
         d = root.open_dir(*RUN_DIR)
     except FileNotFoundError:
         return []
+    except OSError as e:  # a file where the directory should be: say so, never a traceback
+        raise _unusable(root, None, e) from e
     try:
         return sorted(
             n

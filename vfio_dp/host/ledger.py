@@ -1,11 +1,11 @@
-"""The one writer of bind records (who owns each binding, what to give back) and journals.
+"""The one writer of bind records (who holds each binding, what to give back) and journals.
 
 Files (formats in :mod:`.state`)::
 
-    <root>/var/lib/vfio_dp/original/<bdf>.json   the bind record: driver before the bind, owner
+    <root>/var/lib/vfio_dp/original/<bdf>.json   the bind record: driver before the bind, holder
     <root>/var/lib/vfio_dp/ops/<id>.json         the journal of one bind or unbind while it runs
 
-Owners (``bound_by``): ``operator`` (``vfioctl bind``), ``device-plugin`` / ``dra-plugin``
+Holders (the record's ``bound_by``): ``operator`` (``vfioctl bind``), ``device-plugin`` / ``dra-plugin``
 (a selector's ``bind: true`` in that front-end), ``claim:<uid>`` (a DRA claim's Prepare);
 ``daemon``, what versions before the split wrote for either front-end, still reads as an
 automatic front-end binding (never a claim's), and its interrupted operations are recovered
@@ -60,29 +60,29 @@ class Ledger:
         """Every readable bind record, by address."""
         return self.state.all()
 
-    def owners(self) -> dict[PciAddress, str]:
-        """Every device with a readable bind record → its owner (``bound_by``)."""
+    def record_holders(self) -> dict[PciAddress, str]:
+        """Every device with a readable bind record → its holder (``bound_by``)."""
         return {a: rec.bound_by for a, rec in self.state.all().items()}
 
-    def holdings(self, owner: str) -> list[PciAddress]:
-        """The devices whose bind record names ``owner``, in address order."""
-        return sorted(a for a, o in self.owners().items() if o == owner)
+    def holdings(self, holder: str) -> list[PciAddress]:
+        """The devices whose bind record names ``holder``, in address order."""
+        return sorted(a for a, h in self.record_holders().items() if h == holder)
 
     def claims(self) -> set[str]:
         """The UIDs of every claim that holds a device (``claim:<uid>`` records)."""
-        return {u for o in self.owners().values() if (u := claim_of(o)) is not None}
+        return {u for h in self.record_holders().values() if (u := claim_of(h)) is not None}
 
-    # -- ownership -----------------------------------------------------------------------
+    # -- holding -------------------------------------------------------------------------
     def adopt(
-        self, addresses: Sequence[PciAddress], owner: str, *, replacing: Callable[[str], bool]
+        self, addresses: Sequence[PciAddress], holder: str, *, replacing: Callable[[str], bool]
     ) -> list[tuple[PciAddress, str]]:
-        """Rewrite the bind record of each of ``addresses`` whose owner ``replacing`` accepts
-        (and is not ``owner``) to name ``owner``, under the devices' locks; the driver to give
-        back stays. Returns ``[(address, previous owner)]``."""
+        """Rewrite the bind record of each of ``addresses`` whose holder ``replacing`` accepts
+        (and is not ``holder``) to name ``holder``, under the devices' locks; the driver to
+        give back stays. Returns ``[(address, previous holder)]``."""
 
         def takes(a: PciAddress) -> OriginalDriver | None:
             rec = self.state.get(a)
-            if rec is None or rec.bound_by == owner or not replacing(rec.bound_by):
+            if rec is None or rec.bound_by == holder or not replacing(rec.bound_by):
                 return None
             return rec
 
@@ -94,19 +94,19 @@ class Ledger:
             for a in wanted:
                 rec = takes(a)  # again, under the lock
                 if rec is not None:
-                    self.state.put(replace(rec, bound_by=owner))
+                    self.state.put(replace(rec, bound_by=holder))
                     taken.append((a, rec.bound_by))
-                    _log_info("%s: bind record taken over from %s by %s", a, rec.bound_by, owner)
+                    _log_info("%s: bind record taken over from %s by %s", a, rec.bound_by, holder)
         return taken
 
-    def record_for(self, dev: PciDevice, owner: str) -> OriginalDriver | None:
+    def record_for(self, dev: PciDevice, holder: str) -> OriginalDriver | None:
         """The bind record to write before binding ``dev`` (not on vfio), or None to keep the
         existing one (also when it already says exactly this). A record left from an earlier
         boot (the device is back on a host driver) or by an interrupted bind is taken over:
         the driver the device has now is what to give back (driverless: keep the recorded
-        one), and ``owner``, who binds it now, owns the binding."""
+        one), and ``holder``, who binds it now, holds the binding."""
         rec = self.state.get(dev.address)
-        if rec is not None and rec.bound_by == owner and dev.driver is None:
+        if rec is not None and rec.bound_by == holder and dev.driver is None:
             return None
         keep = rec is not None and dev.driver is None
         new = OriginalDriver(
@@ -115,7 +115,7 @@ class Ledger:
             rec.driver_override if keep and rec is not None else dev.driver_override,
             dev.vendor,
             dev.device,
-            owner,
+            holder,
         )
         return None if new == rec else new
 
@@ -132,9 +132,11 @@ class Ledger:
             self.state.remove(address)
 
     # -- journals ------------------------------------------------------------------------
-    def begin_bind(self, runner: str, targets: Sequence[PciDevice], owner: str) -> Operation | None:
-        """Write the journal (run by ``runner``) and every device's bind record (owned by
-        ``owner``), all before the first sysfs write; a failure here undoes what was
+    def begin_bind(
+        self, runner: str, targets: Sequence[PciDevice], holder: str
+    ) -> Operation | None:
+        """Write the journal (run by ``runner``) and every device's bind record (held by
+        ``holder``), all before the first sysfs write; a failure here undoes what was
         written and refuses the bind (:class:`StateWriteError`), changing nothing."""
         if not targets:
             return None
@@ -147,7 +149,7 @@ class Ledger:
             )
             for dev in targets:
                 before = self.state.get(dev.address)
-                record = self.record_for(dev, owner)
+                record = self.record_for(dev, holder)
                 if record is not None:
                     self.state.put(record)
                     written.append(dev.address)

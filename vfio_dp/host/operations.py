@@ -14,7 +14,7 @@ Each operation on devices (``<root>`` omitted):
    marked ``failed`` for ``vfioctl list`` / ``unbind`` / :func:`recover`.
 
 A failed bind rolls back every device it touched (:func:`_rollback`), so no device is left
-without its driver. :func:`release` gives back what one owner bound, group by group, keeping
+without its driver. :func:`release` gives back what one holder bound, group by group, keeping
 groups a process holds open.
 """
 
@@ -212,7 +212,7 @@ def bind(
         targets = [inv.devices[a] for a in plan.targets]
         for dev in targets:
             _preflight(host, planner.bind_steps(dev, need_module=False))
-        op = host.ledger.begin_bind(host.owner, targets, bound_by)
+        op = host.ledger.begin_bind(host.runner, targets, bound_by)
         binder = _executor(host, op)
         try:
             binder.bind_all(targets, result, touched)
@@ -257,15 +257,15 @@ def _rollback(host: Host, binder: Binder, touched: list[PciAddress]) -> list[str
 
 
 # -- recovery ------------------------------------------------------------------------------
-def recover(host: Host, *, owner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
+def recover(host: Host, *, runner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
     """:meth:`vfio_dp.host.Host.recover` (see there)."""
     out = Recovery()
     ops, out.unreadable = host.state.operations()
     wanted = set(only)
     for op in ops:
         addrs = op.addresses()
-        if owner is not None and not recovers(owner, op.owner):
-            out.skipped.append(f"{op.describe()}: not started by {owner}")
+        if runner is not None and not recovers(runner, op.runner):
+            out.skipped.append(f"{op.describe()}: not started by {runner}")
             continue
         if wanted and not wanted & set(addrs):
             continue
@@ -382,7 +382,7 @@ def unbind(
         ]
         for dev, target, override in jobs:
             _preflight(host, planner.restore_steps(dev, target, override))
-        op = host.ledger.begin_unbind(host.owner, jobs)
+        op = host.ledger.begin_unbind(host.runner, jobs)
         try:
             restored = _executor(host, op).restore_all(jobs, explicit=driver is not None)
             result.restored.extend(restored)
@@ -402,12 +402,12 @@ def unbind(
 
 
 # -- release -------------------------------------------------------------------------------
-def release(host: Host, owner: str) -> Release:
+def release(host: Host, holder: str) -> Release:
     """:meth:`vfio_dp.host.Host.release` (see there)."""
     from vfio_dp.host.holders import scan_holders
 
     out = Release()
-    mine = host.ledger.holdings(owner)
+    mine = host.ledger.holdings(holder)
     if not mine:
         return out
     inv = host.scan_groups(mine, usage=False)

@@ -1,7 +1,9 @@
 """Whole-file records under the root: the one place that reads, replaces, removes and lists
-the small JSON files the node keeps, for every store of them (bind records and journals
+the JSON files the node keeps, for every store of them (bind records and journals
 :mod:`vfio_dp.host.state`, SR-IOV records :mod:`vfio_dp.host.sriov_store`, persistent binds
-:mod:`vfio_dp.host.persist`)::
+:mod:`vfio_dp.host.persist`, the DRA checkpoint :mod:`vfio_dp.dra.claimpath.checkpoint`,
+the device plugin's allocations :mod:`vfio_dp.deviceplugin.allocation_store`); each store is
+the one module that reads and writes its kind (``tests/host/test_one_writer.py``)::
 
     <root>/var/lib/vfio_dp/original/0000:3b:00.0.json     read(("var", "lib", "vfio_dp", "original"), "0000:3b:00.0.json")
     <root>/var/lib/vfio_dp/sriov/0000:af:00.0.json        write(("var", "lib", "vfio_dp", "sriov"), "0000:af:00.0.json", b"{...}")
@@ -18,8 +20,9 @@ from __future__ import annotations
 import errno
 import os
 
-from vfio_dp.errors import PathEscapeError, StateWriteError
+from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
 from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.root import Root
 
 #: a record is a few hundred bytes; a journal of 4,096 devices < 1 MB
@@ -51,22 +54,32 @@ class RecordFiles:
 
     def read(self, parts: tuple[str, ...], name: str) -> bytes | None:
         """``<root>/<parts>/<name>``, at most ``limit + 1`` bytes (so a caller sees a file too
-        large); None if it or its directory is absent."""
+        large); None if it or its directory is absent. Never blocks and never follows a link:
+        opened ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat``
+        (:func:`vfio_dp.host.files.read_regular`), so a FIFO, a directory, a socket or a
+        symlink where the record should be raises :class:`NotRegularFileError` (an
+        :class:`OSError`) instead of hanging; every other failure raises its
+        :class:`OSError` (or :class:`PathEscapeError`). The store turns either into
+        :class:`~vfio_dp.errors.CorruptRecordError` with its own fix (:meth:`unreadable`)."""
         try:
             dfd = self.root.open_dir(*parts)
         except FileNotFoundError:
             return None
         try:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except FileNotFoundError:
-                return None
-            try:
-                return os.read(fd, self.limit + 1)
-            finally:
-                os.close(fd)
+            return read_regular(name, self.limit, dir_fd=dfd, nofollow=True)
+        except FileNotFoundError:
+            return None
         finally:
             os.close(dfd)
+
+    def unreadable(
+        self, parts: tuple[str, ...], name: str, e: BaseException, fix: str
+    ) -> CorruptRecordError:
+        """``unreadable record <root>/<parts>/<name>: <why>; it is kept as it is; <fix>``."""
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if isinstance(e, NotRegularFileError):  # its text names the bare name: say the kind
+            why = str(e).removeprefix(name).strip() or "not a regular file"
+        return CorruptRecordError(self.root.path(*parts, name), why or type(e).__name__, fix)
 
     def write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
         """Replace ``<root>/<parts>/<name>`` atomically, creating the directories. Raises
@@ -94,6 +107,18 @@ class RecordFiles:
             raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
         finally:
             os.close(dfd)
+
+    def set_aside(self, parts: tuple[str, ...], name: str, aside: str) -> str:
+        """Rename ``<root>/<parts>/<name>`` (whatever it is: a FIFO, a directory, a link is
+        renamed, never opened) to ``aside`` in the same directory, so a fresh record can be
+        written; returns the new path. Raises :class:`OSError` when it cannot."""
+        dfd = self.root.open_dir(*parts)
+        try:
+            os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return self.root.path(*parts, aside)
 
     def names(self, parts: tuple[str, ...]) -> list[str]:
         """The names in ``<root>/<parts>``, sorted (none when it is absent or unusable)."""

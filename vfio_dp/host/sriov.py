@@ -234,7 +234,7 @@ class Sriov:
         previous = self.store.get(pf.address)
         op = SriovOp(
             pf=str(pf.address),
-            owner=self.host.owner,
+            runner=self.host.runner,
             pid=os.getpid(),
             started=time.time(),
             from_count=pf.numvfs,
@@ -320,8 +320,8 @@ class Sriov:
         for vf in vfs:
             if sysfs.read_device(self.host.fs, vf) is None:
                 with contextlib.suppress(HostError):
-                    if self.host.state.get(vf) is not None:
-                        self.host.state.remove(vf)
+                    if self.host.ledger.record(vf) is not None:
+                        self.host.ledger.forget(vf)
 
     # -- giving back, recovering -------------------------------------------------------
     def _recover_locked(self, pf: PciAddress) -> list[str]:
@@ -349,12 +349,20 @@ class Sriov:
         out: list[str] = []
         made: list[PciAddress] = []
         for pf in self.store.journaled():
-            op = self.store.op(pf)
-            if op is not None and recovers(self.host.owner, op.owner):  # "daemon": older
+            try:
+                op = self.store.op(pf)
+            except HostError as e:  # unreadable: said, kept, every other PF still served
+                out.append(f"SR-IOV {pf}: {e}")
+                continue
+            if op is not None and recovers(self.host.runner, op.runner):  # "daemon": older
                 out += self.recover_one(pf)
         todo = dict(wanted)
         for pf in self.store.recorded():
-            rec = self.store.get(pf)
+            try:
+                rec = self.store.get(pf)
+            except HostError as e:
+                out.append(f"SR-IOV {pf}: {e}")
+                continue
             if rec is not None and recovers(self.by, rec.by) and pf not in todo:
                 todo[pf] = rec.before
         for pf, count in sorted(todo.items()):
@@ -383,20 +391,36 @@ class Sriov:
     ) -> tuple[list[SriovResult], list[str]]:
         """Every PF with a record back to the count (and autoprobe) it had before we changed
         it, after undoing interrupted changes; returns the results and what recovery did. A
-        PF that cannot be given back (a VF is held) does not stop the others; raises
-        :class:`RefusedError` listing every such PF at the end."""
-        recovered = [] if dry_run else self.recover()
+        PF that cannot be given back (a VF is held, its record or journal is unreadable) does
+        not stop the others; raises :class:`RefusedError` listing every such PF at the end."""
         results: list[SriovResult] = []
         refused: list[str] = []
+        recovered: list[str] = []
+        unknown: set[PciAddress] = set()
+        for pf in self.store.journaled():
+            try:
+                self.store.op(pf)  # an unreadable journal: a PF in a state nobody knows
+            except HostError as e:
+                refused.append(str(e))
+                unknown.add(pf)
+                continue
+            if not dry_run:
+                recovered += self.recover_one(pf)
         for pf in self.store.recorded():
-            rec = self.store.get(pf)
+            if pf in unknown:
+                continue
+            try:
+                rec = self.store.get(pf)
+            except HostError as e:  # unreadable: kept and named; every other PF goes back
+                refused.append(str(e))
+                continue
             if rec is None:
                 continue
             try:
                 results.append(self.set(pf, rec.before, dry_run=dry_run, bind=False, extra=extra))
             except RefusedError as e:
                 refused += e.reasons
-            except BindError as e:
+            except HostError as e:  # a failed write, or this PF's unreadable journal
                 refused.append(str(e))
         if refused:
             raise RefusedError(refused)

@@ -46,7 +46,7 @@ class SriovOp:
     """The journal of one count change (see the module docstring)."""
 
     pf: str
-    owner: str
+    runner: str  # who runs it; stored as the journal's "owner" field (every release's)
     pid: int
     started: float
     from_count: int
@@ -58,7 +58,7 @@ class SriovOp:
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
         return (
-            f"SR-IOV count change of {self.pf} by {self.owner} (pid {self.pid}) started {when}, "
+            f"SR-IOV count change of {self.pf} by {self.runner} (pid {self.pid}) started {when}, "
             f"{self.done} of {len(self.writes)} writes made"
         )
 
@@ -80,13 +80,19 @@ def _record(data: object) -> SriovRecord:
     return rec
 
 
+def _op_to_json(op: SriovOp) -> dict[str, object]:
+    data = asdict(op)
+    data["owner"] = data.pop("runner")  # the journal's field name, as every release wrote it
+    return data
+
+
 def _op(data: object) -> SriovOp:
     if not isinstance(data, dict):
         raise TypeError("not a JSON object")
     prev = data.get("previous")
     return SriovOp(
         pf=str(PciAddress.parse(str(data["pf"]))),
-        owner=str(data["owner"]),
+        runner=str(data["owner"]),
         pid=int(data["pid"]),
         started=float(data["started"]),
         from_count=int(data["from_count"]),
@@ -108,6 +114,12 @@ class SriovStore:
     def _write(self, parts: tuple[str, ...], name: str, value: object) -> None:
         self.files.write(parts, name, json.dumps(value, sort_keys=True).encode())
 
+    def _read(self, parts: tuple[str, ...], pf: PciAddress, fix: str) -> bytes | None:
+        try:
+            return self.files.read(parts, f"{pf}.json")
+        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+            raise self.files.unreadable(parts, f"{pf}.json", e, fix) from e
+
     def _addresses(self, parts: tuple[str, ...]) -> list[PciAddress]:
         """The PFs with a file in ``parts`` (names that are not addresses are ignored)."""
         out = []
@@ -119,7 +131,10 @@ class SriovStore:
 
     # -- records -----------------------------------------------------------------------
     def get(self, pf: PciAddress) -> SriovRecord | None:
-        raw = self.files.read(RECORD_DIR, f"{pf}.json")
+        """The PF's record (None: none); :class:`CorruptRecordError` when it cannot be read
+        (a FIFO, a directory or a link where it should be is never opened blocking)."""
+        fix = f"set the count by hand (echo N > .../{pf}/sriov_numvfs), then remove it"
+        raw = self._read(RECORD_DIR, pf, fix)
         if raw is None:
             return None
         try:
@@ -128,9 +143,7 @@ class SriovStore:
             return _record(json.loads(raw))
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptRecordError(
-                self.shown(RECORD_DIR, str(pf)),
-                str(e) or type(e).__name__,
-                f"set the count by hand (echo N > .../{pf}/sriov_numvfs), then remove it",
+                self.shown(RECORD_DIR, str(pf)), str(e) or type(e).__name__, fix
             ) from e
 
     def put(self, rec: SriovRecord) -> None:
@@ -145,26 +158,27 @@ class SriovStore:
 
     # -- journal -----------------------------------------------------------------------
     def begin(self, op: SriovOp) -> None:
-        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+        self._write(OPS_DIR, f"{op.pf}.json", _op_to_json(op))
 
     def step(self, op: SriovOp, done: int) -> None:
         op.done = done
-        self._write(OPS_DIR, f"{op.pf}.json", asdict(op))
+        self._write(OPS_DIR, f"{op.pf}.json", _op_to_json(op))
 
     def finish(self, op: SriovOp) -> None:
         self.files.remove(OPS_DIR, f"{op.pf}.json")
 
     def op(self, pf: PciAddress) -> SriovOp | None:
-        raw = self.files.read(OPS_DIR, f"{pf}.json")
+        """The PF's interrupted change (None: none); :class:`CorruptRecordError` when its
+        journal cannot be read."""
+        fix = "check the PF's sriov_numvfs by hand, then remove the journal"
+        raw = self._read(OPS_DIR, pf, fix)
         if raw is None:
             return None
         try:
             return _op(json.loads(raw[:_MAX]))
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptRecordError(
-                self.shown(OPS_DIR, str(pf)),
-                str(e) or type(e).__name__,
-                "check the PF's sriov_numvfs by hand, then remove the journal",
+                self.shown(OPS_DIR, str(pf)), str(e) or type(e).__name__, fix
             ) from e
 
     def journaled(self) -> list[PciAddress]:

@@ -21,7 +21,9 @@
        "devices": [{"address": "0000:03:01.0", "target": "vfio-pci", "override": null,
                     "writes_done": 2, "next": "echo '0000:03:01.0' > /sys/bus/pci/drivers_probe"}]}
 
-  written before the operation's first sysfs write and again before EACH write; removed when
+  ``owner`` is the operation's *runner* (``Operation.runner``; the field keeps its name so
+  every release reads every other's journals). Written before the operation's first sysfs
+  write and again before EACH write; removed when
   the operation finished (or was rolled back) -- that removal is its commit. A journal left
   behind whose devices' locks nobody holds is an INTERRUPTED operation (the process was
   killed): ``vfioctl list`` names it, ``vfioctl unbind`` and :meth:`Host.recover` undo it.
@@ -72,10 +74,11 @@ FRONT_ENDS = (BOUND_BY_DEVICE_PLUGIN, BOUND_BY_DRA_PLUGIN)
 _CLAIM_PREFIX = "claim:"
 
 
-def recovers(owner: str, recorded: str) -> bool:
-    """Does ``owner`` finish the interrupted operations ``recorded`` as their runner? Its
-    own, and a front-end also those an older version recorded as ``daemon``."""
-    return recorded == owner or (recorded == BOUND_BY_DAEMON and owner in FRONT_ENDS)
+def recovers(runner: str, recorded: str) -> bool:
+    """Does ``runner`` finish the interrupted operations whose journals name ``recorded`` as
+    their runner? Its own, and a front-end also those an older version recorded as
+    ``daemon``."""
+    return recorded == runner or (recorded == BOUND_BY_DAEMON and runner in FRONT_ENDS)
 
 
 def bound_by_claim(uid: str) -> str:
@@ -84,7 +87,7 @@ def bound_by_claim(uid: str) -> str:
 
 
 def claim_of(bound_by: str) -> str | None:
-    """The claim UID in ``claim:<uid>``, None for every other owner."""
+    """The claim UID in ``claim:<uid>``, None for every other holder."""
     return bound_by[len(_CLAIM_PREFIX) :] if bound_by.startswith(_CLAIM_PREFIX) else None
 
 
@@ -115,7 +118,8 @@ class Operation:
 
     id: str
     kind: str  # "bind" | "unbind"
-    owner: str  # who runs it: "vfioctl", "device-plugin", "dra-plugin" ("daemon": older)
+    runner: str  # who runs it: "vfioctl", "device-plugin", "dra-plugin" ("daemon": older);
+    # stored as the journal's "owner" field (what every release reads and writes)
     pid: int
     started: float
     devices: list[OpDevice] = field(default_factory=list)
@@ -127,7 +131,7 @@ class Operation:
     def describe(self) -> str:
         """``bind by vfioctl (pid 812) started 2026-11-23 11:40:01 UTC``."""
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
-        return f"{self.kind} by {self.owner} (pid {self.pid}) started {when}"
+        return f"{self.kind} by {self.runner} (pid {self.pid}) started {when}"
 
     def progress(self) -> list[str]:
         """One line per device: how far the operation got with it."""
@@ -144,6 +148,13 @@ class Operation:
         return out
 
 
+def _operation_to_json(op: Operation) -> dict[str, object]:
+    """The journal's JSON: the runner under its field name ``owner`` (every release's)."""
+    data = asdict(op)
+    data["owner"] = data.pop("runner")
+    return data
+
+
 def _operation_from_json(data: object) -> Operation:
     if not isinstance(data, dict):
         raise TypeError("not a JSON object")
@@ -153,7 +164,7 @@ def _operation_from_json(data: object) -> Operation:
     op = Operation(
         id=str(data["id"]),
         kind=str(data["kind"]),
-        owner=str(data["owner"]),
+        runner=str(data["owner"]),
         pid=int(data["pid"]),
         started=float(data["started"]),
         devices=[OpDevice(**d) for d in devices],
@@ -191,19 +202,19 @@ class StateStore:
     def get(self, address: PciAddress) -> OriginalDriver | None:
         import json
 
+        fix = f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it"
         try:
             raw = self.files.read(ORIGINAL_DIR, f"{address}.json")
-            if raw is None:
-                return None
+        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+            raise self.files.unreadable(ORIGINAL_DIR, f"{address}.json", e, fix) from e
+        if raw is None:
+            return None
+        try:
             if len(raw) > _MAX_RECORD:
                 raise ValueError("larger than 1 MB")
             return OriginalDriver(**json.loads(raw))
-        except (OSError, ValueError, TypeError) as e:
-            raise CorruptRecordError(
-                self._file(address),
-                str(e),
-                f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it",
-            ) from e
+        except (ValueError, TypeError) as e:
+            raise CorruptRecordError(self._file(address), str(e), fix) from e
 
     def all(self) -> dict[PciAddress, OriginalDriver]:
         """Every readable record, by address (see :meth:`problems` for the unreadable)."""
@@ -232,12 +243,12 @@ class StateStore:
         self.files.remove(ORIGINAL_DIR, f"{address}.json")
 
     # -- operation journal ---------------------------------------------------------------
-    def begin(self, kind: str, owner: str, devices: list[OpDevice]) -> Operation:
+    def begin(self, kind: str, runner: str, devices: list[OpDevice]) -> Operation:
         """Write the journal of a new operation (before its first sysfs write)."""
         op = Operation(
             id=f"{time.time_ns():x}-{os.getpid()}",
             kind=kind,
-            owner=owner,
+            runner=runner,
             pid=os.getpid(),
             started=time.time(),
             devices=devices,
@@ -250,7 +261,7 @@ class StateStore:
         import json
 
         with self._journal_lock:
-            data = json.dumps(asdict(op), sort_keys=True).encode()
+            data = json.dumps(_operation_to_json(op), sort_keys=True).encode()
             self.files.write(OPS_DIR, f"{op.id}.json", data)
 
     def step(self, op: Operation, address: str, writes_done: int, next_write: str | None) -> None:
@@ -279,28 +290,36 @@ class StateStore:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = f"{self.ops_dir}/{name}"
+            fix = (
+                f"the original drivers are in {self.state_dir}: restore with "
+                "vfioctl unbind <address>"
+            )
             try:
                 raw = self.files.read(OPS_DIR, name)
-                if raw is None:
-                    continue  # finished meanwhile
+            except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+                problems.append(str(self.files.unreadable(OPS_DIR, name, e, fix)))
+                continue
+            if raw is None:
+                continue  # finished meanwhile
+            try:
                 if len(raw) > _MAX_RECORD:
                     raise ValueError("larger than 1 MB")
                 ops.append(_operation_from_json(json.loads(raw)))
-            except (OSError, ValueError, TypeError, KeyError, AddressError) as e:
-                problems.append(
-                    str(
-                        CorruptRecordError(
-                            path,
-                            str(e) or type(e).__name__,
-                            "the original drivers are in "
-                            f"{self.state_dir}: restore with vfioctl unbind <address>",
-                        )
-                    )
-                )
+            except (ValueError, TypeError, KeyError, AddressError) as e:
+                problems.append(str(CorruptRecordError(path, str(e) or type(e).__name__, fix)))
         return ops, problems
 
     def problems(self) -> list[str]:
-        """A message for every unreadable original-driver record (each is kept)."""
+        """A message for every unreadable original-driver record (each is kept) and every
+        odd file beside them."""
+        return self._problems(odd=True)
+
+    def unreadable(self) -> list[str]:
+        """A message for every bind record that exists but cannot be read (a FIFO, a
+        directory, a link, not JSON): each names the file, its device and the fix."""
+        return self._problems(odd=False)
+
+    def _problems(self, *, odd: bool) -> list[str]:
         out = []
         for name in self.files.names(ORIGINAL_DIR):
             if not name.endswith(".json") or name.startswith("."):
@@ -308,7 +327,8 @@ class StateStore:
             try:
                 self.get(PciAddress.parse(name[:-5]))
             except AddressError:
-                out.append(f"odd file {self.state_dir}/{name} (not <address>.json); ignored")
+                if odd:
+                    out.append(f"odd file {self.state_dir}/{name} (not <address>.json); ignored")
             except HostError as e:
                 out.append(str(e))
         return out

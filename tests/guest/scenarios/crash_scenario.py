@@ -18,7 +18,7 @@ would cost half a minute per run; the code under test runs entirely under strace
 
 After each kill: what the kernel shows, the journal and the original-driver records (each
 must parse), ``vfioctl list`` (must name the interrupted operation), then recovery --
-``vfioctl unbind <one address>`` for vfioctl's operations, ``Host.recover(owner="device-plugin")``
+``vfioctl unbind <one address>`` for vfioctl's operations, ``Host.recover(runner="device-plugin")``
 (what the daemon runs at start) for the daemon's -- and what the kernel shows after it.
 Also: the state directory full (a 64 KiB tmpfs, filled) or read-only (a read-only tmpfs),
 and a sysfs write that hangs (``inject=write:delay_enter``). Results go to
@@ -49,8 +49,8 @@ VFIOCTL = [sys.executable, "-c", "from cli.main import main; main()"]
 RECOVER_DAEMON = [
     sys.executable,
     "-c",
-    "from vfio_dp.host import Host; r = Host('/', owner='device-plugin')"
-    ".recover(owner='device-plugin'); "
+    "from vfio_dp.host import Host; r = Host('/', runner='device-plugin')"
+    ".recover(runner='device-plugin'); "
     "print(r.recovered, r.restored, r.problems, r.skipped)",
 ]
 WRITE_RE = re.compile(r'write\(\d+<([^>]+)>, "((?:[^"\\]|\\.)*)".*\) = (\d+)')

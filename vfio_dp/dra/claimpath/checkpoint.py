@@ -1,7 +1,7 @@
 """The DRA plugin's checkpoint: which claims it prepared, with what, in which boot.
 
 ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``, rewritten whole and atomically
-(:func:`vfio_dp.host.atomic.replace_at`, fsynced) before any change is reported done --
+(:meth:`vfio_dp.host.records.RecordFiles.write`, fsynced) before any change is reported done --
 one claim record per line::
 
     {"version": 1, "driver": "vfio.example.com", "claims": {
@@ -41,18 +41,16 @@ change it carried, and each of their callers gets the error.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import DraError, PathEscapeError
-from vfio_dp.host.atomic import replace_at
-from vfio_dp.host.files import NotRegularFileError, read_regular
+from vfio_dp.errors import DraError, PathEscapeError, StateWriteError
+from vfio_dp.host.files import NotRegularFileError
 from vfio_dp.host.host import read_boot_id
-from vfio_dp.host.records import STATE_DIR, write_failure
+from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
@@ -187,6 +185,7 @@ class Checkpoint:
 
     def _setup(self, root: Root, boot_id: str, driver: str) -> None:
         self.root = root
+        self.files = RecordFiles(root, _MAX_BYTES)
         self.name = naming.dra_checkpoint_file(driver)
         self.path = root.path(*STATE_DIR, self.name)
         self.driver = naming.check_dra_driver_name(driver)
@@ -210,28 +209,20 @@ class Checkpoint:
         moved aside and reported in :attr:`problems` -- never opened blocking; the plugin
         starts empty rather than refusing to start. One record that does not parse is
         skipped and reported (:attr:`bad`), kept in the file as it was."""
-        dfd = _state_dir(self.root, create=False)
-        if dfd is None:
+        try:
+            raw = self.files.read(STATE_DIR, self.name)
+        except NotRegularFileError as e:
+            self._aside(f"not a regular file: {e}")
+            return self._set({}, {})
+        except OSError as e:
+            raise DraError(f"cannot read the DRA checkpoint {self.path}: {e.strerror or e}") from e
+        if raw is None:
             return self._set({}, {})
         try:
-            try:
-                raw = read_regular(self.name, _MAX_BYTES, dir_fd=dfd, nofollow=True)
-            except FileNotFoundError:
-                return self._set({}, {})
-            except NotRegularFileError as e:
-                self._aside(dfd, f"not a regular file: {e}")
-                return self._set({}, {})
-            except OSError as e:
-                raise DraError(
-                    f"cannot read the DRA checkpoint {self.path}: {e.strerror or e}"
-                ) from e
-            try:
-                claims, bad = _parse(raw)
-            except (ValueError, TypeError, KeyError, DraError) as e:
-                self._aside(dfd, str(e))
-                return self._set({}, {})
-        finally:
-            os.close(dfd)
+            claims, bad = _parse(raw)
+        except (ValueError, TypeError, KeyError, DraError) as e:
+            self._aside(str(e))
+            return self._set({}, {})
         for key, why in bad.items():
             self.problems.append(_bad_message(self.path, key, why[0]))
         return self._set(claims, bad)
@@ -245,17 +236,18 @@ class Checkpoint:
             self._encoded.clear()
             return dict(claims)
 
-    def _aside(self, dfd: int, why: str) -> None:
-        aside = f"{self.name}.corrupt-{int(time.time())}"
+    def _aside(self, why: str) -> None:
         try:
-            os.rename(self.name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+            aside = self.files.set_aside(
+                STATE_DIR, self.name, f"{self.name}.corrupt-{int(time.time())}"
+            )
         except OSError as e:
             raise DraError(
                 f"the DRA checkpoint {self.path} is unusable ({why}) and cannot be moved "
                 f"aside: {e.strerror or e}; remove it and restart the plugin"
             ) from e
         self.problems.append(
-            f"unreadable DRA checkpoint moved to {self.root.path(*STATE_DIR, aside)} ({why}); "
+            f"unreadable DRA checkpoint moved to {aside} ({why}); "
             "starting empty -- reconcile still restores devices claims bound (their bind "
             "records say so)"
         )
@@ -332,14 +324,10 @@ class Checkpoint:
             self._durable = upto
 
     def _write(self, data: bytes) -> None:
-        dfd = _state_dir(self.root, create=True)
-        assert dfd is not None
         try:
-            replace_at(dfd, self.name, data)
-        except OSError as e:
-            raise DraError(write_failure(self.path, e)) from e
-        finally:
-            os.close(dfd)
+            self.files.write(STATE_DIR, self.name, data)
+        except StateWriteError as e:  # the claim path's errors are DraErrors
+            raise DraError(str(e)) from e
 
     def get(self, uid: str) -> ClaimRecord | None:
         with self._lock:
@@ -388,44 +376,39 @@ def peek(host: Host, driver: str) -> tuple[list[ClaimRecord], str | None]:
     """The checkpointed claims, read-only (``vfioctl``: never moves a bad file aside, never
     writes): (records, None), or (records, why) when the file or some of its records cannot
     be read or parsed."""
-    name = naming.dra_checkpoint_file(driver)
-    path = host.state_file(name)
+    return read_only(host.fs, naming.dra_checkpoint_file(driver))
+
+
+def names(root: Root) -> dict[str, str]:
+    """Every checkpoint file in ``<root>/var/lib/vfio_dp`` → its DRA driver name (listed
+    inside the root; none when the directory is absent or unusable)."""
+    prefix, suffix = "dra-", ".checkpoint.json"  # naming.dra_checkpoint_file, read back
+    return {
+        n: n[len(prefix) : -len(suffix)]
+        for n in RecordFiles(root).names(STATE_DIR)
+        if n.startswith(prefix) and n.endswith(suffix) and len(n) > len(prefix) + len(suffix)
+    }
+
+
+def read_only(root: Root, name: str) -> tuple[list[ClaimRecord], str | None]:
+    """The claims of the checkpoint file ``name`` under ``root``, read-only, never blocking
+    (a FIFO, a directory or a link at its path is not opened): (records, None), or
+    (records, why) when the file or some of its records cannot be read or parsed -- the
+    one parser every reader shares (:func:`_parse`)."""
+    path = root.path(*STATE_DIR, name)
     try:
-        dfd = _state_dir(host.fs, create=False)
-        if dfd is None:
-            return [], None
-        try:
-            raw = read_regular(name, _MAX_BYTES, dir_fd=dfd, nofollow=True)
-        finally:
-            os.close(dfd)
-    except FileNotFoundError:
-        return [], None
+        raw = RecordFiles(root, _MAX_BYTES).read(STATE_DIR, name)
     except (OSError, PathEscapeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return [], f"cannot read the DRA checkpoint {path}: {why}"
+    if raw is None:
+        return [], None
     try:
         claims, bad = _parse(raw)
     except (ValueError, TypeError, KeyError, AttributeError, DraError) as e:
         return [], f"the DRA checkpoint {path} is unreadable ({e})"
     problem = "; ".join(_bad_message(path, k, why) for k, (why, _) in bad.items()) or None
     return list(claims.values()), problem
-
-
-def _state_dir(root: Root, *, create: bool) -> int | None:
-    """A directory fd of ``<root>/var/lib/vfio_dp`` opened inside the root (None: absent and
-    not ``create``); a link out of the root raises :class:`PathEscapeError`."""
-    try:
-        return root.open_dir(*STATE_DIR, create=create)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except OSError as e:
-        if create:
-            raise DraError(write_failure(root.path(*STATE_DIR), e)) from e
-        raise DraError(
-            f"cannot open the DRA state directory {root.path(*STATE_DIR)}: {e.strerror or e}"
-        ) from e
 
 
 def _parse(raw: bytes) -> tuple[dict[str, ClaimRecord], dict[str, tuple[str, object]]]:

@@ -15,7 +15,7 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    ``prepared``; the checkpoint format: :mod:`.checkpoint`);
 3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
-   same rollback and the same durable record, owner ``claim:<uid>``; never ``probe``: the
+   same rollback and the same durable record, holder ``claim:<uid>``; never ``probe``: the
    plugin does not open group nodes; it plans from the read of step 2, and again under the
    devices' locks), re-read those groups' devices only then
    (:meth:`vfio_dp.host.Host.reread`), and adopt bind records a stale
@@ -293,13 +293,13 @@ class ClaimPreparer:
         only then); a group another (stale, not yet reconciled) claim bound becomes this
         claim's, so the stale claim's release never gives back a group this claim hands to
         its pod. Operator and front-end bindings stay theirs. Blocking."""
-        owner = bound_by_claim(uid)
+        holder = bound_by_claim(uid)
         targets = resolve.to_bind(chosen, inv)
         if targets:
             names = ", ".join(c.unit.name for c in chosen if c.unit.primary in targets)
             try:
                 self.host.bind(
-                    targets, group=True, probe=False, bound_by=owner,
+                    targets, group=True, probe=False, bound_by=holder,
                     inventory=inv,  # the claim's groups as just read (planned again under locks)
                 )  # fmt: skip
             except VfioError as e:
@@ -310,7 +310,7 @@ class ClaimPreparer:
             inv = self.host.reread(inv, targets)
         try:
             self.host.adopt(
-                resolve.handed_over(chosen), owner, replacing=lambda o: claim_of(o) is not None
+                resolve.handed_over(chosen), holder, replacing=lambda h: claim_of(h) is not None
             )
         except OSError as e:
             path = self.host.state_file("original")

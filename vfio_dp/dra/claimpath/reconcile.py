@@ -128,8 +128,8 @@ class Reconciler:
                 await self._release(uid, rec.ref, why, report)
         # devices a claim bound that no checkpoint entry names (crash before the checkpoint
         # was written, or a checkpoint set aside as corrupt)
-        owners = await asyncio.to_thread(self.host.owners)
-        claimed = {u for o in owners.values() if (u := claim_of(o)) is not None}
+        holders = await asyncio.to_thread(self.host.record_holders)
+        claimed = {u for h in holders.values() if (u := claim_of(h)) is not None}
         for uid in sorted(claimed - set(self.checkpoint.all()) - set(bad)):
             await self._release(uid, f"(uid {uid}, not checkpointed)", "unknown", report)
         self.metric("vfio_dp_dra_held_groups", float(len(report.kept)))
