@@ -159,7 +159,8 @@ def translate(
 @option(
     "--connect",
     default=None,
-    help="libvirt URI (qemu:///system): define (or with --live attach) instead of printing.",
+    help="libvirt URI (qemu:///system): define (or with --live attach) instead of printing. "
+    "Needs libvirt-python: pip install 'vfio-dp[libvirt]'.",
 )
 @option(
     "--domain",

@@ -11,6 +11,10 @@
 
 ``uri`` is any libvirt URI: ``qemu:///system`` in a launcher, ``test:///default`` in tests
 (libvirt's real XML parser, no daemon; it does not implement attach).
+
+libvirt-python is the optional extra ``vfio-dp[libvirt]`` (it builds from source, with a C
+compiler and libvirt's headers): importing this module without it raises
+:class:`~vm_translate.errors.TranslateUsageError` saying how to install it.
 """
 
 from __future__ import annotations
@@ -18,11 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import libvirt
-
 from vm_translate import hostdev
 from vm_translate.allocation import Hostdev
 from vm_translate.errors import LibvirtError, TranslateUsageError
+
+try:
+    import libvirt
+except ImportError as e:  # the optional extra is not installed
+    raise TranslateUsageError(
+        "--connect needs libvirt-python, which is not installed: pip install 'vfio-dp[libvirt]' (pipx: pipx inject "
+        "vfio-dp libvirt-python); it builds with gcc, pkg-config, libvirt-dev and python3-dev"
+    ) from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Every domain these tests produce goes through libvirt-python's real ``test:///default``
 driver (``defineXML``) and, when installed, ``virt-xml-validate`` (libvirt's RelaxNG schema).
-libvirt-python is a required dependency, imported only by the tests that talk to libvirt:
+libvirt-python (the optional extra ``vfio-dp[libvirt]``, part of the test extra) is imported only
+by the tests that talk to libvirt:
 the pure alias, assignment and XML tests run (and must pass) without it
 (test_pure_tests_need_no_libvirt).
 Regenerate golden files with ``UPDATE_GOLDEN=1 python3 -m pytest tests/vm_translate``.
