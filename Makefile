@@ -5,7 +5,7 @@ PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup demo test lint bench bench-detail bench-tools image wheel
+.PHONY: help setup demo test check lint bench bench-detail bench-tools image wheel
 
 # `make help`: every target, with the text after its `##`.
 help: ## list the targets
@@ -23,6 +23,13 @@ demo: ## set up, then run the main job end to end (one VERDICT line)
 
 test: setup ## every test (PYTEST_ARGS=... to pass pytest options)
 	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
+
+# The fast tier for developers (docs/development.md): lint, types and import contracts, then
+# the unit tests on two workers (pytest-xdist; a test file stays on one worker) without the
+# guest, image, benchmark-harness and clean-install tests, which `make test` and CI still run.
+CHECK_MARKERS ?= not guest and not image and not bench and not install
+check: lint ## lint, then the unit tests on two workers (no guest, image, bench, install)
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 lint: ## ruff, mypy --strict and the import contracts
 	$(PYTHON) -m ruff check .

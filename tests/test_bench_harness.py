@@ -15,6 +15,8 @@ import pytest
 from bench.rows import ANCHORS, FIGURES
 
 REPO = Path(__file__).resolve().parents[1]
+#: minutes of benchmark runs: in `make test` and CI, not in `make check`
+pytestmark = pytest.mark.bench
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

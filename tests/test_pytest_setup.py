@@ -58,3 +58,21 @@ def test_the_guest_tests_collected_here_carry_the_guest_limit(
 def test_a_warning_is_an_error() -> None:
     with pytest.raises(DeprecationWarning):
         warnings.warn("from our own code", DeprecationWarning, stacklevel=1)
+
+
+def test_make_check_deselects_exactly_the_registered_slow_markers() -> None:
+    """`make check` (the fast tier) names its markers in the Makefile; a typo there would
+    silently select everything, and a marker added to pyproject.toml must be decided on."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    makefile = (repo / "Makefile").read_text()
+    m = re.search(r"^CHECK_MARKERS \?= (.+)$", makefile, re.MULTILINE)
+    assert m, "Makefile: CHECK_MARKERS ?= not guest and not ..."
+    named = re.findall(r"not (\w+)", m.group(1))
+    assert m.group(1) == " and ".join(f"not {n}" for n in named)
+    ini = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {line.split(":")[0] for line in ini["markers"]}
+    assert set(named) == registered, (named, registered)
