@@ -290,7 +290,7 @@ def test_garbage_or_a_malformed_object_is_one_line(
 def test_a_huge_error_body_is_shown_bounded(scripted: Any) -> None:
     script = happy()
     script["POST", SECRETS] = (500, b"x" * (5 << 20))
-    api, kc = scripted(script)
+    _api, kc = scripted(script)
     out = run(kc)
     assert out.returncode == 1
     line = one_line(out)
