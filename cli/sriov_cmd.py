@@ -57,6 +57,17 @@ def _holds(sriov: Sriov, pod_resources_socket: str) -> Held:
     return out
 
 
+def _inherited(ctx: click.Context, name: str, value: Any) -> Any:
+    """``value`` of this subcommand's option ``name``, or the one given to ``vfioctl sriov``
+    itself when only that was given (``vfioctl sriov --root T set ...`` acts under T)."""
+    from click.core import ParameterSource
+
+    parent = ctx.parent
+    if parent is None or ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+        return value
+    return parent.params.get(name, value)
+
+
 def pod_resources_option(f: F) -> F:
     return option(
         "--pod-resources-socket",
@@ -152,7 +163,9 @@ def sriov(
 @option("--dry-run", is_flag=True, help="Print the exact sysfs writes, change nothing.")
 @option("--bind/--no-bind", default=True, show_default=True, help="Bind the made VFs to vfio-pci.")
 @pod_resources_option
+@click.pass_context
 def set_cmd(
+    ctx: click.Context,
     address: str,
     count: int,
     root: str,
@@ -163,7 +176,11 @@ def set_cmd(
     pod_resources_socket: str,
 ) -> None:
     """Set the PF at ADDRESS to COUNT VFs, by the kernel's rules (through 0; at most
-    sriov_totalvfs; autoprobe off while VFs exist). Refused while any VF is held."""
+    sriov_totalvfs; autoprobe off while VFs exist). Refused while any VF is held. Exits 1
+    when the VFs exist but could not be bound (the reason is printed)."""
+    root = _inherited(ctx, "root", root)
+    output = _inherited(ctx, "output", output)
+    pod_resources_socket = _inherited(ctx, "pod_resources_socket", pod_resources_socket)
 
     def body() -> int:
         from vfio_dp.model.address import parse_given
@@ -191,22 +208,24 @@ def set_cmd(
                     "destroyed": [str(a) for a in res.destroyed],
                     "bound": [str(a) for a in res.bound],
                     "warnings": res.warnings,
+                    "error": res.bind_error,
                 }
             )
-            return 0
+            return 1 if res.bind_error else 0
         for w in res.warnings:
             say(f"warning: {w}", err=True)
         if res.dry_run:
             for step in res.steps:
                 say(step)
             return 0
-        if res.already:
-            say(f"{res.pf}: already {res.target} VFs")
-            return 0
-        say(f"{res.pf}: {res.target} VFs")
+        say(f"{res.pf}: {'already ' if res.already else ''}{res.target} VFs")
         for a in res.made:
-            on = "vfio-pci" if a in res.bound else "no driver"
-            say(f"  made {a} ({on})")
+            say(f"  made {a} ({'vfio-pci' if a in res.bound else 'no driver'})")
+        for a in (a for a in res.bound if a not in res.made):
+            say(f"  bound {a} (vfio-pci)")
+        if res.bind_error:
+            say(f"vfioctl: {res.bind_error}", err=True)
+            return 1
         return 0
 
     run_guarded(body)

@@ -7,8 +7,9 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
 - ``driver_override``: stores the value; a lone newline clears it. Neither unbinds nor probes.
 - ``drivers/<d>/unbind``: ``ENODEV`` unless the device is bound to ``<d>``; else unbinds.
 - ``drivers_probe``: if the device has no driver, attach ``driver_override`` when set and that
-  driver is loaded, else the device's native driver when loaded; always "succeeds" (like the
-  kernel, even when nothing attached).
+  driver is loaded, else the device's native driver when loaded -- but a VF whose PF has
+  ``sriov_drivers_autoprobe`` 0 only to its override (the kernel's ``pci_device_can_probe``);
+  always "succeeds" (like the kernel, even when nothing attached).
 - ``drivers/<d>/bind``: ``EBUSY`` when already bound; ``ENODEV`` when an override names another
   driver or ``<d>`` is neither the native driver nor the override; else attaches.
 - ``modprobe vfio-pci`` creates ``drivers/vfio-pci``.
@@ -109,7 +110,7 @@ class SimulatedKernel:
                 override = self.tree.override_of(addr)
                 if override:
                     self._attach(addr, override)
-                elif self.tree.devs[addr].native_driver:
+                elif self.tree.devs[addr].native_driver and self._may_probe(addr):
                     self._attach(addr, self.tree.devs[addr].native_driver or "")
             return
         if parts[:4] == ["sys", "bus", "pci", "drivers"] and len(parts) == 6:
@@ -128,6 +129,8 @@ class SimulatedKernel:
                 native = self.tree.devs[addr].native_driver
                 if (override and override != driver) or (not override and driver != native):
                     raise OSError(errno.ENODEV, "No such device")
+                if not override and not self._may_probe(addr):
+                    raise OSError(errno.ENODEV, "No such device")
                 if not self._attach(addr, driver):
                     raise OSError(errno.ENODEV, "No such device")
                 return
@@ -136,6 +139,14 @@ class SimulatedKernel:
         raise OSError(errno.EACCES, f"simulated kernel does not handle writes to {path}")
 
     # -- SR-IOV ----------------------------------------------------------------------------
+    def _may_probe(self, addr: str) -> bool:
+        """The kernel's ``pci_device_can_probe``: a VF whose PF has
+        ``sriov_drivers_autoprobe`` 0 attaches to no driver unless ``driver_override`` names one."""
+        pf = self.tree.devs[addr].physfn
+        if pf is None or pf not in self.tree.devs:
+            return True
+        return (self.tree.dev_dir(pf) / "sriov_drivers_autoprobe").read_text().strip() == "1"
+
     def _numvfs(self, pf: str, value: str) -> None:
         try:
             want = int(value, 0)

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.cli.test_host_commands import run
 from tests.sysfs_tree import Dev, SysfsTree
 
@@ -126,3 +128,97 @@ async def test_a_pods_vf_is_held(tree: SysfsTree, tmp_path: Path) -> None:
         await pr.stop()
     assert proc.returncode == 1 and pr.calls == 1, err
     assert b"pod default/vm-b container compute (resource example.com/mlx-vf)" in err
+
+
+def ours_at_two_unbound(tree: SysfsTree) -> None:
+    """The PF at 2 VFs that vfio_dp made (its record says so), the VFs on no driver: what a
+    bind killed or failed after the count change leaves."""
+    nvme(tree)
+    tree.ensure_driver("vfio-pci")
+    for i, vf in enumerate(("0000:01:00.1", "0000:01:00.2")):
+        tree.add(Dev(vf, "1b36", "0010", "010802", group=20 + i, parent="0000:00:1b.0",
+                     physfn=PF))  # fmt: skip
+    (tree.dev_dir(PF) / "sriov_numvfs").write_text("2\n")
+    (tree.dev_dir(PF) / "sriov_drivers_autoprobe").write_text("0\n")
+    d = tree.root / "var/lib/vfio_dp/sriov"
+    d.mkdir(parents=True)
+    (d / f"{PF}.json").write_text(json.dumps(
+        {"address": PF, "before": 0, "autoprobe_before": 1, "count": 2, "by": "operator"}))  # fmt: skip
+
+
+def test_set_fails_when_the_vfs_cannot_be_bound(tree: SysfsTree) -> None:
+    """Issue 37 items 1 and 3: ``set PF 2`` on a PF already at 2 VFs of ours that are on no
+    driver binds them -- here the temp tree's drivers_probe attaches nothing, so the bind
+    fails, and that is a failure (exit 1 with the reason), never "already 2 VFs" and 0."""
+    ours_at_two_unbound(tree)
+    p = run("sriov", "set", "--root", str(tree.root), PF, "2")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert f"could not bind 2 VF(s) of {PF}" in p.stderr and "vfio-pci" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = run("sriov", "set", "--root", str(tree.root), "-o", "json", PF, "2")
+    assert p.returncode == 1, p.stderr
+    out = json.loads(p.stdout)
+    assert out["already"] is True and f"could not bind 2 VF(s) of {PF}" in out["error"]
+
+
+def test_set_under_the_groups_root_touches_nothing_outside_it(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    """Issue 37 item 4: ``vfioctl sriov --root T set ...`` answers about T and, without
+    ``--dry-run``, reads and writes under T only: traced (strace), no path under /sys, /proc,
+    /dev/vfio, /run or /var/lib/vfio_dp of this machine is opened, made or removed (the
+    kubelet's PodResources socket is the one path never joined with --root)."""
+    import shutil
+    import subprocess
+
+    from tests.cli.test_host_commands import VFIOCTL
+
+    nvme(tree)
+    base = f"{tree.root}/sys/bus/pci/devices/{PF}"
+    p = run("sriov", "--root", str(tree.root), "set", "--dry-run", PF, "2")
+    assert p.returncode == 0, p.stderr  # the dry run first: never act on / if it is ignored
+    assert p.stdout.splitlines() == [
+        f"echo 0 > {base}/sriov_drivers_autoprobe",
+        f"echo 2 > {base}/sriov_numvfs",
+    ]
+    p = run("sriov", "--root", str(tree.root), "-o", "json", "set", "--dry-run", PF, "2")
+    assert p.returncode == 0 and json.loads(p.stdout)["steps"][1] == f"echo 2 > {base}/sriov_numvfs"
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (apt-get install strace): the real run is not traced")
+    log = tmp_path / "trace"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
+    p = subprocess.run(
+        [strace, "-f", "-qq", "-o", str(log), "-e", "trace=%file,%desc,connect",
+         *VFIOCTL, "sriov", "--root", str(tree.root), "set", PF, "2"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert (tree.dev_dir(PF) / "sriov_numvfs").read_text().strip() == "2"  # written under T
+    assert (tree.root / f"var/lib/vfio_dp/sriov/{PF}.json").is_file()
+    outside = ("/sys", "/proc", "/dev/vfio", "/run", "/var/lib/vfio_dp", "/lib/modules")
+    allowed = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    seen = [
+        path
+        for line in log.read_text().splitlines()
+        for path in line.split('"')[1::2]
+        if path.startswith("/") and not path.startswith(str(tree.root)) and path != allowed
+    ]
+    assert seen, "the trace names no absolute path: is strace tracing anything?"
+    touched = [s for s in seen if s.startswith(outside)]
+    assert touched == [], touched
+
+
+def test_a_5000_digit_totalvfs_is_named_not_a_traceback(tree: SysfsTree) -> None:
+    """Issue 37 item 5: a count no kernel writes is an error naming the file and the value;
+    the listing leaves that PF out (and says why) and shows the others."""
+    nvme(tree)
+    (tree.dev_dir(PF) / "sriov_totalvfs").write_text("9" * 5000 + "\n")
+    p = run("sriov", "set", "--root", str(tree.root), "--dry-run", PF, "2")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"{tree.root}/sys/bus/pci/devices/{PF}/sriov_totalvfs reads '9999" in p.stderr
+    assert "not a decimal number" in p.stderr and len(p.stderr) < 1000
+    p = run("sriov", "--root", str(tree.root), "-o", "json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert [r["address"] for r in json.loads(p.stdout)] == [MLX]
+    assert f"{PF}/sriov_totalvfs reads" in p.stderr

@@ -290,13 +290,14 @@ def _recover_one(host: Host, op: Operation, out: Recovery) -> None:
     for d in op.devices:
         addr = PciAddress.parse(d.address)
         dev = sysfs.read_device(host.fs, addr)
-        if dev is None:
-            out.problems.append(f"{addr} ({op.describe()}) is gone from the host")
-            continue
         try:
             rec = host.ledger.record(addr)
         except HostError as e:
             out.problems.append(str(e))
+            continue
+        if dev is None:  # gone with no record (a VF its PF's count change destroyed):
+            if rec is not None:  # nothing to give back, nothing to remember
+                out.problems.append(f"{addr} ({op.describe()}) is gone from the host")
             continue
         if op.kind == "bind":
             if rec is None:

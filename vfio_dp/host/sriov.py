@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vfio_dp.errors import BindError, HostError, LockTimeoutError, RefusedError
+from vfio_dp.errors import BindError, HostError, LockTimeoutError, RefusedError, SysfsValueError
 from vfio_dp.host import sysfs
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
@@ -59,6 +59,7 @@ class SriovResult:
     warnings: list[str] = field(default_factory=list)
     dry_run: bool = False
     already: bool = False
+    bind_error: str | None = None  # the VFs exist but could not be bound: why (a failure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +81,17 @@ class PfView:
 
 
 def read_pf(host: Host, address: PciAddress) -> PfState | None:
-    """The PF's SR-IOV state; None when ``address`` is gone or is not an SR-IOV PF."""
+    """The PF's SR-IOV state; None when ``address`` is gone or is not an SR-IOV PF. A count
+    no kernel writes raises :class:`SysfsValueError` naming the file and the value."""
     dfd = sysfs.open_device_dir(host.fs, address)
     if dfd is None:
         return None
     try:
-        total = read_text("sriov_totalvfs", dir_fd=dfd)
-        if total is None or not total.isdigit():
+        total = sysfs.read_number(host.fs, address, dfd, "sriov_totalvfs")
+        if total is None:
             return None
-        num = read_text(NUMVFS, dir_fd=dfd) or "0"
-        auto = read_text(AUTOPROBE, dir_fd=dfd)
+        num = sysfs.read_number(host.fs, address, dfd, NUMVFS) or 0
+        auto = sysfs.read_number(host.fs, address, dfd, AUTOPROBE)
         vfs: list[tuple[int, PciAddress]] = []
         for name in os.listdir(dfd):
             if name.startswith("virtfn") and name[6:].isdigit():
@@ -107,18 +109,23 @@ def read_pf(host: Host, address: PciAddress) -> PfState | None:
         vendor=ids[0].removeprefix("0x").lower(),
         device=ids[1].removeprefix("0x").lower(),
         driver=driver,
-        totalvfs=int(total),
-        numvfs=int(num) if num.isdigit() else 0,
-        autoprobe=int(auto) if auto is not None and auto.isdigit() else None,
+        totalvfs=total,
+        numvfs=num,
+        autoprobe=auto,
         vfs=tuple(a for _, a in sorted(vfs)),
     )
 
 
 def list_pfs(host: Host) -> list[PfState]:
-    """Every SR-IOV PF under the root, in address order."""
+    """Every SR-IOV PF under the root, in address order (one whose counts are garbage is
+    left out, and why is logged)."""
     out = []
     for addr in sysfs.list_addresses(host.fs):
-        pf = read_pf(host, addr)
+        try:
+            pf = read_pf(host, addr)
+        except SysfsValueError as e:
+            sysfs.skipped(e)
+            continue
         if pf is not None:
             out.append(pf)
     return out
@@ -191,11 +198,15 @@ class Sriov:
         bind: bool = True,
         extra: Held | None = None,
     ) -> SriovResult:
-        """Make ``address`` have ``count`` VFs; with ``bind``, the new VFs go to vfio-pci.
+        """Make ``address`` have ``count`` VFs; with ``bind``, the new VFs go to vfio-pci --
+        and so do the driverless VFs of a PF already at ``count`` that we made (a bind that
+        was killed or failed is finished this way); ``bind_error`` says why one could not.
 
         Refuses (:class:`RefusedError`, nothing changed) by :func:`plan_count`'s rules. An
-        interrupted change of this PF is undone first. On a failed write the PF is put back
-        to the count it had and :class:`BindError` says which write failed and why."""
+        interrupted change of this PF, and an interrupted bind or unbind of its VFs
+        (:meth:`Host.recover`), are undone first. On a failed write the PF is put back to the
+        count it had, its VFs that were ours on vfio-pci bound again, and :class:`BindError`
+        says which write failed and why."""
         if dry_run:
             plan = self.plan(address, count, force=force, extra=extra)
             if plan.refusals:
@@ -212,22 +223,43 @@ class Sriov:
         with self.host.state.locked([address], self.host.lock_timeout):
             result = SriovResult(address, count)
             result.warnings += self._recover_locked(address)
+            result.warnings += self._recover_vfs(address)
             plan = self.plan(address, count, force=force, extra=extra)
             if plan.refusals:
                 raise RefusedError(list(plan.refusals))
             result.warnings += [f"forced: {f}" for f in plan.forced]
+            result.already = plan.noop
             if plan.noop:
-                result.already = True
-                return result
-            self._execute(plan, result)
-        if bind and result.made:
+                rec = self.store.get(address)
+                ours = rec is not None and rec.count == plan.pf.numvfs
+                todo = self._driverless(plan.pf.vfs) if bind and ours else []
+            else:
+                self._execute(plan, result)
+                todo = result.made
+        if bind and todo:
             try:
-                br = self.host.bind(result.made, bound_by=self.by)
+                br = self.host.bind(todo, bound_by=self.by)
                 result.bound = list(br.bound) + list(br.already)
                 result.warnings += br.warnings
             except HostError as e:  # the VFs exist; say why they are not on vfio-pci
-                result.warnings.append(f"made {len(result.made)} VFs but could not bind them: {e}")
+                result.bind_error = f"could not bind {len(todo)} VF(s) of {address}: {e}"
         return result
+
+    def _driverless(self, vfs: Sequence[PciAddress]) -> list[PciAddress]:
+        """The VFs among ``vfs`` on no driver (``<vf>/driver`` absent)."""
+        return [v for v in vfs if (d := sysfs.read_device(self.host.fs, v)) and d.driver is None]
+
+    def _recover_vfs(self, pf: PciAddress) -> list[str]:
+        """Finish an interrupted bind or unbind of ``pf``'s VFs (the recovery ``vfioctl
+        bind`` runs, :func:`vfio_dp.host.operations.recover`), before a count change destroys
+        them or a bind takes them; what it could not do refuses (:class:`BindError`)."""
+        now = read_pf(self.host, pf)
+        if now is None or not now.vfs:
+            return []
+        out = self.host.recover(only=now.vfs)
+        if out.problems:
+            raise BindError("\n".join(out.problems))
+        return [f"undid the interrupted {d}" for d in out.recovered]
 
     def _execute(self, plan: SriovPlan, result: SriovResult) -> None:
         pf = plan.pf
@@ -313,7 +345,24 @@ class Sriov:
             self.store.put(op.previous)
         self._forget_gone(pf.vfs)
         self.store.finish(op)
-        return f"put {op.pf} back to {op.from_count} VFs"
+        return f"put {op.pf} back to {op.from_count} VFs{self._rebind(pf.address)}"
+
+    def _rebind(self, pf: PciAddress) -> str:
+        """Bind again, for the holder each one's bind record names, the VFs a rollback made
+        anew that were ours on vfio-pci (``original/<vf>.json`` is kept while they are away);
+        what it did, as the tail of the rollback's message."""
+        now, out = read_pf(self.host, pf), ""
+        by_holder: dict[str, list[PciAddress]] = {}
+        try:
+            for vf in self._driverless(now.vfs if now else ()):
+                if (rec := self.host.ledger.record(vf)) is not None:
+                    by_holder.setdefault(rec.bound_by, []).append(vf)
+            for holder, vfs in sorted(by_holder.items()):
+                self.host.bind(vfs, bound_by=holder)
+                out += f"; {', '.join(map(str, vfs))} back on vfio-pci"
+        except HostError as e:
+            out += f"; its VFs could not be bound again: {e}"
+        return out
 
     def _forget_gone(self, vfs: Sequence[PciAddress]) -> None:
         """Drop the bind records of VFs that no longer exist (nothing to give back)."""

@@ -92,6 +92,21 @@ def _skip(e: SysfsValueError) -> None:
     logging.getLogger("vfio_dp.host").warning("%s", text)
 
 
+def skipped(e: SysfsValueError) -> None:
+    """Say why a device is left out of a listing (:func:`_skip`: logged once per process)."""
+    _skip(e)
+
+
+def read_number(root: Root, address: PciAddress, dfd: int, name: str) -> int | None:
+    """``<root>/sys/bus/pci/devices/<bdf>/<name>`` (e.g. ``sriov_totalvfs``; ``dfd`` is the
+    device's open directory) as a decimal number, None when absent. A value no kernel writes
+    (not decimal, more than 10 digits) raises :class:`SysfsValueError` naming file and value."""
+    try:
+        return _int(_read_at(dfd, name), name)
+    except _Garbage as e:
+        raise _value_error(pci_devices_dir(root), address, e) from None
+
+
 def pci_devices_dir(root: Root) -> str:
     return root.path("sys", "bus", "pci", "devices")
 
