@@ -22,6 +22,7 @@ import contextlib
 import errno
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,15 +57,21 @@ class Killed(BaseException):
 
 
 class KilledAfter(SimulatedKernel):
-    """The simulator, dying right after its ``k``-th write took effect."""
+    """The simulator, dying right after its ``k``-th write took effect (counted under a
+    lock: the bind's worker threads write concurrently)."""
 
     def __init__(self, tree: SysfsTree, k: int) -> None:
         super().__init__(tree)
         self.k = k
+        self.done = 0
+        self.count_lock = threading.Lock()
 
     def write(self, path: str, data: str) -> None:
         super().write(path, data)
-        if len(self.writes) == self.k:
+        with self.count_lock:
+            self.done += 1
+            this = self.done
+        if this == self.k:
             raise Killed(f"killed after write {self.k}: {data!r} > {path}")
 
 
@@ -72,14 +79,18 @@ class KilledAfter(SimulatedKernel):
 def killed_before_commit(monkeypatch: pytest.MonkeyPatch, k: int) -> Iterator[list[int]]:
     """Die just before the ``k``-th rename or unlink made through a directory fd (how every
     record and journal is committed or removed: :mod:`vfio_dp.host.atomic`); the simulator's
-    own file changes use plain paths and are not counted. Yields the count made."""
+    own file changes use plain paths and are not counted. Yields the count made (counted
+    under a lock: the bind's worker threads commit concurrently)."""
     seen = [0]
+    lock = threading.Lock()
 
     def gated(real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("dir_fd") is not None or kwargs.get("src_dir_fd") is not None:
-                seen[0] += 1
-                if seen[0] == k:
+                with lock:
+                    seen[0] += 1
+                    this = seen[0]
+                if this == k:
                     raise Killed(f"killed before state commit {k}: {real.__name__}{args}")
             return real(*args, **kwargs)
 

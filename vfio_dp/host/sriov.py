@@ -250,11 +250,9 @@ class Sriov:
         return [v for v in vfs if (d := sysfs.read_device(self.host.fs, v)) and d.driver is None]
 
     def _recover_vfs(self, pf: PciAddress) -> list[str]:
-        """Finish an interrupted bind or unbind of ``pf``'s VFs (the recovery ``vfioctl
-        bind`` runs, :func:`vfio_dp.host.operations.recover`), before a count change destroys
-        them or a bind takes them; what it could not do refuses (:class:`BindError`)."""
-        now = read_pf(self.host, pf)
-        if now is None or not now.vfs:
+        """Finish an interrupted bind or unbind of ``pf``'s VFs (:meth:`Host.recover`, as
+        ``vfioctl bind`` does) before they are destroyed or bound; a problem refuses."""
+        if not (now := read_pf(self.host, pf)) or not now.vfs:
             return []
         out = self.host.recover(only=now.vfs)
         if out.problems:
