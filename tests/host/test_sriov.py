@@ -17,7 +17,8 @@ from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree, gpu_host
 from vfio_dp.errors import BindError, RefusedError
 from vfio_dp.host import Host
-from vfio_dp.host.sriov import Sriov, list_pfs, read_pf
+from vfio_dp.host.sriov import Sriov
+from vfio_dp.host.sriov_pf import list_pfs, read_pf
 from vfio_dp.model.address import PciAddress
 
 PF = "0000:01:00.0"

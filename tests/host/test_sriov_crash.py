@@ -33,7 +33,8 @@ from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.errors import BindError
 from vfio_dp.host import Host
-from vfio_dp.host.sriov import Sriov, read_pf
+from vfio_dp.host.sriov import Sriov
+from vfio_dp.host.sriov_pf import read_pf
 from vfio_dp.model.address import PciAddress
 
 PF, VF1, VF2, VF3 = "0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"
