@@ -26,7 +26,9 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    request's devices also carry the variables the device plugin's Allocate gives
    (:mod:`.extended`: request → deviceClassName → the class's resource, read before any
    bind);
-5. **record** the claim as ``prepared`` and answer every CDI device ID.
+5. **record** the claim as ``prepared`` and answer every CDI device ID. A claim not prepared
+   before whose files or record cannot be written (a full or read-only CDI, metadata or
+   state directory) has its files removed again: nothing of it is left for a container.
 
 ``adminAccess: true`` results never bind and never get the VFIO group: their device carries
 only the metadata mount. A claim reserved for several pods (``status.reservedFor``) is
@@ -210,10 +212,15 @@ class ClaimPreparer:
             self._record(claim, view, PREPARING, records)
         inv = self._take(who, claim.uid, chosen, inv)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
-        files = self._write(claim, view, chosen, inv, resources)
-        ids = [d.cdi_device_ids for d in files.prepared]
-        records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
-        self._record(claim, view, PREPARED, records)
+        try:
+            files = self._write(claim, view, chosen, inv, resources)
+            ids = [d.cdi_device_ids for d in files.prepared]
+            records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
+            self._record(claim, view, PREPARED, records)
+        except BaseException:
+            if previous is None or previous.state != PREPARED:
+                self._discard_files(claim.uid, who)
+            raise
         log.info("prepared claim %s: %s", who, ", ".join(r.device for r in records) or "-")
         return files.prepared
 
@@ -325,6 +332,16 @@ class ClaimPreparer:
         )
         self.dirs.write(claim.uid, files)
         return files
+
+    def _discard_files(self, uid: str, who: str) -> None:
+        """A Prepare that failed at its files or its checkpoint (ENOSPC, EROFS on the CDI,
+        metadata or state directory) leaves none of its files behind: no container may be
+        given a metadata file or spec of a claim that is not prepared. A claim prepared
+        before keeps its files (its pod may run; kubelet retries). Blocking."""
+        try:
+            self.dirs.remove(uid)
+        except VfioError as e:
+            log.warning("claim %s: its files could not be removed after the failure: %s", who, e)
 
     def _record(
         self, claim: ClaimRef, view: ClaimView, state: str, devices: tuple[DeviceRecord, ...]
