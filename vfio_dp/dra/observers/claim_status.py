@@ -227,14 +227,15 @@ class StatusFeed:
             await asyncio.wait(set(self._running.values()), timeout=left)
             self._pump()
         left_over = len(self._running) + len(self._queue) + len(self._again)
-        for task in list(self._running.values()):
-            task.cancel()
+        for task in self._running.values():
+            task.cancel()  # their threads are left to the process's end
+        self._running.clear()
         self._queue.clear()
         self._again.clear()
         if left_over:
             log.warning(
-                "%d claim status write(s) not done within %.0f s of the stop; left (the "
-                "statuses are written again when their claims next change)",
+                "%d claim status write(s) not done within %g s of the stop; left (those "
+                "claims' status.devices may be stale until they next change)",
                 left_over,
                 grace,
             )
