@@ -174,9 +174,13 @@ def test_the_same_uid_under_another_name_is_refused_naming_both(
 
 
 # -- item 7: OS errors per claim, with the path and the fix ---------------------------------------
-def test_unprepare_with_a_directory_at_a_spec_path_fails_that_claim_only(
+def test_unprepare_with_a_directory_at_a_spec_path_leaves_it_and_forgets_the_claim(
     preparer: ClaimPreparer, claims: Claims, dirs: tuple[str, str]
 ) -> None:
+    """Issue 37 item 18b changed this answer: a directory where the spec should be is not
+    ours; failing the Unprepare on it failed it at every retry, forever. It is left (and
+    logged: tests/dra/test_claim_files_faults.py), the claim is given back and forgotten,
+    and the other claim of the call is unaffected either way."""
     a = claims.add("vm-a", "uid-a", [result("pci-0000-03-01-0")])
     b = claims.add("vm-b", "uid-b", [result("pci-0000-3b-00-0", request="gpu")])
     assert all(r.error == "" for r in run(preparer.prepare([a, b])).values())
@@ -185,8 +189,8 @@ def test_unprepare_with_a_directory_at_a_spec_path_fails_that_claim_only(
     os.mkdir(path)
     out = run(preparer.unprepare([a, b]))
     assert out["uid-b"] == "" and _spec(dirs, "uid-b") is None
-    assert out["uid-a"].startswith("claim default/vm-a (uid uid-a): removing the CDI spec ")
-    assert path in out["uid-a"] and "move it aside" in out["uid-a"], out["uid-a"]
+    assert out["uid-a"] == "" and os.path.isdir(path)
+    assert preparer.checkpoint.get("uid-a") is None
 
 
 @pytest.fixture

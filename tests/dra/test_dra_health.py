@@ -143,7 +143,8 @@ async def test_prepared_group_unbound_underneath_is_tainted_not_withdrawn(rig: R
         "the pod's device healthy",
         lambda: rig.pod_health()[0]["resources"][0]["health"] == "Healthy",
     )
-    assert rig.ready() == "True"  # written by Prepare, through the status subresource
+    # written after Prepare answered (in the background), through the status subresource
+    await rig.wait("the claim's Ready condition True", lambda: rig.ready() == "True")
     start = time.monotonic()
     rig.tree.set_driver(AUDIO, None)  # someone unbinds the audio function under the VM
 

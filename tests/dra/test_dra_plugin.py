@@ -25,6 +25,7 @@ from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import Dev, SysfsTree
 from tests.waiting import DEFAULT_TIMEOUT, wait_until_async
+from vfio_dp.core.node import Snapshot
 from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
 
@@ -184,6 +185,35 @@ async def test_an_idle_resync_rebuilds_nothing_and_lists_metadata_only(
     await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
     await until("republished", lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen)
     assert pool(apiserver)[1] == set(PUBLISHED)
+
+
+async def test_the_slice_feed_is_keyed_by_the_cores_scan_generation(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """Issue 33 item 4: the core numbers its scans (``Snapshot.generation``); idle resyncs
+    hand the same generation and the feed rebuilds nothing, a rescan hands a new one and the
+    feed builds again -- reusing every device that is equal to the one it built before."""
+    plugin = await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    seen: list[Snapshot] = []
+
+    class Recorder:
+        async def inventory_changed(self, snapshot: Snapshot) -> None:
+            seen.append(snapshot)
+
+    plugin.core.subscribe(Recorder())
+    await until("three idle resyncs", lambda: len(seen) >= 3)
+    idle = {s.generation for s in seen}
+    assert idle == {plugin.core.generation}, idle
+    devices = list(plugin.devices)
+    plugin.core.on_uevent("change 0000:65:00.0")  # a rescan, as a kernel uevent makes one
+    await until("a rescan", lambda: any(s.generation > max(idle) for s in seen))
+    rescanned = next(s for s in seen if s.generation > max(idle))
+    assert rescanned.trigger.startswith("uevent") and rescanned.inventory is not seen[0].inventory
+    await until("the feed's next update", lambda: plugin.feed._idle_key is not None
+                and plugin.feed._idle_key[0] == rescanned.generation)  # fmt: skip
+    # nothing changed on the host: every device is the one built before (equal, not rebuilt)
+    assert all(a is b for a, b in zip(plugin.devices, devices, strict=True))
 
 
 async def test_a_server_refusing_metadata_lists_gets_full_lists(

@@ -84,6 +84,10 @@ class Snapshot:
     #: what caused the scan: ``start``, ``resync``, ``uevent <action> <bdf>``, ``SIGUSR1``,
     #: ``config`` (a reload was applied), or a front-end's own reason
     trigger: str
+    #: the scan generation: bumped whenever the core hands out another inventory or config;
+    #: equal generations carry the same ``inventory`` and ``config`` (an idle resync whose
+    #: cheap look found nothing changed), so front-ends key their caches by it
+    generation: int = 0
 
 
 class Observer(Protocol):
@@ -100,6 +104,9 @@ class NodeCore:
         self.config_id: FileId | None = None
         self.config_text: bytes | None = None
         self.inventory: Inventory | None = None
+        #: :attr:`Snapshot.generation` of the last snapshot, and the config it carried
+        self.generation = 0
+        self._told_config: Config | None = None
         self.metrics = Metrics()
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vfio_dp-host")
         self.uevents = UeventSource(self.on_uevent)
@@ -238,8 +245,10 @@ class NodeCore:
 
     async def _tell(self, inv: Inventory, trigger: str) -> Snapshot:
         """Take ``inv`` as the current view and tell the observers (under the scan lock)."""
-        self.inventory = inv
-        snapshot = Snapshot(inv, self.config, trigger)
+        if inv is not self.inventory or self.config is not self._told_config:
+            self.generation += 1  # the one place a new scan result is told apart
+        self.inventory, self._told_config = inv, self.config
+        snapshot = Snapshot(inv, self.config, trigger, self.generation)
         for obs in list(self.observers):
             try:
                 await obs.inventory_changed(snapshot)

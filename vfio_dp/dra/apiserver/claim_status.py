@@ -20,7 +20,10 @@ controllers do. The API server (Kubernetes >= 1.36) authorizes the write twice: 
 ``resourceclaims/driver`` subresource named after our driver (RBAC in
 ``deploy/components/dra/dra-rbac.yaml``); a 403 is logged with that fix.
 
-The builders are pure; :class:`ClaimStatusWriter` is a blocking shell (run it in a thread)
+What to say of a device (:class:`~vfio_dp.dra.observers.claim_status.DeviceStatus`) and when
+to write it is the claim-status feed's (:mod:`vfio_dp.dra.observers.claim_status`, which
+runs this writer off the kubelet's path). The builders are pure; :class:`ClaimStatusWriter`
+is a blocking shell (run it in a thread)
 over the client's ``ApiClient`` with plain JSON bodies, like :mod:`vfio_dp.dra.apiserver.publisher`.
 """
 
@@ -29,31 +32,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from vfio_dp.core.health import HEALTHY
+from vfio_dp.dra.observers.claim_status import DeviceStatus
 
 log = logging.getLogger("vfio_dp.dra")
+
+__all__ = ["ClaimStatusWriter", "DeviceStatus", "StatusError", "entry", "merged"]
 
 TIMEOUT = 10.0
 RETRIES = 5
 MAX_MESSAGE = 32768  # metav1.Condition.message
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceStatus:
-    """What we say about one prepared device of a claim."""
-
-    pool: str
-    device: str
-    health: str  # HEALTHY / UNHEALTHY / UNKNOWN (core.health)
-    message: str
-    since: str  # RFC 3339: when the health was entered
-    addresses: tuple[str, ...]
-    iommu_group: int
-    devnodes: tuple[str, ...]
-    bound_by: str
 
 
 def entry(driver: str, s: DeviceStatus, old: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -6,8 +6,9 @@ file-owning helpers it runs over: ``claims`` (kubelet's claim types, the Resourc
 read, its checks), ``resolve`` (results → IOMMU groups), ``edits`` (a claim's CDI edits and
 metadata), ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 files), ``extended``
 (what a pod's extended-resource claim gets), ``checkpoint`` (the prepared claims, with the
-boot ID: the one reader and writer of that file) and ``holds`` (which functions prepared
-claims hold, read through ``checkpoint``). Importing any of it loads no gRPC
+boot ID: the one reader and writer of that file), ``holds`` (which functions prepared
+claims hold, read through ``checkpoint``) and ``outcome`` (the one mapper from what a
+claim's work raised to the error kubelet gets). Importing any of it loads no gRPC
 (import-linter contract).
 """
 
@@ -19,6 +20,7 @@ __all__ = [
     "extended",
     "holds",
     "metadata",
+    "outcome",
     "prepare",
     "reconcile",
     "resolve",

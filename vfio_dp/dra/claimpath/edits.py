@@ -21,6 +21,7 @@ and the fix (:func:`io_error`): an error of that claim only.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import DraError
 from vfio_dp.model import dra_metadata as md
+
+log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
 _FIXES = {
     errno.ENOSPC: "free space on the filesystem that holds it",
@@ -155,15 +158,29 @@ class ClaimDirs:
             raise io_error("writing the CDI spec", path, e) from e
 
     def remove(self, uid: str) -> None:
-        """Remove the claim's CDI spec and metadata files (absent ones are fine);
-        :class:`DraError` naming the path when one cannot be removed."""
+        """Remove the claim's CDI spec and metadata files (absent ones are fine), each tried
+        even when the other fails; :class:`DraError` naming the first path that could not be
+        removed. A directory where the spec would be is someone else's: logged and left,
+        never an error."""
+        failed: DraError | None = None
         path = cdi.spec_path(self.cdi_dir, self.driver, uid)
         try:
             cdi.remove_spec(self.cdi_dir, self.driver, uid)
+        except IsADirectoryError:
+            # not ours (we write files only): left as it is, and the claim is still given
+            # back -- an Unprepare that failed on it would fail at every retry, forever
+            log.warning(
+                "%s is a directory this plugin did not make where the CDI spec of claim %s "
+                "would be; left as it is (move it aside: nothing of the claim is in it)",
+                path,
+                uid,
+            )
         except OSError as e:
-            raise io_error("removing the CDI spec", path, e) from e
+            failed = io_error("removing the CDI spec", path, e)
         path = os.path.join(mdfile.claims_dir(self.plugins_dir, self.driver), uid)
         try:
             mdfile.remove_claim(self.plugins_dir, self.driver, uid)
         except OSError as e:
-            raise io_error("removing the device-metadata files under", path, e) from e
+            failed = failed or io_error("removing the device-metadata files under", path, e)
+        if failed is not None:
+            raise failed

@@ -26,7 +26,9 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    request's devices also carry the variables the device plugin's Allocate gives
    (:mod:`.extended`: request → deviceClassName → the class's resource, read before any
    bind);
-5. **record** the claim as ``prepared`` and answer every CDI device ID.
+5. **record** the claim as ``prepared`` and answer every CDI device ID. A claim not prepared
+   before whose files or record cannot be written (a full or read-only CDI, metadata or
+   state directory) has its files removed again: nothing of it is left for a container.
 
 ``adminAccess: true`` results never bind and never get the VFIO group: their device carries
 only the metadata mount. A claim reserved for several pods (``status.reservedFor``) is
@@ -46,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -71,7 +72,8 @@ from vfio_dp.dra.claimpath.claims import (
     ours,
 )
 from vfio_dp.dra.claimpath.edits import ClaimDirs, ClaimFiles, build, io_error
-from vfio_dp.dra.claimpath.reconcile import ClaimReader, Held, Reconciler, ReconcileReport
+from vfio_dp.dra.claimpath.outcome import outcome
+from vfio_dp.dra.claimpath.reconcile import ClaimReader, Reconciler, ReconcileReport
 from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import ClaimError, VfioError
@@ -95,20 +97,6 @@ class Metrics(Protocol):
 
 def _describe(ref: ClaimRef) -> str:
     return describe(ref.namespace, ref.name, ref.uid)
-
-
-def _io(e: OSError, fallback: str) -> VfioError:
-    """An OSError that escaped the writers that name their paths: its own (absolute) file
-    name, else ``fallback`` (the checkpoint: the one other file of the claim path)."""
-    name = e.filename if isinstance(e.filename, str) and os.path.isabs(e.filename) else None
-    return io_error("writing", name or fallback, e)
-
-
-def _internal(e: Exception) -> str:
-    return (
-        f"internal error ({type(e).__name__}: {str(e)[:200]}); the other claims of the "
-        "request are not affected -- please report it with the plugin's log"
-    )
 
 
 class ClaimPreparer:
@@ -186,24 +174,11 @@ class ClaimPreparer:
         async with self._lock(claim.uid):  # a retry while its Prepare runs reads after it
             try:
                 devices = await self._prepare(claim)
-            except ClaimError as e:
-                log.warning("NodePrepareResources: %s", e)
+            except Exception as e:  # one claim's failure, whatever it is, fails it alone
+                failed = outcome(_describe(claim), e, self.checkpoint.path)
+                failed.log(log, "NodePrepareResources")
                 self._metric("vfio_dp_dra_prepare_errors_total")
-                return ClaimResult(error=str(e))
-            except VfioError as e:
-                msg = str(ClaimError(_describe(claim), str(e)))
-                log.warning("NodePrepareResources: %s", msg)
-                self._metric("vfio_dp_dra_prepare_errors_total")
-                return ClaimResult(error=msg)
-            except OSError as e:  # a state file of the host layer; the CDI/metadata are named
-                msg = str(ClaimError(_describe(claim), str(_io(e, self.checkpoint.path))))
-                log.warning("NodePrepareResources: %s", msg)
-                self._metric("vfio_dp_dra_prepare_errors_total")
-                return ClaimResult(error=msg)
-            except Exception as e:  # one claim's surprise must not fail the others
-                log.exception("NodePrepareResources: claim %s", _describe(claim))
-                self._metric("vfio_dp_dra_prepare_errors_total")
-                return ClaimResult(error=str(ClaimError(_describe(claim), _internal(e))))
+                return ClaimResult(error=failed.error)
             self._metric("vfio_dp_dra_prepared_total")
             return ClaimResult(devices=devices)
 
@@ -237,10 +212,15 @@ class ClaimPreparer:
             self._record(claim, view, PREPARING, records)
         inv = self._take(who, claim.uid, chosen, inv)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
-        files = self._write(claim, view, chosen, inv, resources)
-        ids = [d.cdi_device_ids for d in files.prepared]
-        records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
-        self._record(claim, view, PREPARED, records)
+        try:
+            files = self._write(claim, view, chosen, inv, resources)
+            ids = [d.cdi_device_ids for d in files.prepared]
+            records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
+            self._record(claim, view, PREPARED, records)
+        except BaseException:
+            if previous is None or previous.state != PREPARED:
+                self._discard_files(claim.uid, who)
+            raise
         log.info("prepared claim %s: %s", who, ", ".join(r.device for r in records) or "-")
         return files.prepared
 
@@ -353,6 +333,16 @@ class ClaimPreparer:
         self.dirs.write(claim.uid, files)
         return files
 
+    def _discard_files(self, uid: str, who: str) -> None:
+        """A Prepare that failed at its files or its checkpoint (ENOSPC, EROFS on the CDI,
+        metadata or state directory) leaves none of its files behind: no container may be
+        given a metadata file or spec of a claim that is not prepared. A claim prepared
+        before keeps its files (its pod may run; kubelet retries). Blocking."""
+        try:
+            self.dirs.remove(uid)
+        except VfioError as e:
+            log.warning("claim %s: its files could not be removed after the failure: %s", who, e)
+
     def _record(
         self, claim: ClaimRef, view: ClaimView, state: str, devices: tuple[DeviceRecord, ...]
     ) -> None:
@@ -380,24 +370,11 @@ class ClaimPreparer:
                 restored = await asyncio.to_thread(
                     self.reconciler.release, claim.uid, _describe(claim)
                 )
-            except Held as e:
+            except Exception as e:  # one claim's failure, whatever it is, fails it alone
+                failed = outcome(_describe(claim), e, self.checkpoint.path)
+                failed.log(log, "NodeUnprepareResources")
                 self._metric("vfio_dp_dra_unprepare_errors_total")
-                log.warning("NodeUnprepareResources: %s", e)
-                return str(e)
-            except ClaimError as e:
-                self._metric("vfio_dp_dra_unprepare_errors_total")
-                log.warning("NodeUnprepareResources: %s", e)
-                return str(e)
-            except (VfioError, OSError) as e:
-                self._metric("vfio_dp_dra_unprepare_errors_total")
-                err = _io(e, self.checkpoint.path) if isinstance(e, OSError) else e
-                msg = f"claim {_describe(claim)}: {err}"
-                log.warning("NodeUnprepareResources: %s", msg)
-                return msg
-            except Exception as e:  # one claim's surprise must not fail the others
-                log.exception("NodeUnprepareResources: claim %s", _describe(claim))
-                self._metric("vfio_dp_dra_unprepare_errors_total")
-                return str(ClaimError(_describe(claim), _internal(e)))
+                return failed.error
             log.info(
                 "unprepared claim %s%s",
                 _describe(claim),

@@ -27,6 +27,7 @@ from typing import Any
 from vfio_dp.dra.claimpath.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
 from vfio_dp.dra.claimpath.claims import stale_reason
 from vfio_dp.dra.claimpath.edits import ClaimDirs
+from vfio_dp.dra.claimpath.outcome import HELD, INTERNAL, Held, outcome
 from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
 from vfio_dp.host.state import bound_by_claim, claim_of
@@ -50,10 +51,6 @@ class ReconcileReport:
     reverified: list[str] = field(default_factory=list)
     invalidated: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-class Held(Exception):
-    """Devices a claim bound could not be given back yet (held open, or a failed restore)."""
 
 
 class Reconciler:
@@ -91,7 +88,7 @@ class Reconciler:
             rec = self.checkpoint.get(uid)
             if rec is not None and rec.state != RELEASING:  # reconcile retries it
                 self.checkpoint.put(replace(rec, state=RELEASING))
-            raise Held(f"claim {who}: " + "; ".join(out.kept))
+            raise Held(who, "; ".join(out.kept))
         self.checkpoint.remove(uid)
         return out.restored
 
@@ -143,11 +140,14 @@ class Reconciler:
         async with self.lock(uid):
             try:
                 restored = await asyncio.to_thread(self.release, uid, ref)
-            except Held as e:
-                report.kept.append(f"{e} ({why})")
-                return
-            except (VfioError, OSError) as e:  # this claim only: the others are still settled
-                report.errors.append(f"claim {ref}: {e}")
+            except Exception as e:  # this claim only: the others are still settled
+                failed = outcome(ref, e, self.checkpoint.path)
+                if failed.kind == HELD:
+                    report.kept.append(f"{failed.error} ({why})")
+                else:  # logged with the report's errors; a bug with its traceback
+                    if failed.kind == INTERNAL:
+                        failed.log(log, "reconcile")
+                    report.errors.append(failed.error)
                 return
         report.unprepared.append(f"{ref}: {why}")
         report.restored.extend(restored)

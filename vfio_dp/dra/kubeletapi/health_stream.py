@@ -20,6 +20,12 @@ the node core (every ``--resync`` seconds and on every event), so kubelet's per-
 timeout (``health_check_timeout_seconds``, set from the resync) never expires while we run,
 and a change reaches kubelet within a scan. Only the latest list is kept: a slow reader
 skips lists, never sees an old one after a new one.
+
+At most :data:`MAX_STREAMS` streams are open at once; one more is refused at once with
+``RESOURCE_EXHAUSTED``. The streams share ``dra.sock``'s gRPC server, whose bound on running
+calls (:data:`vfio_dp.core.sockets.MAX_CONCURRENT_RPCS`, 64) they would otherwise fill:
+watchers that never close must not make kubelet's NodePrepareResources fail (kubelet itself
+opens one stream per plugin).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
+
+import grpc
 
 from vfio_dp.dra._pb.dra_health.v1 import api_pb2 as v1_pb2
 from vfio_dp.dra._pb.dra_health.v1 import api_pb2_grpc as v1_grpc
@@ -39,6 +47,9 @@ log = logging.getLogger("vfio_dp.dra")
 
 #: what the registration adds to ``supported_versions`` (after the DRAPlugin services)
 SERVICE_NAMES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+#: open health streams at most: kubelet opens one; the rest of the server's bound on running
+#: calls stays free for NodePrepareResources / NodeUnprepareResources
+MAX_STREAMS = 16
 
 
 class HealthStream:
@@ -129,5 +140,17 @@ class _Servicer:
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
         # an async generator function itself: that is how grpc.aio knows it streams
+        if self.stream.streams >= MAX_STREAMS:  # no await until follow() counts this one
+            log.warning(
+                "a %s health stream refused: %d are open already (at most %d)",
+                self.version,
+                self.stream.streams,
+                MAX_STREAMS,
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.stream.streams} health streams are open already (at most "
+                f"{MAX_STREAMS}); close one first",
+            )
         async for response in self.stream.follow(self.pb, self.version):
             yield response

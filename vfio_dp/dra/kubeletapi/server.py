@@ -54,7 +54,8 @@ from vfio_dp.dra._pb.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vfio_dp.dra._pb.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult, Handler
+from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult, Handler, describe
+from vfio_dp.dra.claimpath.outcome import outcome
 from vfio_dp.dra.kubeletapi.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.model import naming
 
@@ -314,21 +315,19 @@ class KubeletFrontEnd:
         rpc = f"{version} Node{verb.capitalize()}Resources"
         valid, errors, by_uid = self._split(claims)
         answered: Mapping[str, object] = {}
-        failure = ""
+        raised: Exception | None = None
         if valid:
             try:
                 answered = await self._call(rpc, call(valid))
             except Exception as e:  # the handler's bug must not become a gRPC UNKNOWN
                 log.exception("%s: %s failed", self.driver_name, verb)
-                failure = f"{type(e).__name__}: {e}"
+                raised = e
         results: dict[str, T] = {}
         for claim in valid:
             result = answered.get(claim.uid)
-            if failure:
-                errors[claim.uid] = (
-                    f"driver {self.driver_name}: {verb[:-1]}ing {_describe(claim)} failed: "
-                    f"{failure}"
-                )
+            if raised is not None:  # the claim path's one mapper says what it means
+                said = outcome(describe(claim.namespace, claim.name, claim.uid), raised)
+                errors[claim.uid] = f"driver {self.driver_name}: {said.error}"
             elif isinstance(result, kind):
                 results[claim.uid] = result
             else:

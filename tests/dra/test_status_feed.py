@@ -1,0 +1,108 @@
+"""The claim-status feed (vfio_dp.dra.observers.claim_status): writes in the background,
+coalesced per claim, decided when each write starts, bounded at stop. The writer is a
+blocking function on real threads (as the API shell's is); it records what it was asked."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, ClaimRecord, DeviceRecord
+from vfio_dp.dra.observers.claim_status import DeviceStatus, StatusFeed
+from vfio_dp.model.address import PciAddress
+
+GUARD = 30.0  # liveness only
+
+
+def record(uid: str, state: str = PREPARED) -> ClaimRecord:
+    dev = DeviceRecord(("gpu",), "node-a", "pci-0000-3b-00-0", 45,
+                       ("0000:3b:00.0", "0000:3b:00.1"), ("10de:1eb8", "10de:10f8"))  # fmt: skip
+    return ClaimRecord("vms", f"claim-{uid}", uid, state, devices=(dev,))
+
+
+class Writer:
+    """Records each write; the first ``hold`` writes block until :attr:`go` is set."""
+
+    def __init__(self, hold: int = 0) -> None:
+        self.calls: list[tuple[str, list[DeviceStatus]]] = []
+        self.go = threading.Event()
+        self.hold = hold
+        self.lock = threading.Lock()
+
+    def __call__(self, ns: str, name: str, uid: str, ours: Sequence[DeviceStatus]) -> bool:
+        with self.lock:
+            self.calls.append((uid, list(ours)))
+            n = len(self.calls)
+        if n <= self.hold:
+            self.go.wait(GUARD)
+        return True
+
+
+def feed_of(writer: Writer, claims: dict[str, ClaimRecord]) -> StatusFeed:
+    return StatusFeed(
+        writer, record=claims.get, records=lambda: claims, states=lambda: {},
+        holders=lambda: {PciAddress.parse("0000:3b:00.0"): "claim:a"},
+    )  # fmt: skip
+
+
+async def until(check: object) -> None:
+    end = time.monotonic() + GUARD
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_changes_while_a_write_runs_make_one_more_write_as_the_checkpoint_says_then() -> None:
+    claims = {"a": record("a")}
+    writer = Writer(hold=1)
+    feed = feed_of(writer, claims)
+    feed.claim_changed("vms", "claim-a", "a")
+    await until(lambda: len(writer.calls) == 1)
+    for _ in range(10):  # while the first write hangs
+        feed.claim_changed("vms", "claim-a", "a")
+    del claims["a"]  # unprepared meanwhile: the next write removes our entries
+    writer.go.set()
+    await until(lambda: feed.busy == 0)
+    assert [(uid, len(ours)) for uid, ours in writer.calls] == [("a", 1), ("a", 0)]
+    (first,) = writer.calls[0][1]
+    assert first.bound_by == "claim:a" and first.devnodes == ("/dev/vfio/vfio", "/dev/vfio/45")
+    assert (feed.written, feed.errors) == (2, 0)
+    await feed.close()
+
+
+async def test_a_claim_being_prepared_is_not_written_until_its_end_asks_again() -> None:
+    claims = {"b": record("b", PREPARING)}
+    writer = Writer()
+    feed = feed_of(writer, claims)
+    feed.claim_changed("vms", "claim-b", "b")
+    await until(lambda: feed.busy == 0)
+    assert writer.calls == []
+    claims["b"] = record("b")
+    feed.device_changed("pci-0000-3b-00-0")  # a held device's health changed
+    await until(lambda: feed.busy == 0)
+    assert [uid for uid, _ in writer.calls] == ["b"]
+    await feed.close()
+
+
+async def test_close_leaves_a_stuck_write_after_its_grace_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    claims = {c: record(c) for c in "abcdef"}
+    writer = Writer(hold=100)  # every write hangs (an API server that trickles)
+    feed = feed_of(writer, claims)
+    for c in "abcdef":
+        feed.claim_changed("vms", f"claim-{c}", c)
+    await until(lambda: len(writer.calls) == 4)  # four at once, two queued
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="vfio_dp.dra"):
+        await feed.close(grace=0.5)
+    assert time.monotonic() - start < 5  # the grace, not the writes
+    assert "6 claim status write(s) not done within" in caplog.text
+    feed.claim_changed("vms", "claim-a", "a")  # closed: taken no more
+    assert feed.busy == 0
+    writer.go.set()
