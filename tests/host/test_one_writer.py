@@ -4,6 +4,7 @@
   (``replace_at``, ``remove_at``) are used by :mod:`vfio_dp.host.records` alone; the
   path-based ones are for the files a claim or a resource leaves outside the state
   directory (CDI specs, device metadata), each used only by its module.
+- Record files are read only through :meth:`vfio_dp.host.records.RecordFiles.read`.
 - :class:`vfio_dp.host.records.RecordFiles` is made only by the one store of each record kind
   (``docs/architecture.md``, "What is written where").
 - Bind records and journals are written only by :class:`vfio_dp.host.ledger.Ledger`: no
@@ -77,6 +78,19 @@ def test_the_atomic_writers_are_used_only_by_their_owners() -> None:
         if mod != "vfio_dp.host.atomic"
         for name, line in names_used(tree, set(ATOMIC_USERS))
         if mod not in ATOMIC_USERS[name]
+    ]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_record_files_are_read_only_through_record_files() -> None:
+    """The non-blocking reader of state files: ``RecordFiles.read`` wraps it; every other
+    module reads its records through that (a FIFO, a directory or a link is never opened
+    blocking nor followed)."""
+    wrong = [
+        f"{mod}:{line} reads with vfio_dp.host.files.read_regular past RecordFiles.read"
+        for mod, tree in modules()
+        if mod not in ("vfio_dp.host.files", "vfio_dp.host.records")
+        for _, line in names_used(tree, {"read_regular"})
     ]
     assert wrong == [], "\n".join(wrong)
 

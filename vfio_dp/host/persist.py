@@ -12,11 +12,9 @@ rewritten: :class:`~vfio_dp.errors.CorruptRecordError` names it and the fix.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 from vfio_dp.errors import CorruptRecordError
-from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
@@ -33,26 +31,20 @@ class Persistence:
 
     def __init__(self, root: Root) -> None:
         self.root = root
-        self.files = RecordFiles(root)
+        self.files = RecordFiles(root, _MAX_BYTES)
         self.record_path = root.path(*STATE_DIR, RECORD_NAME)
         self.rules_path = root.path(*RULES_DIR, RULES_NAME)
 
     def load(self) -> dict[PciAddress, PersistedBind]:
         """The recorded devices (none when there is no record)."""
-        try:
-            dfd = self.root.open_dir(*STATE_DIR)
-        except FileNotFoundError:
-            return {}
-        try:
-            raw = read_regular(RECORD_NAME, _MAX_BYTES, dir_fd=dfd, nofollow=True)
-        except FileNotFoundError:
-            return {}
-        except (NotRegularFileError, OSError) as e:
+        try:  # through RecordFiles: never blocking, never through a link
+            raw = self.files.read(STATE_DIR, RECORD_NAME)
+        except OSError as e:
             raise CorruptRecordError(
                 self.record_path, str(e), "remove it and bind again with --persist"
             ) from e
-        finally:
-            os.close(dfd)
+        if raw is None:
+            return {}
         try:
             return from_json(raw)
         except (ValueError, TypeError, UnicodeDecodeError) as e:

@@ -126,20 +126,20 @@ def _hw_rng(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddress
         f"make the host use another RNG first: echo NAME > {path} (NAME from rng_available "
         "in the same directory), or pick another device"
     )
-    owners: list[PciAddress] = []
+    funcs: list[PciAddress] = []
     if current.startswith("virtio_rng."):
         for _, resolved in _class_members(root, "virtio_rng", ("sys", "bus", "virtio", "drivers")):
-            owner = _pci_ancestor(resolved)
-            if owner is not None and owner in devices:
-                owners.append(owner)
+            func = _pci_ancestor(resolved)
+            if func is not None and func in devices:
+                funcs.append(func)
     else:
-        owner = _pci_ancestor(current) if len(current) == 12 else None
-        if owner is not None and owner in devices:
-            owners.append(owner)
+        func = _pci_ancestor(current) if len(current) == 12 else None
+        if func is not None and func in devices:
+            funcs.append(func)
     what = f"it is the host's current hardware RNG ({current})"
-    if len(owners) > 1:
-        what = f"it may be the host's current hardware RNG ({current}; one of {len(owners)} virtio RNGs)"
-    return {o: HostUse(what, fix) for o in owners}
+    if len(funcs) > 1:
+        what = f"it may be the host's current hardware RNG ({current}; one of {len(funcs)} virtio RNGs)"
+    return {o: HostUse(what, fix) for o in funcs}
 
 
 def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddress, list[HostUse]]:
@@ -175,8 +175,8 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             except ValueError:  # not what the kernel writes (0x1003): count it as in use
                 up, unreadable = False, True
             up_count += up and name != "lo"
-            owner = _pci_ancestor(resolved)
-            if owner is None or owner not in devices:
+            func = _pci_ancestor(resolved)
+            if func is None or func not in devices:
                 continue
             why = []
             if up:
@@ -188,8 +188,8 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             if name in routed:
                 why.append("has routes")
             if why:
-                used.append((owner, name, why))
-        for owner, name, why in used:
+                used.append((func, name, why))
+        for func, name, why in used:
             fix = f"bring it down first: ip link set {name} down"
             only = "is up" in why and up_count == 1
             if only:
@@ -197,7 +197,7 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
                     f"pick another device: {name} is the host's only interface that is up, "
                     "so taking it cuts the host off the network"
                 )
-            reasons[owner].append(
+            reasons[func].append(
                 HostUse(f"network interface {name} {' and '.join(why)}", fix, critical=only)
             )
     blocks = _class_members(root, "block")
@@ -205,13 +205,13 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
         majmin, sources = _mounted(root)
         swaps = _swaps(root)
         for name, resolved in blocks:
-            owner = _pci_ancestor(resolved)
-            if owner is None or owner not in devices:
+            func = _pci_ancestor(resolved)
+            if func is None or func not in devices:
                 continue
             dev_no = read_text(resolved + "/dev")
             where = majmin.get(dev_no or "") or sources.get(name)
             if where == "/":
-                reasons[owner].append(
+                reasons[func].append(
                     HostUse(
                         f"block device {name} is mounted at / (the host's root filesystem)",
                         "pick another device: the host cannot run without its root disk",
@@ -219,11 +219,11 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
                     )
                 )
             elif where is not None:
-                reasons[owner].append(
+                reasons[func].append(
                     HostUse(f"block device {name} is mounted", f"unmount it first: umount {where}")
                 )
             if name in swaps:
-                reasons[owner].append(
+                reasons[func].append(
                     HostUse(f"block device {name} is used as swap", f"swapoff /dev/{name} first")
                 )
             try:
@@ -231,13 +231,13 @@ def host_usage(root: Root, devices: dict[PciAddress, PciDevice]) -> dict[PciAddr
             except OSError:
                 holders = []
             if holders:
-                reasons[owner].append(
+                reasons[func].append(
                     HostUse(
                         f"block device {name} is held by {', '.join(sorted(holders))}",
                         "stop what holds it first (deactivate the LVM volume group or stop "
                         "the md array)",
                     )
                 )
-    for owner, use in _hw_rng(root, devices).items():
-        reasons[owner].append(use)
+    for func, use in _hw_rng(root, devices).items():
+        reasons[func].append(use)
     return dict(reasons)
