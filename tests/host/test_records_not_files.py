@@ -286,3 +286,27 @@ def test_one_unreadable_sriov_record_does_not_stop_the_other_devices(
         "0000:00:03.0": "virtio-pci",
     }
     assert bad.exists()  # kept, for the operator
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_allocation_record_is_read_without_blocking(tmp_path: Path, kind: str) -> None:
+    """The device plugin's ``allocations.json`` is read through the records' one reader
+    too: a FIFO there no longer blocks the plugin's start; it is said and treated as empty."""
+    import threading
+
+    from vfio_dp.deviceplugin.allocation_store import AllocationStore
+    from vfio_dp.host.root import Root
+
+    bad = plant(tmp_path / "var/lib/vfio_dp/allocations.json", kind)
+    store = AllocationStore(Root(tmp_path))
+    t = threading.Thread(target=store.load, daemon=True)
+    t.start()
+    t.join(ANSWER_WITHIN)
+    if t.is_alive():  # unblock the old code's open() so the thread ends
+        os.close(os.open(bad, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("loading the allocation record blocked")
+    assert store.record == {} and store.problem is not None
+    why = {"fifo": "not a regular file (a FIFO)", "directory": "not a regular file (a directory)"}
+    assert str(bad) in store.problem
+    assert why.get(kind, "is a symbolic link") in store.problem
