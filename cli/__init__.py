@@ -9,6 +9,7 @@ __all__ = [
     "deviceclass_cmd",
     "deviceplugin_cmd",
     "dra_cmd",
+    "fake_node_cmd",
     "host_cmds",
     "inventory_cmds",
     "kubectl_vfio",

@@ -29,6 +29,7 @@ LAZY_COMMANDS = {
     "translate": "cli.vm_cmds:translate",
     "hostdev": "cli.vm_cmds:hostdev",
     "completion": "cli.completion_cmd:completion",
+    "fake-node": "cli.fake_node_cmd:fake_node",
 }
 
 
@@ -51,6 +52,7 @@ SUMMARIES = {
     "sriov": "SR-IOV PFs: VF counts (total, now, wanted by the config), who made them, which VFs are held and by whom, and why a count is not what the config wants.",
     "mdev": "Mediated devices (vGPU-style slices): each parent's types (name, instances available, device API) and the instances made of them, with their IOMMU group and VFIO node.",
     "completion": "Print the completion script for SHELL (source it, or save it where SHELL loads it).",
+    "fake-node": "Build a fake node (sys/, dev/, proc/ of a realistic host) in DIRECTORY for --root.",
 }
 
 
