@@ -22,6 +22,8 @@ class RecordingHandler:
         self.omit: set[str] = set()
         self.fail_with: Exception | None = None
         self.delay = 0.0
+        #: when set, prepare waits until the test opens it (a bind that ends when the test says)
+        self.gate: asyncio.Event | None = None
         self.finished: list[str] = []
 
     def device(self, claim: ClaimRef) -> PreparedDevice:
@@ -36,6 +38,8 @@ class RecordingHandler:
         self.calls.append(("prepare", [c.uid for c in claims]))
         if self.delay:  # the scenario: a slow handler (a bind that takes this long)
             await asyncio.sleep(self.delay)
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail_with is not None:
             raise self.fail_with
         out = {}

@@ -202,7 +202,7 @@ async def test_a_request_larger_than_the_bound_is_refused(
 async def test_a_cancelled_call_lets_the_handler_finish(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 1.0
+    handler.gate = asyncio.Event()  # the handler works until the test says (a slow bind)
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         req = v1_pb2.NodePrepareResourcesRequest(
@@ -212,6 +212,7 @@ async def test_a_cancelled_call_lets_the_handler_finish(
             await stub.NodePrepareResources(req, timeout=0.1)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert handler.finished == []  # the deadline passed while the handler was working
+    handler.gate.set()
     await wait_until_async(lambda: handler.finished, what="the handler to finish its call")
     assert handler.finished == ["prepare"]  # the bind was not abandoned half-way
     assert UID_A in handler.prepared
