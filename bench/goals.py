@@ -45,7 +45,7 @@ WHERE = {
     "the kubelet dir is one stat per 0.25 s while unchanged (DirWatch); a full scan every "
     "10 min",
     "dra_idle": "the same listings, the host's use of devices (~1 ms), the /proc holder "
-    "scan, a metadata-only list of the pool; the event loop reuses every list it built. "
+    "scan (no request: a watch keeps the pool's versions); the event loop reuses every list it built. "
     "The tree's /proc is a stand-in with one process: a busy node's holder scan is the "
     "dra_holders row, on top of this one",
     "alloc_p99": "gRPC (grpc.aio) both ways in Python: a bare servicer answering the same "

@@ -9,8 +9,6 @@ client are imported only inside the command body: no other vfioctl command pays 
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from cli.common import (
@@ -135,18 +133,11 @@ def dra_plugin(
         )  # fmt: skip
         lock = single_instance(root, "dra-plugin", driver_name, wait_for_other)
         try:
-            code = run(options, client)
+            # Stopped: sockets removed, calls in flight answered or cut off (every API call
+            # ends by its deadline, and stopping shuts the sockets of those under way), so
+            # no thread is left to wait for: the process exits as the kubelet expects.
+            return run(options, client)
         finally:
             lock.release()
-        # Stopped: sockets removed, calls in flight answered or timed out. A thread still
-        # blocked in a call to a hung API server is not waited for (its socket timeout is
-        # 10 s): SIGTERM ends the process now, as the kubelet and the DaemonSet expect.
-        import logging
-        import os
-
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
 
     run_guarded(body)

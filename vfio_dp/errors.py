@@ -299,6 +299,19 @@ class DriverNameError(UsageError, DraError, ValueError):
         )
 
 
+class ApiCallError(DraError):
+    """A call to the Kubernetes API server failed; the message names the call and why.
+
+    ``status`` is the HTTP status the server answered (``ApiException.status``), None when it
+    did not answer; ``expired`` is True when the call's overall deadline passed (a server that
+    never answers, or trickles its answer, is cut off there, whatever it still sends)."""
+
+    def __init__(self, message: str, status: int | None = None, expired: bool = False) -> None:
+        self.status = status
+        self.expired = expired
+        super().__init__(message)
+
+
 class MetadataFormatError(DraError, ValueError):
     """A KEP-5304 device-metadata file (``metadata.resource.k8s.io``) is not in the format;
     ``source`` names the file (or ``<string>``)."""

@@ -105,7 +105,10 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
     # test_dra_policy.py derives the same set from the publisher's real requests
     needed = {
         ("", "nodes", "get"),
-        *(("resource.k8s.io", "resourceslices", v) for v in ("list", "create", "update", "delete")),
+        *(
+            ("resource.k8s.io", "resourceslices", v)
+            for v in ("list", "watch", "create", "update", "delete")
+        ),
         ("resource.k8s.io", "resourceclaims", "get"),
         ("resource.k8s.io", "deviceclasses", "get"),
         ("resource.k8s.io", "resourceclaims/status", "update"),

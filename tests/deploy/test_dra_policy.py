@@ -29,6 +29,7 @@ from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.dra.apiserver_standin import CLAIMS, DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter, DeviceStatus
 from vfio_dp.dra.apiserver.publisher import SlicePublisher, claim_reader, class_reader
+from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
 from vfio_dp.model.config import parse_config
 from vfio_dp.model.dra_metadata import Attribute
@@ -105,6 +106,10 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         wiped = len(api.requests)
         assert pub.reconcile(big[:10])
         assert not SlicePublisher(client, driver, "node-a").reconcile(big[:10])
+        # the slice watch: its list, then one watch request (ended by the server after 1 s)
+        watch = SliceWatch(client, driver, "node-a", seconds=1)
+        watch.relist()
+        watch.watch_once()
         ours += api.requests[wiped:]
         api.seed(
             CLAIMS,
@@ -238,7 +243,7 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
         used.setdefault(resource, set()).add(verb)
     assert used == {
         "nodes": {"get"},
-        "resourceslices": {"list", "create", "update", "delete"},
+        "resourceslices": {"list", "watch", "create", "update", "delete"},
         "resourceclaims": {"get"},  # Prepare reads the one claim kubelet names
         "deviceclasses": {"get"},  # and an extended-resource request's class
         "resourceclaims/status": {"update"},  # our entries of status.devices

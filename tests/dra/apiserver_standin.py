@@ -41,8 +41,16 @@ Strict where the real server is strict:
   a JSON Patch (the client's DEFAULT patch content type) whose body is not a list: 400.
 
 Watch streams (``?watch=true``) send ``{"type", "object"}`` lines: with ``resourceVersion``
-unset or ``"0"`` first an ADDED per existing object, then every change after it; they end at
-``timeoutSeconds`` or :meth:`ApiServerStandin.stop`. No event history is compacted.
+unset or ``"0"`` first an ADDED per existing object, then every change after it; with
+``allowWatchBookmarks`` a BOOKMARK (only ``metadata.resourceVersion``) when a watch ends at its
+``timeoutSeconds``; they end then, at :meth:`ApiServerStandin.end_watches` (what an API-server
+restart or a dropped connection does) or :meth:`ApiServerStandin.stop`.
+
+History: kept until :meth:`ApiServerStandin.compact` forgets it (etcd's compaction, which the
+real server does every 5 minutes): then a watch from an older ``resourceVersion`` is answered
+as kube-apiserver answers it, HTTP 200 and one ERROR event ``{"kind": "Status", "code": 410,
+"reason": "Expired", "message": "too old resource version: <rv> (<oldest>)"}``, and a list
+with ``resourceVersionMatch=Exact`` at an older one is a 410 Gone. A client must list again.
 
 RBAC (when :attr:`ApiServerStandin.rules` is set, e.g. to a deploy ClusterRole's rules):
 every request is authorized as the API server's RBAC authorizer would (403 Forbidden naming
@@ -998,6 +1006,8 @@ class Request:
 @dataclass
 class Store:
     rv: int = 0
+    #: the resourceVersion up to which the history is forgotten (:meth:`ApiServerStandin.compact`)
+    compacted: int = 0
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
 
@@ -1030,6 +1040,10 @@ class ApiServerStandin:
         from tests.dra.standin_exec import local_runner
 
         self.exec_runner = local_runner
+        #: watches open now (tests wait on it), and what ends them
+        self.open_watches = 0
+        self._watch_epoch = 0
+        self._watches_paused = False
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1121,6 +1135,37 @@ class ApiServerStandin:
                 if left <= 0:
                     raise AssertionError(f"API-server stand-in: timed out waiting for {what}")
                 self.lock.wait(min(left, 0.1))
+
+    # -- history and watches (a test's levers: what a real cluster does by itself) ------------
+    def end_watches(self, pause: bool = False) -> None:
+        """End every open watch stream, as an API-server restart does; ``pause``: new watch
+        requests wait (unanswered) until :meth:`resume_watches` -- the server is "away"."""
+        with self.lock:
+            self._watch_epoch += 1
+            self._watches_paused = pause
+            self.lock.notify_all()
+
+    def resume_watches(self) -> None:
+        with self.lock:
+            self._watches_paused = False
+            self.lock.notify_all()
+
+    def compact(self) -> int:
+        """Forget the history up to now (etcd's compaction); open watches end first, so none
+        misses an event. → the oldest resourceVersion a watch may still start from."""
+        with self.lock:
+            self._watch_epoch += 1
+            self.store.compacted = self.store.rv
+            self.store.events = []
+            self.lock.notify_all()
+            return self.store.compacted
+
+    def _too_old(self, rv: int) -> ApiError | None:
+        if rv < self.store.compacted:
+            return ApiError(
+                410, "Expired", f"too old resource version: {rv} ({self.store.compacted})"
+            )
+        return None
 
     # -- operations (called with the lock held) ---------------------------------------------
     def _now(self) -> str:
@@ -1347,6 +1392,20 @@ class ApiServerStandin:
 
     def _list(self, kind: Kind, ns: str, query: dict[str, str]) -> dict[str, Any]:
         match = self._select(kind, ns, query)
+        if query.get("resourceVersionMatch") == "Exact":
+            try:
+                at = int(query.get("resourceVersion") or "")
+            except ValueError:
+                raise _bad_request("resourceVersionMatch=Exact needs a resourceVersion") from None
+            gone = self._too_old(at)
+            if gone is not None:
+                raise gone
+            if at != self.store.rv:  # the stand-in keeps no old states to answer from
+                raise ApiError(
+                    504,
+                    "Timeout",
+                    f"the stand-in lists only at the current resourceVersion {self.store.rv}",
+                )
         items = [
             _clone(o)
             for (p, _, _), o in sorted(self.store.objects.items())
@@ -1373,8 +1432,11 @@ class ApiServerStandin:
         """Events for a watch request (runs in the connection's thread). Selectors and the
         resourceVersion are checked here, before the caller sends any header."""
         with self.lock:
+            while self._watches_paused and not self.stopping:
+                self.lock.wait(0.5)
             match = self._select(kind, ns, query)
             rv_text = query.get("resourceVersion", "")
+            epoch = self._watch_epoch
             if rv_text in ("", "0"):
                 start = self.store.rv
                 initial = [
@@ -1387,10 +1449,14 @@ class ApiServerStandin:
                     start = int(rv_text)
                 except ValueError:
                     raise _bad_request(f"invalid resourceVersion {rv_text[:40]!r}") from None
+                gone = self._too_old(start)
+                if gone is not None:  # answered 200, then the Status as an ERROR event
+                    return iter([{"type": "ERROR", "object": gone.status()}])
                 initial = []
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
-        return self._events(kind, match, initial, start, deadline)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        return self._events(kind, match, initial, start, deadline, epoch, bookmarks)
 
     def _events(
         self,
@@ -1399,24 +1465,52 @@ class ApiServerStandin:
         initial: list[dict[str, Any]],
         seen: int,
         deadline: float,
+        epoch: int,
+        bookmarks: bool,
     ) -> Iterator[dict[str, Any]]:
-        yield from initial
-        while True:
-            with self.lock:
-                while not self.stopping and (
-                    not self.store.events or self.store.events[-1].rv <= seen
-                ):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+        with self.lock:
+            self.open_watches += 1
+            self.lock.notify_all()
+        try:
+            yield from initial
+            while True:
+                bookmark: dict[str, Any] | None = None
+                batch: list[Event] = []
+                with self.lock:
+                    while (
+                        not self.stopping
+                        and epoch == self._watch_epoch
+                        and (not self.store.events or self.store.events[-1].rv <= seen)
+                    ):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.lock.wait(min(left, 0.5))
+                    if self.stopping or epoch != self._watch_epoch:
                         return
-                    self.lock.wait(min(left, 0.5))
-                if self.stopping:
+                    if self.store.events and self.store.events[-1].rv > seen:
+                        batch = [e for e in self.store.events if e.rv > seen]
+                        seen = self.store.events[-1].rv
+                    elif bookmarks:  # the timeout: where the next watch may start
+                        bookmark = {
+                            "type": "BOOKMARK",
+                            "object": {
+                                "kind": kind.kind,
+                                "apiVersion": kind.api_version,
+                                "metadata": {"resourceVersion": str(self.store.rv)},
+                            },
+                        }
+                for e in batch:
+                    if e.kind is kind and match(e.obj):
+                        yield {"type": e.type, "object": _clone(e.obj)}
+                if not batch:  # the timeout passed
+                    if bookmark is not None:
+                        yield bookmark
                     return
-                batch = [e for e in self.store.events if e.rv > seen]
-                seen = self.store.events[-1].rv
-            for e in batch:
-                if e.kind is kind and match(e.obj):
-                    yield {"type": e.type, "object": _clone(e.obj)}
+        finally:
+            with self.lock:
+                self.open_watches -= 1
+                self.lock.notify_all()
 
 
 def _tls_context(directory: str) -> tuple[bytes, ssl.SSLContext]:

@@ -595,3 +595,64 @@ def test_it_serves_https_that_the_real_client_verifies(tmp_path: Path) -> None:
         assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
     finally:
         api.stop()
+
+
+def test_a_compacted_history_expires_old_resource_versions(
+    apiserver: ApiServerStandin, slices: k8s.ResourceV1Api
+) -> None:
+    """After :meth:`compact` a watch from an older resourceVersion is answered as
+    kube-apiserver answers it (200, then an ERROR event: Status 410 Expired), which the real
+    client's ``Watch`` raises as ``ApiException(status=410)``; an Exact list there is a 410;
+    a watch from the compacted version itself (or later) still works."""
+    first = slices.create_resource_slice(a_slice("first"))
+    old = first.metadata.resource_version
+    slices.create_resource_slice(a_slice("second"))
+    oldest = apiserver.compact()
+    assert oldest > int(old)
+    w = watch.Watch()
+    with pytest.raises(k8s.ApiException) as e:
+        for _ in w.stream(slices.list_resource_slice, resource_version=old, timeout_seconds=5):
+            pass
+    assert e.value.status == 410 and "too old resource version" in str(e.value.reason)
+    code, status = raw(
+        apiserver, "GET", f"{SLICES_PATH}?resourceVersion={old}&resourceVersionMatch=Exact"
+    )
+    assert (code, status["reason"], status["code"]) == (410, "Expired", 410)
+    code, lines = _raw_watch(apiserver, f"{SLICES_PATH}?watch=true&resourceVersion={old}")
+    assert code == 200 and [ev["type"] for ev in lines] == ["ERROR"]
+    assert lines[0]["object"]["code"] == 410 and lines[0]["object"]["reason"] == "Expired"
+    seen = []
+    for ev in watch.Watch().stream(
+        slices.list_resource_slice, resource_version=str(oldest), timeout_seconds=1
+    ):
+        seen.append(ev["type"])
+    assert seen == []  # nothing after the compacted version, and no error
+
+
+def test_end_watches_ends_open_streams_and_a_timeout_sends_a_bookmark(
+    apiserver: ApiServerStandin, slices: k8s.ResourceV1Api
+) -> None:
+    slices.create_resource_slice(a_slice("first"))
+    code, lines = _raw_watch(
+        apiserver, f"{SLICES_PATH}?watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
+    )
+    assert code == 200 and [ev["type"] for ev in lines] == ["ADDED", "BOOKMARK"]
+    assert lines[1]["object"]["metadata"]["resourceVersion"] == str(apiserver.store.rv)
+    done = threading.Event()
+    got: list[Any] = []
+
+    def watcher() -> None:
+        got.append(_raw_watch(apiserver, f"{SLICES_PATH}?watch=true&timeoutSeconds=60"))
+        done.set()
+
+    threading.Thread(target=watcher, daemon=True).start()
+    apiserver.wait_for("a watch open", lambda a: a.open_watches == 1)
+    apiserver.end_watches()
+    assert done.wait(10), "end_watches did not end the open watch"
+    assert got[0][0] == 200 and [ev["type"] for ev in got[0][1]] == ["ADDED"]
+
+
+def _raw_watch(api: ApiServerStandin, path: str) -> tuple[int, list[dict[str, Any]]]:
+    req = urllib.request.Request(api.url + path, headers={"Authorization": f"Bearer {api.token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, [json.loads(line) for line in r.read().splitlines() if line.strip()]

@@ -64,16 +64,6 @@ async def until(what: str, check: Callable[[], bool], timeout: float = DEFAULT_T
     await wait_until_async(check, what=what, timeout=timeout)
 
 
-def slice_lists(api: ApiServerStandin) -> int:
-    """How many times this node's pool was listed (the publisher's check of an unchanged pool)."""
-    return sum(
-        r.method == "GET"
-        and r.path.endswith("/resourceslices")
-        and f"spec.nodeName={NODE}" in r.query.get("fieldSelector", "")
-        for r in list(api.requests)
-    )
-
-
 StartPlugin = Callable[..., Awaitable[DraPlugin]]
 
 
@@ -143,9 +133,9 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
             assert by_name[name]["functions"] == {"int": functions}
         # nothing to change: resyncs neither write nor bump
         await until("the publisher's record", lambda: plugin.publisher.writes == 1)
-        writes, lists = plugin.publisher.writes, slice_lists(apiserver)
+        writes, checks = plugin.publisher.writes, plugin.publisher.checks
         # three more checks of the pool: at least two resyncs went all the way through
-        await until("two more resyncs", lambda: slice_lists(apiserver) >= lists + 3)
+        await until("two more resyncs", lambda: plugin.publisher.checks >= checks + 3)
         assert plugin.publisher.writes == writes and pool(apiserver)[0] == gen
         answer = await kubelet.prepare(DRIVER, [("vms", "uid-1", "gpu-claim")])
         assert (
@@ -161,24 +151,31 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         await kubelet.stop()
 
 
-async def test_an_idle_resync_rebuilds_nothing_and_lists_metadata_only(
+async def test_an_idle_resync_rebuilds_nothing_and_lists_nothing(
     apiserver: ApiServerStandin, start_plugin: StartPlugin
 ) -> None:
-    """Issue 25: an idle resync (the same inventory: the core's cheap look saw nothing) reuses
-    the devices it built and checks the pool with a metadata-only list (names and
-    resourceVersions); a slice deleted meanwhile is still put back within a resync."""
+    """Issue 25, issue 33 item 2: an idle resync (the same inventory: the core's cheap look
+    saw nothing) reuses the devices it built and sends no request at all -- the slice watch
+    knows the server's names and resourceVersions; a slice deleted meanwhile is put back at
+    once, by the watch's event, not at a resync (there is none here)."""
     plugin = await start_plugin()
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
     await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    watch = plugin.publisher.watch
+    assert watch is not None
+    await until(
+        "the watch",
+        lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
+    )
     devices = list(plugin.devices)
-    lists = len(apiserver.requests)
-    await until("three more resyncs", lambda: slice_lists(apiserver) >= 3 + sum(
-        r.method == "GET" and r.path.endswith("/resourceslices") for r in apiserver.requests[:lists]
-    ))  # fmt: skip
+    checks, n = plugin.publisher.checks, len(apiserver.requests)
+    await until("three more resyncs", lambda: plugin.publisher.checks >= checks + 3)
     assert all(a is b for a, b in zip(plugin.devices, devices, strict=True))  # not rebuilt
-    checks = [r for r in apiserver.requests[lists:] if r.path.endswith("/resourceslices")]
-    assert checks and {r.answered_as for r in checks} == {"PartialObjectMetadataList"}
+    assert [
+        (r.method, r.path) for r in apiserver.requests[n:] if r.query.get("watch") != "true"
+    ] == []
     assert plugin.publisher.writes == 1
+    plugin.core.begin_stop()  # no more resyncs: only the watch can notice what follows
     gen = pool(apiserver)[0]
     (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
     api = k8s.ResourceV1Api(apiserver.client())  # someone deletes the counter slice
@@ -216,28 +213,52 @@ async def test_the_slice_feed_is_keyed_by_the_cores_scan_generation(
     assert all(a is b for a, b in zip(plugin.devices, devices, strict=True))
 
 
-async def test_a_server_refusing_metadata_lists_gets_full_lists(
+async def test_a_watch_whose_resource_version_expired_lists_again(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """The API server goes away (its watches end), a slice is deleted meanwhile and the
+    history compacted: the watch's next start from its old resourceVersion is answered 410
+    Gone, so it lists again, sees the slice missing, and the pool is republished -- with no
+    resync to help (none runs here)."""
+    plugin = await start_plugin(resync=60)
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    watch = plugin.publisher.watch
+    assert watch is not None
+    await until(
+        "the watch",
+        lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
+    )
+    lists, gen = watch.lists, pool(apiserver)[0]
+    apiserver.end_watches(pause=True)  # away: open watches end, new ones wait
+    (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
+    api = k8s.ResourceV1Api(apiserver.client())
+    await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
+    apiserver.compact()
+    apiserver.resume_watches()
+    await until("the 410", lambda: watch.expired >= 1 and watch.lists > lists)
+    await until("republished", lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen)
+    assert pool(apiserver)[1] == set(PUBLISHED)
+    assert plugin.publisher.problem is None
+
+
+async def test_a_server_refusing_watches_gets_full_lists(
     apiserver: ApiServerStandin, start_plugin: StartPlugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A server that answers the metadata-only form with 406 (as kube-apiserver does for a
-    media type it cannot serve) is listed in full from then on; nothing else changes."""
+    """A server that refuses the watch (an RBAC without the ``watch`` verb: 403) leaves the
+    watch unsynced and retrying with backoff; the publisher lists in full at each check
+    instead, and publishes as before."""
     import tests.dra.apiserver_standin as standin
 
-    real = standin._answer_as
+    def refused(self: Any, kind: Any, ns: str, query: dict[str, str]) -> Any:
+        raise standin.ApiError(403, "Forbidden", "resourceslices is forbidden: watch")
 
-    def no_metadata(accept: str, method: str, named: bool) -> str:
-        if "as=PartialObjectMetadataList" in accept:
-            raise standin.ApiError(406, "NotAcceptable", "only application/json")
-        return real(accept, method, named)
-
-    monkeypatch.setattr(standin, "_answer_as", no_metadata)
+    monkeypatch.setattr(standin.ApiServerStandin, "watch", refused)
     plugin = await start_plugin()
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
-    await until("the fallback", lambda: not plugin.publisher.metadata_lists)
-    n = len(apiserver.requests)
-    await until("two more full lists", lambda: sum(
-        r.path.endswith("/resourceslices") and r.code == 200 for r in apiserver.requests[n:]
-    ) >= 2)  # fmt: skip
+    assert plugin.publisher.watch is not None
+    assert plugin.publisher.watch.snapshot() is None
+    lists = plugin.publisher.lists
+    await until("two more full lists", lambda: plugin.publisher.lists >= lists + 2)
     assert plugin.publisher.writes == 1 and plugin.publisher.problem is None
 
 
@@ -382,14 +403,17 @@ def test_missing_node_name_and_bad_driver_name_exit_2(
     assert "Traceback" not in p.stderr
 
 
-async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
+async def test_someone_elses_change_to_our_slice_is_undone_at_once(
     tree: SysfsTree, apiserver: ApiServerStandin, start_plugin: StartPlugin
 ) -> None:
-    """A slice changed behind our back (its resourceVersion moves) is rewritten; and a device
-    change written over our stale record gets 409 Conflict, lists the pool and rewrites."""
+    """A slice changed behind our back (its resourceVersion moves) is rewritten as soon as
+    the watch sees it (no resync runs here); and a device change written over a stale record
+    of ours (a publisher without a watch) gets 409 Conflict, lists the pool and rewrites."""
     import kubernetes.client as k8s
 
-    plugin = await start_plugin(resync=0.3)
+    from vfio_dp.dra.apiserver.publisher import SlicePublisher
+
+    plugin = await start_plugin(resync=60)
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
     await until("the publisher's record", lambda: plugin.publisher.writes == 1)
     api = k8s.ResourceV1Api(apiserver.client())
@@ -399,20 +423,16 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_the_next_resync(
     await asyncio.to_thread(api.replace_resource_slice, name, s)
     await until("restored", lambda: pool(apiserver)[1] == set(PUBLISHED))
     assert pool(apiserver)[0] == gen + 1
-    # now tamper again and change a device before the resync can notice: 409 → list → rewrite
-    plugin.core.begin_stop()  # no more resyncs; publish by hand below
-    # Not a wait for a condition, for want of one to watch: a scan or a publisher check in
-    # flight must end first (else it sees the tampering below and leaves no stale record to
-    # refuse), and neither NodeCore nor SlicePublisher tells when it is idle.
-    await asyncio.sleep(0.5)
+    # now tamper again where no watch sees it, and change a device: 409 → list → rewrite
+    devices = list(plugin.devices)
+    await plugin.stop()
+    pub = SlicePublisher(apiserver.client(), DRIVER, NODE, watch=False)
+    # the plugin stopped (its threads with it), nothing else runs on this loop: block on it
+    pub.reconcile(devices)  # adopted, or rewritten if the stop cut a republish short
     (s,) = [x for x in pool(apiserver)[2] if "devices" in x["spec"]]
     s["metadata"]["labels"] = {"touched": "yes"}
-    await asyncio.to_thread(api.replace_resource_slice, name, s)
-    plugin.publisher.want(plugin.devices[1:])
-    await until(
-        "rewritten after the conflict",
-        lambda: pool(apiserver)[1] == {d.name for d in plugin.devices[1:]},
-    )
-    assert plugin.publisher.problem is None
+    api.replace_resource_slice(name, s)
+    assert pub.reconcile(devices[1:])
+    assert pool(apiserver)[1] == {d.name for d in devices[1:]}
     conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]
     assert conflicts, "the stale write was refused by the stand-in and then redone"

@@ -44,13 +44,9 @@ from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HealthModel
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
-from vfio_dp.dra.apiserver.publisher import (
-    PublishError,
-    SlicePublisher,
-    api_executor,
-    claim_reader,
-    class_reader,
-)
+from vfio_dp.dra.apiserver.client import Lanes
+from vfio_dp.dra.apiserver.publisher import PublishError, SlicePublisher
+from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
 from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.claimpath.holds import checkpoint_holds
 from vfio_dp.dra.claimpath.prepare import ClaimPreparer
@@ -102,22 +98,25 @@ class DraPlugin(FrontEnd):
         self.core.vf_holds.append(lambda: checkpoint_holds(self.core.host.fs, options.driver_name))
         self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
         self.publisher.on_published.append(self._published)
-        self.api_pool = api_executor()  # the claim path's API calls (never the host threads)
+        #: the claim path's API calls, each kind on threads and a connection pool of its own
+        #: (never the host threads): claim reads, DeviceClass reads; the status writes'
+        #: connection pool (their threads are the status feed's own)
+        self.api = Lanes(client)
         self.claims = ClaimPreparer(
             host=self.core.host,
             driver=options.driver_name,
             node=options.node_name,
             cdi_dir=options.cdi_dir,
             plugins_dir=options.plugins_dir,
-            read_claim=claim_reader(client, self.api_pool),
-            read_class=class_reader(client, self.api_pool),
+            read_claim=claim_reader(client, self.api.claims),
+            read_class=class_reader(client, self.api.classes),
             config=lambda: self.core.config,
             published=self._published_devices,
             metrics=self.metrics,
         )
         checkpoint = self.claims.checkpoint
         self.feed = SliceFeed(self.core, options.driver_name, checkpoint.all)
-        self.status_writer = ClaimStatusWriter(client, options.driver_name)
+        self.status_writer = ClaimStatusWriter(self.api.status_client, options.driver_name)
         self.status = StatusFeed(
             self.status_writer.write,
             record=checkpoint.get,
@@ -168,7 +167,7 @@ class DraPlugin(FrontEnd):
         self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
         await self.status.close()
-        self.api_pool.shutdown(wait=False, cancel_futures=True)
+        self.api.close()  # calls still under way are cut off
         await self.publisher.stop()
 
     async def _reconcile_once(self) -> None:

@@ -22,26 +22,31 @@ controllers do. The API server (Kubernetes >= 1.36) authorizes the write twice: 
 
 What to say of a device (:class:`~vfio_dp.dra.observers.claim_status.DeviceStatus`) and when
 to write it is the claim-status feed's (:mod:`vfio_dp.dra.observers.claim_status`, which
-runs this writer off the kubelet's path). The builders are pure; :class:`ClaimStatusWriter`
-is a blocking shell (run it in a thread)
-over the client's ``ApiClient`` with plain JSON bodies, like :mod:`vfio_dp.dra.apiserver.publisher`.
+runs this writer off the kubelet's path, on the status
+:class:`~vfio_dp.dra.apiserver.client.Lane`). The builders are pure; :class:`ClaimStatusWriter`
+is a blocking shell over the typed ``ResourceV1Api`` (``read_namespaced_resource_claim``,
+``replace_namespaced_resource_claim_status``); each call ends by its deadline
+(:func:`~vfio_dp.dra.apiserver.client.call_json`) and says the server's status from
+``ApiException.status``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+import kubernetes.client as k8s
+
 from vfio_dp.core.health import HEALTHY
+from vfio_dp.dra.apiserver.client import call_json, with_deadlines
 from vfio_dp.dra.observers.claim_status import DeviceStatus
+from vfio_dp.errors import ApiCallError
 
 log = logging.getLogger("vfio_dp.dra")
 
 __all__ = ["ClaimStatusWriter", "DeviceStatus", "StatusError", "entry", "merged"]
 
-TIMEOUT = 10.0
 RETRIES = 5
 MAX_MESSAGE = 32768  # metav1.Condition.message
 
@@ -86,54 +91,33 @@ def merged(
     return out
 
 
-class StatusError(Exception):
-    """The API server refused the status write (the message says which and why)."""
+#: the status write's failures (the one error of the API-server shell)
+StatusError = ApiCallError
 
 
 class ClaimStatusWriter:
     """Writes our entries of one claim's ``status.devices`` (blocking; see module doc)."""
 
-    def __init__(self, client: Any, driver: str) -> None:
-        self.client = client
+    def __init__(self, client: k8s.ApiClient, driver: str) -> None:
+        self.api = k8s.ResourceV1Api(with_deadlines(client))
         self.driver = driver
         self.writes = 0
         self.conflicts = 0
 
-    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[("fieldValidation", "Strict")] if body is not None else [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        try:
-            resp = self.client.call_api(*params, _request_timeout=TIMEOUT)
-            data = resp.read()
-        except Exception as e:  # urllib3 and the client raise many types
-            raise StatusError(f"{method} {path}: {e}") from e
-        try:
-            answer = json.loads(data or b"{}")
-        except ValueError:
-            answer = {}
-        return resp.status, answer if isinstance(answer, dict) else {}
-
     def write(self, namespace: str, name: str, uid: str, ours: Sequence[DeviceStatus]) -> bool:
         """Make our entries of claim ``namespace/name`` (UID ``uid``) exactly ``ours``; False
         when the claim is gone or is another one now (nothing to write)."""
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+        claim_name = f"ResourceClaim {namespace}/{name}"
         for _ in range(RETRIES):
-            code, claim = self._call("GET", path)
-            if code == 404:
-                return False
-            if code != 200:
-                raise StatusError(
-                    f"reading ResourceClaim {namespace}/{name}: HTTP {code}: {claim.get('message', '')}"
-                )
+            try:
+                claim = call_json(
+                    f"reading {claim_name}", self.api.read_namespaced_resource_claim, name,
+                    namespace,
+                )  # fmt: skip
+            except ApiCallError as e:
+                if e.status == 404:
+                    return False
+                raise
             if (claim.get("metadata") or {}).get("uid") != uid:
                 return False
             status = dict(claim.get("status") or {})
@@ -151,27 +135,29 @@ class ClaimStatusWriter:
                 "spec": claim.get("spec") or {},
                 "status": status,
             }
-            code, answer = self._call("PUT", path + "/status", body)
-            if code == 409:
-                self.conflicts += 1
-                continue  # someone wrote meanwhile: read again
-            if code == 404:
-                return False
-            if code == 403:
-                raise StatusError(
-                    f"writing the status of ResourceClaim {namespace}/{name}: HTTP 403: "
-                    f"{answer.get('message', '')}; the DRA plugin's ServiceAccount needs "
-                    "update/patch on resourceclaims/status and associated-node:update/patch on "
-                    f"resourceclaims/driver named {self.driver} (deploy/components/dra/dra-rbac.yaml)"
-                )
-            if not 200 <= code < 300:
-                raise StatusError(
-                    f"writing the status of ResourceClaim {namespace}/{name}: HTTP {code}: "
-                    f"{answer.get('message', '')}"
-                )
+            what = f"writing the status of {claim_name}"
+            try:
+                call_json(
+                    what, self.api.replace_namespaced_resource_claim_status, name, namespace,
+                    body, field_validation="Strict",
+                )  # fmt: skip
+            except ApiCallError as e:
+                if e.status == 409:
+                    self.conflicts += 1
+                    continue  # someone wrote meanwhile: read again
+                if e.status == 404:
+                    return False
+                if e.status == 403:
+                    raise ApiCallError(
+                        f"{e}; the DRA plugin's ServiceAccount needs update/patch on "
+                        "resourceclaims/status and associated-node:update/patch on "
+                        f"resourceclaims/driver named {self.driver} "
+                        "(deploy/components/dra/dra-rbac.yaml)",
+                        status=403,
+                    ) from e
+                raise
             self.writes += 1
             return True
-        raise StatusError(
-            f"writing the status of ResourceClaim {namespace}/{name}: still conflicting after "
-            f"{RETRIES} attempts"
+        raise ApiCallError(
+            f"writing the status of {claim_name}: still conflicting after {RETRIES} attempts"
         )

@@ -1,16 +1,16 @@
-"""Keeps this node's ResourceSlices published: the Kubernetes client shell of the DRA plugin.
+"""Keeps this node's ResourceSlices published: the slice writer of the DRA plugin.
 
-The one module of :mod:`vfio_dp.dra` that imports the ``kubernetes`` client (pinned in
-``pyproject.toml`` to the tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``).
-Requests go through the client's ``ApiClient`` (its kubeconfig / in-cluster auth and TLS) with
-plain JSON bodies: ``ResourceV1Api``'s typed methods validate a dict body into pydantic models
-and dump it back, ~0.7 ms per device here — seconds per change on a big host, against the
-1 s target. It talks to the API server only through these calls (what the DRA plugin's RBAC
-must allow)::
+Talks to the API server through the ``kubernetes`` client (pinned in ``pyproject.toml`` to the
+tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``): reads through the typed
+``CoreV1Api`` / ``ResourceV1Api`` methods; writes with plain JSON bodies through the same
+``ApiClient`` (its kubeconfig / in-cluster auth and TLS), because ``ResourceV1Api``'s typed
+writes validate a dict body into pydantic models and dump it back: ~350 ms of CPU per
+1,024-device republish here against ~7 ms for ``json.dumps``. Its calls (what the DRA
+plugin's RBAC must allow)::
 
     GET    /api/v1/nodes/<node>                                   (the owner reference's uid)
     GET    /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>
-           (also as a metadata-only list: Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1)
+           (also with watch=true: :mod:`vfio_dp.dra.apiserver.watch`)
     POST   /apis/resource.k8s.io/v1/resourceslices?fieldValidation=Strict
     PUT    /apis/resource.k8s.io/v1/resourceslices/<name>?fieldValidation=Strict  (resourceVersion read)
     DELETE /apis/resource.k8s.io/v1/resourceslices/<name>
@@ -20,118 +20,73 @@ Invariants:
 - ``pool.generation`` only grows: every reconcile that writes starts from the highest
   generation seen on the server for this node and driver (so after a restart it continues
   from what the previous process published) and adds one;
-- what we wrote is remembered by ``resourceVersion``: a slice deleted or changed by anyone
-  else (kubelet deletes a node's slices at its start and 30 s after the driver goes away) is
-  noticed at the next reconcile — the plugin reconciles after every scan of the node core,
-  so within one resync — and the pool is republished at a new generation; while the devices
-  are unchanged, that check is a metadata-only list (names and resourceVersions, a few
-  hundred bytes per slice instead of every device), the full list only when they differ (a
-  server that refuses the metadata form, 406, gets the full list every time);
+- what we wrote is remembered by ``resourceVersion``, and the :class:`~.watch.SliceWatch`
+  keeps the server's names and resourceVersions current: a slice deleted or changed by anyone
+  else (kubelet deletes a node's slices at its start and 30 s after the driver goes away)
+  wakes the publisher at once, which lists the pool and republishes it at a new generation.
+  An idle resync costs no request while the watch is synced; without it (not started, or
+  failing) each check is a full list, as before;
 - at start, slices already on the server that are exactly what we would publish are adopted
   without a write (a restart does not churn the scheduler);
-- calls block, so they run on one thread of their own, never on the event loop and never on
-  the core's host-I/O threads; each has a 10 s timeout; a failure is logged and retried with
-  backoff, the last good slices stay.
+- calls block, so they run on a lane of their own (:class:`~.client.Lane`, one thread),
+  never on the event loop and never on the core's host-I/O threads; each call ends by its
+  deadline (10 s, however the server trickles), a whole reconcile by :data:`RECONCILE_DEADLINE`;
+  a failure is logged and retried with backoff, the last good slices stay.
 
-The claim path's readers (:func:`claim_reader`, :func:`class_reader`) run on a pool of their
-own (:func:`api_executor`), each call with a deadline (10 s): a GET that never answers is an
-error of that claim, and never holds the host-I/O threads Unprepare needs.
+The claim path's readers live in :mod:`vfio_dp.dra.apiserver.readers` (re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kubernetes.client as k8s
 
+from vfio_dp.dra.apiserver.client import (
+    Lane,
+    api_client,
+    call_json,
+    client_config_source,
+)
+from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
+from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.slices import Device, NodeRef, Slice, build_slices
+from vfio_dp.errors import ApiCallError
 
 log = logging.getLogger("vfio_dp.dra")
 
-TIMEOUT = 10.0
+__all__ = [
+    "PublishError",
+    "SlicePublisher",
+    "api_client",
+    "claim_reader",
+    "class_reader",
+    "client_config_source",
+]
+
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
-#: the Accept of a metadata-only list (kube-apiserver's PartialObjectMetadataList transform)
-METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 MAX_BACKOFF = 10.0
+#: a whole reconcile (list, up to ~35 writes for 4,096 devices) ends by then
+RECONCILE_DEADLINE = 60.0
 
-
-def client_config_source(
-    kubeconfig: str | None, env: Mapping[str, str], home: str
-) -> tuple[str, str | None]:
-    """Where the client config comes from, in kubectl's order: ``--kubeconfig``, then
-    ``$KUBECONFIG``, then ``~/.kube/config`` if it exists, then the pod's service account
-    (``/var/run/secrets/kubernetes.io/serviceaccount``). → ``(kind, path)`` with kind one of
-    ``flag``, ``env``, ``home``, ``in-cluster``."""
-    if kubeconfig:
-        return "flag", kubeconfig
-    if env.get("KUBECONFIG"):
-        return "env", env["KUBECONFIG"]
-    default = os.path.join(home, ".kube", "config")
-    if os.path.isfile(default):
-        return "home", default
-    return "in-cluster", None
-
-
-def api_client(kubeconfig: str | None) -> Any:
-    """A ``kubernetes.client.ApiClient`` from :func:`client_config_source`'s choice.
-
-    Raises ``ValueError`` naming the source tried when its config cannot be loaded."""
-    import kubernetes.config
-
-    config: Any = kubernetes.config  # untyped module
-    kind, path = client_config_source(kubeconfig, os.environ, os.path.expanduser("~"))
-    cfg = k8s.Configuration()
-    try:
-        if path is not None:
-            # $KUBECONFIG may list several files (':'-separated), merged as kubectl does
-            config.load_kube_config(config_file=path, client_configuration=cfg)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-    except Exception as e:  # the loaders raise their own types
-        where = {
-            "flag": f"--kubeconfig {path}",
-            "env": f"KUBECONFIG={path}",
-            "home": path,
-            "in-cluster": "the pod's service account (no --kubeconfig, KUBECONFIG or "
-            "~/.kube/config found)",
-        }[kind]
-        raise ValueError(f"cannot load the Kubernetes client config from {where}: {e}") from e
-    # No silent retries inside urllib3 (three "Retrying (Retry(total=2 ...))" warnings per
-    # call while the API server is down): every caller has its own deadline and back-off,
-    # and says one line per failed attempt.
-    cfg.retries = 0
-    return k8s.ApiClient(cfg)
-
-
-class PublishError(Exception):
-    """The API server refused or could not be reached (the message says which call)."""
-
-
-def _api_error(what: str, e: Exception) -> PublishError:
-    status = getattr(e, "status", None)
-    reason = getattr(e, "reason", None) or type(e).__name__
-    body = getattr(e, "body", None) or ""
-    message = ""
-    if body:
-        try:
-            message = json.loads(body).get("message", "")
-        except (ValueError, AttributeError):
-            message = str(body)[:300]
-    detail = f"HTTP {status} {reason}" if status else str(e) or reason
-    return PublishError(f"{what}: {detail}" + (f": {message}" if message else ""))
+#: the publisher's failures (the one error of the API-server shell)
+PublishError = ApiCallError
 
 
 class SlicePublisher:
     """Publishes the devices it is given (:meth:`want`) as this node's pool, and keeps them."""
 
-    def __init__(self, client: Any, driver: str, node_name: str) -> None:
-        self.client: Any = client
+    def __init__(
+        self, client: k8s.ApiClient, driver: str, node_name: str, *, watch: bool = True
+    ) -> None:
+        #: the slice lane: one thread and a connection pool of its own
+        self.lane = Lane(client, "slices", 1, RECONCILE_DEADLINE)
+        self.client = self.lane.client
+        self.api = k8s.ResourceV1Api(self.client)
+        self.core = k8s.CoreV1Api(self.client)
         self.driver = driver
         self.node = NodeRef(node_name)
         #: the highest pool generation known (written by us or found on the server)
@@ -140,14 +95,24 @@ class SlicePublisher:
         self.written_devices: list[Device] | None = None
         self.written: dict[str, str] = {}  # slice name -> resourceVersion after our write
         self.writes = 0  # reconciles that wrote (tests, metrics)
+        self.checks = 0  # reconciles done, whether they wrote or not (tests)
+        self.lists = 0  # full lists of the pool (tests: an idle check lists nothing)
         self.problem: str | None = None  # the last error, None once a reconcile succeeds
-        self.on_published: list[Any] = []  # callbacks(generation, slices) after each write
-        self.metadata_lists = True  # False once the server refused the metadata-only form
+        #: callbacks(generation, slices) after each write
+        self.on_published: list[Callable[[int, list[Slice]], None]] = []
+        #: the server's names and resourceVersions, kept by a watch (started by start())
+        self.watch: SliceWatch | None = (
+            SliceWatch(client, driver, node_name, self._on_event) if watch else None
+        )
         #: each device's JSON as last written, by identity (the front-end hands the same
         #: Device objects again for devices that did not change: a change of one device
         #: encodes one)
         self._encoded: dict[int, tuple[Device, dict[str, Any]]] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vfio_dp-api")
+        #: what our own writes made (name -> resourceVersion) and deletes, as they happen:
+        #: the watch's events of them wake nothing
+        self._ours: dict[str, str] = {}
+        self._deleting: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -158,19 +123,36 @@ class SlicePublisher:
         self._wake.set()
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="publish slices")
+        if self.watch is not None:
+            self.watch.start()
 
     async def stop(self) -> None:
-        """Stop publishing (the slices stay: kubelet removes them 30 s after we are gone)."""
+        """Stop publishing (the slices stay: kubelet removes them 30 s after we are gone):
+        a call under way is cut off, the watch ends."""
         if self._task is not None:
             self._task.cancel()
             with _suppress_cancel():
                 await self._task
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.lane.close()
+        if self.watch is not None:
+            await asyncio.to_thread(self.watch.stop)
+
+    def _on_event(self, kind: str, name: str, rv: str) -> None:
+        """The watch saw a change (its thread): one not of our own making wakes a check."""
+        if kind == "DELETED":
+            foreign = name not in self._deleting
+        elif kind in ("ADDED", "MODIFIED"):
+            foreign = self._ours.get(name) != rv
+        else:  # LISTED: the watch (re)synced; what it found is checked
+            foreign = True
+        loop = self._loop
+        if foreign and loop is not None and self.written_devices is not None:
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self) -> None:
         backoff = 0.2
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -178,7 +160,7 @@ class SlicePublisher:
             if devices is None:
                 continue
             try:
-                await loop.run_in_executor(self._executor, self.reconcile, devices)
+                await self.lane.run("publishing ResourceSlices", self.reconcile, devices)
             except PublishError as e:
                 log.error("ResourceSlices not published: %s; next try in %.1f s", e, backoff)
                 self.problem = str(e)
@@ -192,78 +174,49 @@ class SlicePublisher:
             backoff = 0.2
 
     # -- the blocking side (one thread) ----------------------------------------------------
-    def _call(
-        self,
-        what: str,
-        method: str,
-        path: str,
-        *,
-        query: list[tuple[str, str]] | None = None,
-        body: Slice | None = None,
-        accept: str = "application/json",
+    def _send(
+        self, what: str, method: str, path: str, body: Slice | None = None, strict: bool = False
     ) -> dict[str, Any]:
-        """One API request through the client's ``ApiClient``; the answer's JSON."""
-        headers = {"Accept": accept}
+        """One write with a plain JSON body through the ``ApiClient`` (see module doc); the
+        answer's JSON. The body goes to the client's REST layer as it is (it json.dumps it):
+        ``ApiClient.sanitize_for_serialization`` would walk every value in Python (~15 ms of
+        each 1,024-device republish)."""
+        headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        try:
-            # the body goes to the client's REST layer as it is (it json.dumps it): our
-            # bodies are plain JSON values already, and ApiClient's sanitize_for_serialization
-            # walks every value in Python (~35 ms of each 1,024-device republish)
-            method, url, headers, _, post = self.client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query or [],
-                header_params=headers,
-                body=None,
-                auth_settings=["BearerToken"],
-            )
-            resp = self.client.call_api(method, url, headers, body, post, _request_timeout=TIMEOUT)
-            data = resp.read()
-        except Exception as e:  # urllib3 and the client raise many types
-            raise _api_error(what, e) from e
-        if not 200 <= resp.status < 300:
-            err = k8s.ApiException(status=resp.status, reason=resp.reason)
-            err.body = data
-            raise _api_error(what, err)
-        answer: dict[str, Any] = json.loads(data or b"{}")
-        return answer
+        method, url, headers, _, post = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[("fieldValidation", "Strict")] if strict else [],
+            header_params=headers,
+            body=None,
+            auth_settings=["BearerToken"],
+        )
+        return call_json(what, self.client.call_api, method, url, headers, body, post)
 
     def _read_node_uid(self) -> None:
-        node = self._call(
-            f"reading Node {self.node.name}", "GET", f"/api/v1/nodes/{self.node.name}"
-        )
+        what = f"reading Node {self.node.name}"
+        node = call_json(what, self.core.read_node, self.node.name)
         uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise PublishError(f"Node {self.node.name} has no metadata.uid")
         self.node = NodeRef(self.node.name, uid)
 
-    def _list(self, metadata_only: bool = False) -> dict[str, Slice]:
-        """This node's slices of our driver, by name (``metadata_only``: each only its
-        ``metadata``, as ``PartialObjectMetadata``)."""
-        answer = self._call(
+    def _list(self) -> dict[str, Slice]:
+        """This node's slices of our driver, by name."""
+        answer = call_json(
             "listing this node's ResourceSlices",
-            "GET",
-            SLICES_PATH,
-            query=[("fieldSelector", f"spec.nodeName={self.node.name},spec.driver={self.driver}")],
-            accept=METADATA_LIST if metadata_only else "application/json",
+            self.api.list_resource_slice,
+            field_selector=f"spec.nodeName={self.node.name},spec.driver={self.driver}",
         )
+        self.lists += 1
         return {s["metadata"]["name"]: s for s in answer.get("items") or []}
 
     def _unchanged_on_server(self) -> bool:
         """Does the server hold exactly the slices we wrote (names and resourceVersions)?
-        One metadata-only list; False also when the server refuses that form (406: every
-        later check lists in full)."""
-        try:
-            current = self._list(metadata_only=True)
-        except PublishError as e:
-            if "HTTP 406" not in str(e):
-                raise
-            log.info("the API server refuses metadata-only lists (%s): listing in full", e)
-            self.metadata_lists = False
-            return False
-        versions = {n: s["metadata"].get("resourceVersion", "") for n, s in current.items()}
-        return versions == self.written
+        Asked of the watch, no request; False while it is not synced (then the caller lists)."""
+        seen = self.watch.snapshot() if self.watch is not None else None
+        return seen is not None and seen == self.written
 
     def list_current(self) -> dict[str, Slice]:
         """This node's slices of our driver on the server, by name (blocking)."""
@@ -277,6 +230,7 @@ class SlicePublisher:
         else touched the pool meanwhile (409 Conflict, 404), the pool is listed and rewritten.
         An unchanged device list is checked against a fresh list (deleted or changed slices).
         """
+        self.checks += 1
         if self.node.uid is None:
             self._read_node_uid()
         if self.written and self.written_devices is not None and devices != self.written_devices:
@@ -284,15 +238,10 @@ class SlicePublisher:
                 self._publish(devices, dict(self.written), self.generation)
                 return True
             except PublishError as e:
-                if not any(code in str(e) for code in ("HTTP 409", "HTTP 404")):
+                if e.status not in (409, 404):
                     raise
                 log.info("the pool changed under us (%s): listing it again", e)
-        elif (
-            self.written
-            and devices == self.written_devices
-            and self.metadata_lists
-            and self._unchanged_on_server()
-        ):
+        elif self.written and devices == self.written_devices and self._unchanged_on_server():
             return False
         current = self._list()
         highest = max(
@@ -374,28 +323,27 @@ class SlicePublisher:
 
     def _write(self, body: Slice, resource_version: str | None) -> str:
         name = body["metadata"]["name"]
-        strict = [("fieldValidation", "Strict")]
         if resource_version is None:
-            answer = self._call(
-                f"creating ResourceSlice {name}", "POST", SLICES_PATH, query=strict, body=body
-            )
+            answer = self._send(f"creating ResourceSlice {name}", "POST", SLICES_PATH, body, True)
         else:
             meta = {**body["metadata"], "resourceVersion": resource_version}
-            answer = self._call(
+            answer = self._send(
                 f"updating ResourceSlice {name}",
                 "PUT",
                 f"{SLICES_PATH}/{name}",
-                query=strict,
-                body={**body, "metadata": meta},
+                {**body, "metadata": meta},
+                True,
             )
         rv: str = answer.get("metadata", {}).get("resourceVersion", "")
+        self._ours[name] = rv
         return rv
 
     def _delete(self, name: str) -> None:
+        self._deleting.add(name)
         try:
-            self._call(f"deleting ResourceSlice {name}", "DELETE", f"{SLICES_PATH}/{name}")
+            call_json(f"deleting ResourceSlice {name}", self.api.delete_resource_slice, name)
         except PublishError as e:
-            if "HTTP 404" not in str(e):
+            if e.status != 404:
                 raise
 
 
@@ -405,95 +353,3 @@ class _suppress_cancel:
 
     def __exit__(self, et: object, e: object, tb: object) -> bool:
         return et is asyncio.CancelledError
-
-
-#: threads for the claim path's API calls (ResourceClaim and DeviceClass GETs, claim status
-#: writes): their own pool, so that hanging calls never take the host-I/O threads that
-#: Unprepare, scans and binds run on
-API_WORKERS = 8
-
-
-def api_executor() -> ThreadPoolExecutor:
-    """The claim path's own pool of API threads (see :data:`API_WORKERS`)."""
-    return ThreadPoolExecutor(max_workers=API_WORKERS, thread_name_prefix="vfio_dp-claims")
-
-
-async def _deadline(
-    executor: ThreadPoolExecutor, timeout: float, what: str, fn: Any, *args: Any
-) -> Any:
-    """Run ``fn(*args)`` on ``executor``, at most ``timeout`` seconds from now (queueing
-    included): :class:`PublishError` naming the call when it passes (the thread's own
-    socket timeout ends it soon after)."""
-    loop = asyncio.get_running_loop()
-    try:
-        return await asyncio.wait_for(loop.run_in_executor(executor, fn, *args), timeout)
-    except TimeoutError:
-        raise PublishError(
-            f"{what}: the API server did not answer within {timeout:g} s (check the "
-            "API server and the network; kubelet retries)"
-        ) from None
-
-
-def claim_reader(
-    client: Any, executor: ThreadPoolExecutor | None = None, timeout: float = TIMEOUT
-) -> Any:
-    """``await read(namespace, name)`` → the ResourceClaim in its API JSON form
-    (``resource.k8s.io/v1``, camelCase as the server sends it), None when it does not exist
-    (404); any other API failure raises, and so does a GET not answered within ``timeout``
-    seconds. The Prepare handler's only door to the API server; runs on ``executor`` (default:
-    its own :func:`api_executor`), never on the host-I/O threads."""
-    api = k8s.ResourceV1Api(client)
-    pool = executor or api_executor()
-
-    def get(namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            resp = api.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=timeout
-            )
-        except k8s.exceptions.ApiException as e:
-            if e.status == 404:
-                return None
-            raise _api_error(f"reading ResourceClaim {namespace}/{name}", e) from e
-        raw: Any = resp  # an urllib3 response with _preload_content=False
-        data = json.loads(raw.data)
-        return data if isinstance(data, dict) else None
-
-    async def read(namespace: str, name: str) -> dict[str, Any] | None:
-        what = f"reading ResourceClaim {namespace}/{name}"
-        result: dict[str, Any] | None = await _deadline(pool, timeout, what, get, namespace, name)
-        return result
-
-    return read
-
-
-def class_reader(
-    client: Any, executor: ThreadPoolExecutor | None = None, timeout: float = TIMEOUT
-) -> Any:
-    """``await read(name)`` → the extended resource the DeviceClass ``name`` serves
-    (``spec.extendedResourceName``, else ``deviceclass.resource.kubernetes.io/<name>``), read
-    when asked — a class created after the plugin started is used at once. A missing class
-    raises :class:`LookupError`; any other API failure (a deadline of ``timeout`` s passed
-    included) raises :class:`PublishError`. Runs on ``executor`` like :func:`claim_reader`."""
-    from vfio_dp.dra.deviceclasses import extended_resource_name
-
-    api = k8s.ResourceV1Api(client)
-    pool = executor or api_executor()
-
-    def get(name: str) -> str:
-        try:
-            resp = api.read_device_class(name, _preload_content=False, _request_timeout=timeout)
-        except k8s.exceptions.ApiException as e:
-            if e.status == 404:
-                raise LookupError(f"DeviceClass {name} does not exist") from None
-            raise _api_error(f"reading DeviceClass {name}", e) from e
-        raw: Any = resp
-        data = json.loads(raw.data)
-        if not isinstance(data, dict):
-            raise LookupError(f"DeviceClass {name}: the API server sent no object")
-        return extended_resource_name(data)
-
-    async def read(name: str) -> str:
-        result: str = await _deadline(pool, timeout, f"reading DeviceClass {name}", get, name)
-        return result
-
-    return read
