@@ -16,6 +16,18 @@ from tests.dra.topologies import dra_host
 from vfio_dp.dra.apiserver.publisher import client_config_source
 
 
+def _serving(proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Wait until the plugin serves (its registration socket exists: its start, whose own
+    list of the slices may wait for its deadline, is over) -- a condition, not a time: a
+    loaded machine may take seconds just to import it."""
+    reg = Path(proc.args[proc.args.index("--kubelet-registry-dir") + 1])  # type: ignore[index, union-attr, arg-type]
+    deadline = time.monotonic() + timeout
+    while not (reg / "vfio.dra.vfio-dp.io-reg.sock").exists():
+        assert proc.poll() is None, "the plugin exited"
+        assert time.monotonic() < deadline, "the plugin never served"
+        time.sleep(0.05)
+
+
 def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
     """`vfioctl dra-plugin` as a process, its client pointed at 127.0.0.1:<port> (plain HTTP)."""
     kc = tmp_path / "kubeconfig"
@@ -57,6 +69,7 @@ def test_an_unreachable_api_server_is_one_line_per_attempt(tmp_path: Path) -> No
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     proc = _spawn_plugin(tmp_path, port)
+    _serving(proc)
     time.sleep(6)  # the scenario: the API server stays down for a while
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -87,7 +100,8 @@ def test_sigterm_ends_the_plugin_while_the_api_server_hangs(tmp_path: Path) -> N
     threading.Thread(target=accept, daemon=True).start()
     proc = _spawn_plugin(tmp_path, srv.getsockname()[1])
     try:
-        time.sleep(12)  # the scenario: up, with its API calls hanging (10 s client timeout)
+        _serving(proc)
+        time.sleep(2)  # the scenario: up, with its API calls hanging (10 s deadlines)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=5)  # before: up to 10 s more, joining stuck threads
     finally:

@@ -137,10 +137,10 @@ class Deadline:
         if sock is None:
             return
         with self._lock:
-            if not self.expired:
+            late = self.expired
+            if not late:
                 self._socks.append(sock)
-                sock = None
-        if sock is not None:
+        if late:
             _shutdown(sock)
         if self._outer is not None:
             self._outer.attach(sock)

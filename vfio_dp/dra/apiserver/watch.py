@@ -103,9 +103,14 @@ class SliceWatch:
         backoff = 0.2
         while not self._stop.is_set():
             try:
-                if self.resource_version is None:
-                    self.relist()
-                self.watch_once()
+                # one deadline over the list and the watch: stop() cuts either off
+                with deadline(self.seconds + 2 * TIMEOUT, "the slice watch") as d:
+                    self._deadline = d
+                    if self._stop.is_set():
+                        return
+                    if self.resource_version is None:
+                        self.relist()
+                    self.watch_once()
                 backoff = 0.2
             except ApiCallError as e:
                 if self._stop.is_set():
@@ -148,9 +153,6 @@ class SliceWatch:
             return self.api.list_resource_slice(**kwargs)
 
         with deadline(self.seconds + TIMEOUT, what) as d:
-            self._deadline = d
-            if self._stop.is_set():
-                return
             try:
                 for event in w.stream(
                     list_slices,
@@ -167,8 +169,6 @@ class SliceWatch:
                 if self._stop.is_set():
                     return
                 raise api_error(what, e, d) from e
-            finally:
-                self._deadline = None
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type", "")
