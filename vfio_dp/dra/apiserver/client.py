@@ -281,7 +281,8 @@ def own_client(client: k8s.ApiClient) -> k8s.ApiClient:
 def api_error(what: str, e: BaseException, d: Deadline | None = None) -> ApiCallError:
     """``what`` failed with ``e``: the error to raise, saying the server's status and message
     (at most :data:`SHOWN_BODY` characters of it), or that the deadline passed."""
-    if d is not None and d.passed():
+    if d is not None and (d.passed() or d.left() <= 0):  # urllib3's own timeout may beat
+        d.expire()  # the watchdog by a hair: still this deadline
         return ApiCallError(
             f"{what}: the API server did not answer within {d.seconds:g} s (check the API "
             "server and the network; the call is retried)",
@@ -314,8 +315,9 @@ def server_message(body: Any) -> str:
 
 
 def request_timeout(d: Deadline) -> tuple[float, float]:
-    """urllib3's (connect, read) timeouts for a call under ``d`` (never past it)."""
-    left = max(0.001, min(TIMEOUT, d.left()))
+    """urllib3's (connect, read) timeouts for a call under ``d``: a backstop a little past
+    the deadline (the watchdog ends the call at the deadline itself)."""
+    left = max(0.001, min(TIMEOUT, d.left())) + 0.5
     return left, left
 
 
