@@ -76,6 +76,10 @@ def _report(
                 "bound": [str(a) for a in result.bound],
                 "restored": [{"address": str(a), "driver": d} for a, d in result.restored],
                 "already": [str(a) for a in result.already],
+                "vfioDrivers": {
+                    str(a): {"driver": c.driver, "module": c.module, "why": c.why}
+                    for a, c in result.drivers.items()
+                },
                 "steps": [str(s) for s in result.steps],
                 "warnings": result.warnings,
             },
@@ -96,11 +100,18 @@ def _report(
             say(f"# {a}: back to {d}" if d else f"# {a}: {NO_DRIVER_RECORDED}")
         for a in result.already:
             say(f"# {a}: already {verb}: nothing to do")
+        for a, to in result.drivers.items():
+            if to.driver != "vfio-pci" or to.why.startswith("modules.alias"):
+                say(f"# {a}: to {to.driver} ({to.why})")
         for s in result.steps:
             say(str(s))
         return
     for a in result.bound:
-        say(f"{a}: bound to vfio-pci")
+        c = result.drivers.get(a)
+        if c is None or c.driver == "vfio-pci":
+            say(f"{a}: bound to vfio-pci")
+        else:
+            say(f"{a}: bound to {c.driver} ({c.why})")
     for a, d in result.restored:
         say(f"{a}: restored to {d or 'no driver'}")
     for a in result.already:
@@ -183,6 +194,13 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     is_flag=True,
     help="Also put them back on vfio-pci at every boot, before host drivers probe (a udev rule).",
 )
+@option(
+    "--vfio-driver",
+    default="auto",
+    show_default=True,
+    help="The VFIO driver to bind: auto (the variant the kernel's modules.alias names for "
+    "each device, else vfio-pci), vfio-pci, or a driver's name (e.g. mlx5_vfio_pci).",
+)
 def bind_cmd(
     addresses: tuple[str, ...],
     root: str,
@@ -191,13 +209,18 @@ def bind_cmd(
     force: bool,
     dry_run: bool,
     persist: bool,
+    vfio_driver: str,
 ) -> None:
-    """Move devices to vfio-pci (recording their drivers for unbind)."""
+    """Move devices to their VFIO driver (recording their drivers for unbind)."""
 
     def body() -> int:
         addrs = _parse(addresses)
         host = host_for(root)
-        result = host.bind(addrs, group=group, force=force, dry_run=dry_run)
+        if vfio_driver != "auto" and not host.valid_driver_name(vfio_driver):
+            fail(f"--vfio-driver {vfio_driver!r} is not a kernel driver name", 2)
+        result = host.bind(
+            addrs, group=group, force=force, dry_run=dry_run, vfio_driver=vfio_driver
+        )
         _report(result, output, "on vfio-pci")
         if persist:
             done = [*result.bound, *result.already]
@@ -290,11 +313,21 @@ def unbind_cmd(
 @click.argument("addresses", nargs=-1)
 @root_option
 @output_option
-def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
-    """Is each device ready for passthrough now? Every reason and its fix; exit 1 if not."""
+@option(
+    "--vfio-driver",
+    default="auto",
+    show_default=True,
+    help="Say what a bind with this VFIO driver would do (auto, vfio-pci or a driver's name).",
+)
+def check_cmd(addresses: tuple[str, ...], root: str, output: str, vfio_driver: str) -> None:
+    """Is each device ready for passthrough now? Every reason and its fix, and the VFIO
+    driver a bind would choose; exit 1 if not."""
 
     def body() -> int:
-        reports = host_for(root).check(_parse(addresses))
+        host = host_for(root)
+        if vfio_driver != "auto" and not host.valid_driver_name(vfio_driver):
+            fail(f"--vfio-driver {vfio_driver!r} is not a kernel driver name", 2)
+        reports = host.check(_parse(addresses), vfio_driver=vfio_driver)
         if output == "name":
             from vfio_dp.model.address import name_of
 
@@ -302,16 +335,25 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str) -> None:
         elif output in MACHINE:
             print_json(
                 [
-                    {"address": str(r.address), "ready": r.ready, "reasons": list(r.reasons)}
+                    {
+                        "address": str(r.address),
+                        "ready": r.ready,
+                        "reasons": list(r.reasons),
+                        "vfio_driver": r.vfio_driver,
+                        "vfioDriver": r.would_bind,
+                    }
                     for r in reports
                 ],
                 output,
             )
         else:
             for r in reports:
-                say(f"{r.address}: {'ready' if r.ready else 'NOT ready'}")
+                on = f" (on {r.vfio_driver})" if r.ready and r.vfio_driver else ""
+                say(f"{r.address}: {'ready' if r.ready else 'NOT ready'}{on}")
                 for why in r.reasons:
                     say(f"  - {why}")
+                if r.would_bind is not None and r.vfio_driver is None:
+                    say(f"  would bind {r.would_bind}")
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)

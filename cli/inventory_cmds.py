@@ -28,12 +28,15 @@ from cli.common import (
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
 
 if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
+    from collections.abc import Iterable
+
     from vfio_dp.dra.observers.health import GroupView
     from vfio_dp.host import Host
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
     from vfio_dp.model.device import Inventory, PciDevice
     from vfio_dp.model.serving import DeviceServing, DraUnit
+    from vfio_dp.model.vfio_driver import VfioChoice
 
 
 def _config(path: str | None, node: str | None = None) -> Config:
@@ -53,10 +56,15 @@ def _node_option(f: F) -> F:
 
 
 def device_json(
-    dev: PciDevice, serving: DeviceServing, names: dict[tuple[str, str | None], str]
+    dev: PciDevice,
+    serving: DeviceServing,
+    names: dict[tuple[str, str | None], str],
+    choice: VfioChoice | None = None,
 ) -> dict[str, object]:
     """One row of ``vfioctl list -o json``: the device, and what each path would serve of it
-    (``resource``: the device-plugin resource; ``dra_device``: the DRA device; null: not)."""
+    (``resource``: the device-plugin resource; ``dra_device``: the DRA device; null: not);
+    ``vfio_driver``: the VFIO driver it is on now (null: not on VFIO); ``vfioDriver``: the
+    one a bind would write, and why (null: never bound, a bridge or an mdev parent)."""
     return {
         "address": str(dev.address),
         "vendor": dev.vendor,
@@ -68,6 +76,15 @@ def device_json(
         "device_name": names.get((dev.vendor, dev.device)),
         "driver": dev.driver,
         "driver_override": dev.driver_override,
+        "vfio_driver": dev.vfio_driver,
+        "vfioDriver": None
+        if choice is None
+        else {
+            "driver": choice.driver,
+            "module": choice.module,
+            "why": choice.why,
+            "problem": choice.problem,
+        },
         "original_driver": dev.original_driver,
         "iommu_group": dev.iommu_group,
         "numa_node": dev.numa_node,
@@ -182,9 +199,16 @@ def list_cmd(
 
             print_names([name_of(a) for a in shown])
             return 0
+        # what a bind would choose: only for -o wide and machines (plain list never reads
+        # modules.alias), with each selector's vfioDriver
+        choices = (
+            host.vfio_choices(inv, shown, _wanted_drivers(inv, cfg, shown))
+            if output == "wide" or output in MACHINE
+            else {}
+        )
         rows = [
             {
-                **device_json(d, serving[a], names),
+                **device_json(d, serving[a], names, choices.get(a)),
                 **_view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
             }
             for a, d in shown.items()
@@ -193,7 +217,9 @@ def list_cmd(
             print_json(rows, output)
             report_operations(host)
             return 0
-        headers = ["address", "ids", "class", "driver", "group", "numa", "name", "in use"]
+        headers = ["address", "ids", "class", "driver", "vfio", "group", "numa", "name", "in use"]
+        if output == "wide":
+            headers.insert(5, "bind would use")
         # the serving columns: with a config always; without one only where a device is
         # served (what a process without --config would serve: devices on vfio-pci)
         serve_cols = bool(config) or any(
@@ -209,6 +235,8 @@ def list_cmd(
                     d.ids,
                     d.class_code,
                     d.driver,
+                    d.vfio_driver,
+                    *((_choice_cell(choices.get(a)),) if output == "wide" else ()),
                     d.iommu_group,
                     d.numa_node,
                     " ".join(
@@ -238,6 +266,24 @@ def list_cmd(
         return 0
 
     run_guarded(body)
+
+
+def _wanted_drivers(inv: Inventory, cfg: Config, shown: Iterable[PciAddress]) -> dict[PciAddress, str]:
+    """Each device's ``vfioDriver`` from the selector that takes it (``auto`` otherwise)."""
+    out = {}
+    for a in shown:
+        sel = cfg.select(inv.devices[a])
+        if sel is not None:
+            out[a] = sel.vfio_driver
+    return out
+
+
+def _choice_cell(choice: VfioChoice | None) -> str | None:
+    if choice is None:
+        return None
+    if choice.problem is not None:
+        return f"{choice.driver}: CANNOT ({choice.problem})"
+    return f"{choice.driver} ({choice.why})"
 
 
 def _dra_cell(view: dict[int, GroupView], group: int | None, device: str | None) -> str | None:
@@ -315,6 +361,11 @@ def groups_cmd(
                         "drivers": {
                             str(a): inv.devices[a].driver for a in g.devices if a in inv.devices
                         },
+                        "vfio_drivers": {
+                            str(a): inv.devices[a].vfio_driver
+                            for a in g.devices
+                            if a in inv.devices
+                        },
                         "viable": g.viable,
                         "problems": [
                             {"address": str(p.address), "reason": p.reason} for p in g.problems
@@ -346,11 +397,7 @@ def groups_cmd(
                     if g.number in splits
                     else (",".join(sorted(set(paths.get(g.number, {}).values()))) or None),
                     ", ".join(f"{n} ({p})" for n, p in resources.get(g.number, {}).items()) or None,
-                    " ".join(
-                        f"{a}({inv.devices[a].driver or '-'})"
-                        for a in g.devices
-                        if a in inv.devices
-                    ),
+                    " ".join(_member_cell(inv.devices[a]) for a in g.devices if a in inv.devices),
                     " | ".join(
                         [p.reason for p in g.problems]
                         + ([splits[g.number]] if g.number in splits else [])
@@ -365,6 +412,13 @@ def groups_cmd(
         return 0
 
     run_guarded(body)
+
+
+def _member_cell(d: PciDevice) -> str:
+    """``0000:01:00.0(e1000e)``; a device on a VFIO driver other than vfio-pci says so:
+    ``0000:01:00.0(nvidia:vfio)``."""
+    vfio = ":vfio" if d.on_vfio and d.driver != "vfio-pci" else ""
+    return f"{d.address}({d.driver or '-'}{vfio})"
 
 
 def _dra_group_cell(view: dict[int, GroupView], group: int) -> str | None:

@@ -12,7 +12,11 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
   always "succeeds" (like the kernel, even when nothing attached).
 - ``drivers/<d>/bind``: ``EBUSY`` when already bound; ``ENODEV`` when an override names another
   driver or ``<d>`` is neither the native driver nor the override; else attaches.
-- ``modprobe vfio-pci`` creates ``drivers/vfio-pci``.
+- ``modprobe vfio-pci`` creates ``drivers/vfio-pci``; ``modprobe <m>`` of a module in
+  :attr:`SimulatedKernel.modules` (module -> the driver it registers, and whether that driver
+  registers its devices with VFIO: a variant) loads it as the kernel does
+  (``/sys/module/<m>/drivers/pci:<driver>``, ``drivers/<driver>/module``); a module in
+  :attr:`SimulatedKernel.broken_modules` fails to load (``modprobe`` exits non-zero).
 - ``<pf>/sriov_numvfs`` (the kernel's ``sriov_numvfs_store``): the same count succeeds
   whatever the state; above ``sriov_totalvfs`` is ``ERANGE``; a PF without a driver, or on a
   driver without ``sriov_configure`` (:attr:`SimulatedKernel.no_sriov_drivers`), is
@@ -51,6 +55,9 @@ class SimulatedKernel:
         self.no_sriov_drivers: set[str] = {"vfio-pci", "pci-stub"}  # no sriov_configure
         self.vf_device: dict[str, str] = {}  # PF address -> its VFs' device ID (default: PF's)
         self.vf_group_with_pf: set[str] = set()  # PFs whose VFs share the PF's group (no ACS)
+        #: loadable modules: name -> (the PCI driver it registers, does it register with VFIO)
+        self.modules: dict[str, tuple[str, bool]] = {"vfio_pci": ("vfio-pci", True)}
+        self.broken_modules: set[str] = set()  # modprobe fails for these
         # one write's reaction at a time, as the kernel's device lock makes each one atomic
         self._lock = threading.Lock()
         if vfio_loaded:
@@ -62,7 +69,19 @@ class SimulatedKernel:
 
     def modprobe(self, module: str) -> None:
         self.modprobed.append(module)
-        self.tree.ensure_driver(module.replace("_", "-") if module == "vfio_pci" else module)
+        name = module.replace("-", "_")
+        if name in self.broken_modules:
+            from vfio_dp.errors import BindError
+
+            raise BindError(
+                f"modprobe {module} failed: modprobe: ERROR: could not insert '{name}': "
+                "Unknown symbol in module, or unknown parameter (see dmesg)"
+            )
+        if name in self.modules:
+            driver, vfio = self.modules[name]
+            self.tree.load_module(name, driver, vfio=vfio)
+            return
+        self.tree.ensure_driver(module)
 
     def _attach(self, addr: str, driver: str) -> bool:
         if (addr, driver) in self.refuse_attach:

@@ -42,6 +42,7 @@ inventory and the configuration are now (:class:`Snapshot`); each computes what 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.metrics import Metrics, serve_http
 from vfio_dp.core.options import CoreOptions
-from vfio_dp.core.policy import autobind_groups, newly_bound
+from vfio_dp.core.policy import autobind_groups, newly_bound, vfio_drivers_wanted
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
@@ -375,10 +376,12 @@ class NodeCore:
         plan = autobind_groups(inv, self.config, candidates, self.options.path)
         for addrs in plan:
             names = ", ".join(inv.devices[a].describe() for a in addrs)
+            wanted = vfio_drivers_wanted(inv, self.config, addrs)
             try:
                 result = await self.run(
-                    self.host.bind, addrs, group=True, probe=False, bound_by=self.options.front_end
-                )
+                    functools.partial(self.host.bind, vfio_driver=wanted),
+                    addrs, group=True, probe=False, bound_by=self.options.front_end,
+                )  # fmt: skip
             except BindError as e:
                 self.metrics.inc("vfio_dp_bind_failures_total")
                 log.error("bind: true: did not bind %s: %s", names, e)
@@ -388,7 +391,8 @@ class NodeCore:
                 log.error("bind: true: could not bind %s: %s", names, e)
                 continue
             self.metrics.inc("vfio_dp_binds_total", float(len(addrs)))
-            log.info("bind: true: bound %s to vfio-pci (%s)", names, result)
+            drivers = ", ".join(f"{a}: {c.driver} ({c.why})" for a, c in result.drivers.items())
+            log.info("bind: true: bound %s (%s)", names, drivers)
         return bool(plan)
 
     # -- loops -------------------------------------------------------------------------

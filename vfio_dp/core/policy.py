@@ -1,7 +1,8 @@
 """The ``bind: true`` policy as pure functions of an inventory and a configuration.
 
-Which devices a node process moves to vfio-pci by itself: endpoints a selector of ITS path
-takes with ``bind: true`` that are not on a vfio driver yet, grouped by IOMMU group (the
+Which devices a node process moves to their VFIO driver by itself: endpoints a selector of
+ITS path takes with ``bind: true`` that are not on VFIO yet (:attr:`PciDevice.on_vfio`: a
+device on a variant or a vendor VFIO provider is ready as it is, never rebound), grouped by IOMMU group (the
 host layer binds a whole group at once, group siblings included). Bridges are never bound,
 and nothing is ever unbound. ``bind: onPrepare`` devices are NOT bound here: they stay on
 their host drivers until a DRA claim is prepared.
@@ -35,6 +36,19 @@ def autobind_groups(
         key = dev.iommu_group if dev.iommu_group is not None else addr
         by_group.setdefault(key, []).append(addr)
     return list(by_group.values())
+
+
+def vfio_drivers_wanted(
+    inventory: Inventory, config: Config, addresses: Iterable[PciAddress]
+) -> dict[PciAddress, str]:
+    """The ``vfioDriver`` of the selector taking each of ``addresses`` (``auto`` where
+    none does): what the host layer chooses the VFIO driver with."""
+    out = {}
+    for a in addresses:
+        dev = inventory.devices.get(a)
+        sel = config.select(dev) if dev is not None else None
+        out[a] = sel.vfio_driver if sel is not None else "auto"
+    return out
 
 
 def newly_bound(inventory: Inventory, old: Config, new: Config, path: str) -> set[PciAddress]:

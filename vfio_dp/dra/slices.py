@@ -21,7 +21,8 @@ slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``
                   "classID": {"string": "030200"}, "subsystemVendorID": {"string": "10de"},
                   "subsystemDeviceID": {"string": "12a2"}, "iommuGroup": {"int": 45},
                   "numaNode": {"int": 0}, "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
-                  "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"}}}]}}
+                  "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"},
+                  "vfioDriver": {"string": "vfio-pci"}}}]}}
 
 An SR-IOV VF also carries its PF's address, ``"pfPciBusID": {"string": "0000:af:00.0"}``
 (with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs), and consumes
@@ -135,8 +136,15 @@ def _string(value: str) -> Attribute | None:
     return Attribute("string", value) if len(value) <= MAX_STRING else None
 
 
-def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddress, str]) -> Device:
-    """The ResourceSlice device for one published group (see the module docstring)."""
+def device_for(
+    unit: DraUnit,
+    inventory: Inventory,
+    pcie_roots: Mapping[PciAddress, str],
+    vfio_driver: str | None = None,
+) -> Device:
+    """The ResourceSlice device for one published group (see the module docstring).
+    ``vfioDriver``: the VFIO driver its primary function is on, else ``vfio_driver`` (the
+    one a ``bind: onPrepare`` Prepare will bind, chosen by the host), else left out."""
     dev = inventory.devices[unit.primary]
     attrs: dict[str, Attribute] = {
         PCI_BUS_ID: Attribute("string", str(unit.primary)),
@@ -162,6 +170,9 @@ def device_for(unit: DraUnit, inventory: Inventory, pcie_roots: Mapping[PciAddre
         counter_set = counter_set_name(dev.physfn)
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
+    driver = dev.vfio_driver or vfio_driver
+    if driver is not None and (value := _string(driver)) is not None:
+        attrs["vfioDriver"] = value
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
     if others and (value := _string(others)) is not None:
         attrs["groupFunctions"] = value

@@ -1,11 +1,14 @@
-"""Moving devices to vfio-pci and back, following the kernel's clean sequence.
+"""Moving devices to their VFIO driver and back, following the kernel's clean sequence.
 
-Bind one device (``<root>`` omitted)::
+Bind one device (``<root>`` omitted) to the VFIO driver chosen for it
+(:func:`vfio_dp.host.vfio_drivers.choose_for`: ``vfio-pci`` or a variant such as
+``mlx5_vfio_pci``)::
 
-    echo vfio-pci     > /sys/bus/pci/devices/<bdf>/driver_override
+    modprobe <module>                                                 (if not loaded)
+    echo <driver>     > /sys/bus/pci/devices/<bdf>/driver_override
     echo <bdf>        > /sys/bus/pci/drivers/<current>/unbind        (if bound)
     echo <bdf>        > /sys/bus/pci/drivers_probe
-    readlink /sys/bus/pci/devices/<bdf>/driver  → must name vfio-pci (probe "succeeds" anyway)
+    readlink /sys/bus/pci/devices/<bdf>/driver  → must name <driver> (probe "succeeds" anyway)
 
 Restore is the reverse: put back the recorded ``driver_override`` (a newline clears it),
 unbind from vfio-pci, write the address to ``drivers/<original>/bind`` (or ``drivers_probe``
@@ -27,7 +30,7 @@ import os
 import shlex
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vfio_dp.errors import BindError, PathEscapeError
@@ -36,7 +39,11 @@ from vfio_dp.host.ledger import Journal, Restored
 from vfio_dp.host.root import Root, safe_component
 from vfio_dp.host.sysfs import read_device
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import VFIO_PCI, PciDevice, is_vfio_driver
+from vfio_dp.model.device import PciDevice
+from vfio_dp.model.vfio_driver import VFIO_PCI_MODULE, VfioChoice
+
+#: plain vfio-pci: what a bind writes when nothing else was chosen
+PLAIN = VfioChoice("vfio-pci", VFIO_PCI_MODULE, "vfio-pci")
 
 
 def _log_info(msg: str, *args: object) -> None:
@@ -84,6 +91,12 @@ def _raise_failures(failed: dict[PciAddress, BaseException], done: list[str]) ->
         raise BindError(f"{len(failed)} of the devices failed\n" + "\n".join(lines + done))
 
 
+def _module_arg(choice: VfioChoice) -> str:
+    """What ``modprobe`` is given: ``vfio-pci`` for the plain driver (as before variants
+    were chosen: the same dry-run script), else the module's name."""
+    return choice.driver if choice is PLAIN or choice.module == VFIO_PCI_MODULE else choice.module
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One sysfs write or module load, printable as the shell command it equals."""
@@ -112,6 +125,8 @@ class BindResult:
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     dry_run: bool = False
+    #: the VFIO driver each target goes to (or, dry run, would go to), and why
+    drivers: dict[PciAddress, VfioChoice] = field(default_factory=dict)
 
 
 class Binder:
@@ -146,10 +161,14 @@ class Binder:
         return os.path.isdir(self.root.path("sys", "bus", "pci", "drivers", safe_component(driver)))
 
     # -- steps ---------------------------------------------------------------------------
-    def bind_steps(self, dev: PciDevice, need_module: bool) -> list[Step]:
+    def bind_steps(
+        self, dev: PciDevice, need_module: bool, choice: VfioChoice = PLAIN
+    ) -> list[Step]:
+        """The writes that move ``dev`` to ``choice.driver`` (after ``modprobe`` of its module
+        when ``need_module``)."""
         a = str(dev.address)
-        steps = [Step("", "vfio-pci")] if need_module else []
-        steps.append(Step(self._dev(dev.address, "driver_override"), VFIO_PCI))
+        steps = [Step("", _module_arg(choice))] if need_module else []
+        steps.append(Step(self._dev(dev.address, "driver_override"), choice.driver))
         if dev.driver:
             steps.append(Step(self._drv(dev.driver, "unbind"), a))
         steps.append(Step(self._probe(), a))
@@ -202,38 +221,76 @@ class Binder:
         return dev
 
     # -- operations ----------------------------------------------------------------------
-    def bind_one(self, dev: PciDevice, result: BindResult, touched: list[PciAddress]) -> None:
+    def bind_one(
+        self,
+        dev: PciDevice,
+        result: BindResult,
+        touched: list[PciAddress],
+        choice: VfioChoice = PLAIN,
+    ) -> None:
         """Move ``dev`` (as read under its lock, planned to move, its record written) to
-        vfio-pci."""
+        ``choice.driver``."""
         addr = dev.address
         touched.append(addr)
-        steps = self.bind_steps(dev, need_module=not self.driver_loaded(VFIO_PCI))
+        steps = self.bind_steps(dev, not self.driver_loaded(choice.driver), choice)
         result.steps.extend(steps)
         self.run(steps, addr=addr)
         after = self.current(addr)
-        if not is_vfio_driver(after.driver):
+        if after.driver != choice.driver:
             raise BindError(
                 f"{addr}: after drivers_probe the device is on {after.driver or 'no driver'}, "
-                "not vfio-pci (the kernel reports success even when nothing attached); "
-                "check `dmesg` for vfio-pci errors"
+                f"not {choice.driver} (the kernel reports success even when nothing "
+                f"attached); check `dmesg` for {choice.driver} errors"
             )
         result.bound.append(addr)
-        _log_info("bound %s (%s) to vfio-pci; original driver %s", addr, dev.ids, dev.driver)
+        _log_info(
+            "bound %s (%s) to %s (%s); original driver %s",
+            addr, dev.ids, choice.driver, choice.why, dev.driver,
+        )  # fmt: skip
+
+    def load_modules(
+        self, choices: Mapping[PciAddress, VfioChoice], result: BindResult
+    ) -> dict[PciAddress, VfioChoice]:
+        """``modprobe`` each chosen module whose driver is not loaded yet (each once), before
+        any device is touched; ``choices`` with the driver names the loaded modules registered
+        (``/sys/module/<m>/drivers/pci:<driver>``). A module that fails to load raises
+        :class:`BindError` naming it: nothing has been written."""
+        from vfio_dp.host.vfio_drivers import after_load
+
+        loaded: set[str] = set()
+        for choice in choices.values():
+            if choice.module in loaded or self.driver_loaded(choice.driver):
+                continue
+            load = Step("", _module_arg(choice))
+            result.steps.append(load)
+            try:
+                self.run([load])
+            except BindError as e:
+                raise BindError(
+                    f"loading {choice.module} for {choice.driver} ({choice.why}) failed, "
+                    f"nothing was bound: {e}; fix the module, or bind with --vfio-driver "
+                    "vfio-pci (vfioDriver: vfio-pci)"
+                ) from e
+            loaded.add(choice.module)
+        return {a: after_load(self.root, c) for a, c in choices.items()}
 
     def bind_all(
-        self, devices: Sequence[PciDevice], result: BindResult, touched: list[PciAddress]
+        self,
+        devices: Sequence[PciDevice],
+        result: BindResult,
+        touched: list[PciAddress],
+        choices: Mapping[PciAddress, VfioChoice] | None = None,
     ) -> None:
-        """:meth:`bind_one` for each device. Loads vfio-pci first when needed; then IOMMU
+        """:meth:`bind_one` for each device, to its driver in ``choices`` (plain vfio-pci when
+        left out). Loads the modules first when needed (:meth:`load_modules`); then IOMMU
         groups are bound concurrently, one thread per group (unbinding a host driver can take
         a while: a GPU driver's seconds), the devices of one group one after another. A
         failure stops its group only; every other group finishes, ``touched`` then holds every
         device any of them touched (the caller rolls them all back) and the
         :class:`BindError` names each failure. ``result`` lists devices in the order given.
         """
-        if devices and not self.driver_loaded(VFIO_PCI):
-            load = Step("", VFIO_PCI)
-            result.steps.append(load)
-            self.run([load])
+        wanted = {d.address: (choices or {}).get(d.address, PLAIN) for d in devices}
+        wanted = self.load_modules(wanted, result)
         runs = _group_runs(devices)
         parts = [(BindResult(), list[PciAddress]()) for _ in runs]
         failed: dict[PciAddress, BaseException] = {}
@@ -242,7 +299,7 @@ class Binder:
             part, moved = parts[i]
             for dev in runs[i]:
                 try:
-                    self.bind_one(dev, part, moved)
+                    self.bind_one(dev, part, moved, wanted[dev.address])
                 except BaseException as e:  # reported by the calling thread
                     failed[dev.address] = e
                     return  # the rest of this group stays as it is

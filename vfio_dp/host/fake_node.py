@@ -10,7 +10,10 @@ Writes real files and real RELATIVE symlinks nested like the kernel's tree::
     <dev>/iommu_group -> ../../../../kernel/iommu_groups/5
     <root>/sys/kernel/iommu_groups/5/devices/0000:01:00.0 -> ../../../../devices/...
     <root>/sys/bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id,<bdf> -> device}
-    <root>/dev/vfio/vfio, <root>/dev/vfio/<N> (plain files) for groups bound to vfio-pci
+    <root>/dev/vfio/vfio, <root>/dev/vfio/<N> (plain files) for groups with a device on a
+        VFIO driver (vfio-pci, a variant: load_module(vfio=True), a provider: registers_vfio)
+    <root>/lib/modules/<release>/modules.alias, <root>/proc/sys/kernel/osrelease (set_modules_alias)
+    <root>/sys/module/<m>/drivers/pci:<driver> (load_module)
     <root>/proc/1/mountinfo, <root>/proc/swaps, <root>/proc/1/net/{route,if_inet6}
     <root>/sys/class/misc/hw_random -> ../../devices/virtual/misc/hw_random (add_hwrng)
 
@@ -48,6 +51,9 @@ class Dev:
     physfn: str | None = None
     native_driver: str | None = None  # what drivers_probe picks without override (sim)
     extra: dict[str, str] = field(default_factory=dict)
+    #: its host driver registers it with VFIO itself (a vendor VFIO provider, e.g. nvidia
+    #: vGPU): bound to it, the device's group gets /dev/vfio/<N>
+    registers_vfio: bool = False
 
 
 class SysfsTree:
@@ -57,6 +63,8 @@ class SysfsTree:
         self.root = Path(base)
         self.iommu = iommu
         self.devs: dict[str, Dev] = {}
+        #: drivers that register their devices with VFIO (vfio-pci, variants: load_module)
+        self.vfio_drivers: set[str] = {"vfio-pci"}
         for d in (
             "sys/bus/pci/devices",
             "sys/bus/pci/drivers",
@@ -213,11 +221,46 @@ class SysfsTree:
         if group is None or not self.iommu:
             return
         node = self.root / "dev/vfio" / str(group)
-        on_vfio = any(x.group == group and x.driver == "vfio-pci" for x in self.devs.values())
+        on_vfio = any(
+            x.group == group
+            and x.driver is not None
+            and (
+                x.driver in self.vfio_drivers or (x.registers_vfio and x.driver == x.native_driver)
+            )
+            for x in self.devs.values()
+        )
         if on_vfio and not node.exists():
             node.write_text("")
         elif not on_vfio and node.exists():
             node.unlink()
+
+    # -- kernel modules (modules.alias, /sys/module) -------------------------------------
+    def set_modules_alias(self, lines: list[str] | None, *, release: str = "6.1.0-test") -> Path:
+        """``<root>/proc/sys/kernel/osrelease`` = ``release`` and
+        ``<root>/lib/modules/<release>/modules.alias`` holding ``lines`` (None: no file)."""
+        (self.root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+        (self.root / "proc/sys/kernel/osrelease").write_text(release + "\n")
+        path = self.root / "lib/modules" / release / "modules.alias"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if lines is None:
+            path.unlink(missing_ok=True)
+        else:
+            head = "# Aliases extracted from modules themselves.\n"
+            path.write_text(head + "\n".join(lines) + "\n")
+        return path
+
+    def load_module(self, module: str, driver: str | None = None, *, vfio: bool = False) -> None:
+        """A loaded module: ``/sys/module/<m>/drivers/pci:<driver>`` → the driver's dir
+        (``/sys/bus/pci/drivers/<driver>``, whose ``module`` links back); ``vfio``: the driver
+        registers its devices with VFIO (a variant driver on vfio_pci_core)."""
+        name = driver or module
+        drv = self.ensure_driver(name)
+        mod = self.sys("module", module)
+        (mod / "drivers").mkdir(parents=True, exist_ok=True)
+        self._link(mod / "drivers" / f"pci:{name}", drv)
+        self._link(drv / "module", mod)
+        if vfio:
+            self.vfio_drivers.add(name)
 
     def set_override(self, address: str, value: str | None) -> None:
         (self.dev_dir(address) / "driver_override").write_text((value or "(null)") + "\n")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
+from vfio_dp.host.vfio_drivers import mark_on_vfio
 from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, analyse_group
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
     from vfio_dp.model.plan import CheckReport
+    from vfio_dp.model.vfio_driver import VfioChoice
 
 
 def read_boot_id(fs: Root) -> str:
@@ -104,6 +106,7 @@ class Host:
     def scan(self, *, usage: bool = True) -> Inventory:
         """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``."""
         devices = sysfs.read_devices(self.fs, workers=self.scan_processes)
+        mark_on_vfio(self.fs, devices)
         self._annotate(devices, usage)
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
@@ -117,6 +120,7 @@ class Host:
         devices, a full scan is a few hundred ms)."""
         given = list(addresses)
         devices = sysfs.read_group_devices(self.fs, given)
+        mark_on_vfio(self.fs, devices)
         self._annotate(devices, usage)
         numbers = {
             g
@@ -168,6 +172,7 @@ class Host:
             if dev.original_driver != orig or dev.in_use:
                 dev = dataclasses.replace(dev, original_driver=orig, in_use=())
             devices[addr] = dev
+        mark_on_vfio(self.fs, devices)
         groups = sysfs.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
@@ -180,6 +185,9 @@ class Host:
         groups = {g.number: g for a in given if (g := inv.group_of(a)) is not None}
         members = {*given, *(m for g in groups.values() for m in g.devices)}
         devices = sysfs.reread_devices(self.fs, inv.devices, members)
+        judged_now = {a: d for a in members if (d := devices.get(a)) is not None}
+        mark_on_vfio(self.fs, judged_now)  # whole groups: a member's answer needs the others
+        devices.update(judged_now)
         for a in members:  # the original driver as recorded now (a bind just recorded it)
             dev = devices.get(a)
             if dev is None:
@@ -267,8 +275,14 @@ class Host:
         probe: bool = True,
         bound_by: str = BOUND_BY_OPERATOR,
         inventory: Inventory | None = None,
+        vfio_driver: str | Mapping[PciAddress, str] = "auto",
     ) -> BindResult:
-        """Move ``addresses`` (and with ``group`` their group's other endpoints) to vfio-pci.
+        """Move ``addresses`` (and with ``group`` their group's other endpoints) to their VFIO
+        driver: ``vfio_driver`` is ``auto`` (the kernel's choice from ``modules.alias``:
+        :func:`vfio_dp.host.vfio_drivers.choose_for`), ``vfio-pci`` or a driver's name, for
+        every device or per address (left out: ``auto``). A device the wanted driver cannot
+        serve refuses the bind before anything is written; a device already on VFIO (a
+        variant, a vendor provider) is never rebound.
 
         Refuses before touching anything (:class:`RefusedError`); on any failure after the
         first write, rolls back every device it touched and raises :class:`BindError`. The
@@ -289,7 +303,7 @@ class Host:
 
         return operations.bind(
             self, addresses, group=group, force=force, dry_run=dry_run, probe=probe,
-            bound_by=bound_by, inventory=inventory,
+            bound_by=bound_by, inventory=inventory, vfio_driver=vfio_driver,
         )  # fmt: skip
 
     def interrupted(self) -> tuple[list[Interrupted], list[str]]:
@@ -397,10 +411,14 @@ class Host:
         return operations.release(self, holder)
 
     # -- readiness ---------------------------------------------------------------------
-    def check(self, addresses: Sequence[PciAddress]) -> list[CheckReport]:
+    def check(
+        self, addresses: Sequence[PciAddress], *, vfio_driver: str = "auto"
+    ) -> list[CheckReport]:
         """Is each device ready for passthrough right now? Every reason, each with its fix
         (:func:`vfio_dp.model.plan.plan_check`), from the devices' groups read alone
-        (:meth:`scan_groups`); the groups of devices on vfio-pci are probed."""
+        (:meth:`scan_groups`); the groups of devices on VFIO are probed. Each report says
+        the VFIO driver a bind would choose (``vfio_driver``: ``auto``, ``vfio-pci`` or a
+        driver's name; :meth:`vfio_choices`)."""
         from vfio_dp.model.plan import plan_check
 
         inv = self.scan_groups(addresses)
@@ -410,7 +428,28 @@ class Host:
             if (d := inv.devices.get(a)) is not None and d.on_vfio and (g := inv.group_of(a))
         }
         status = self.probe_groups(list(groups.values()))
-        return plan_check(inv, addresses, status, root_display=self.fs.display)
+        choices = self.vfio_choices(inv, addresses, vfio_driver)
+        return plan_check(inv, addresses, status, root_display=self.fs.display, choices=choices)
+
+    def vfio_choices(
+        self,
+        inv: Inventory,
+        addresses: Iterable[PciAddress],
+        wanted: str | Mapping[PciAddress, str] = "auto",
+    ) -> dict[PciAddress, VfioChoice]:
+        """The VFIO driver a bind would write for each of ``addresses`` that could be bound
+        (bridges and mdev parents left out), and why (:func:`.vfio_drivers.choose_for`:
+        ``modules.alias``, read once per process, and each device's ``modalias``)."""
+        from vfio_dp.host.vfio_drivers import choose_for
+
+        out = {}
+        for a in addresses:
+            dev = inv.devices.get(a)
+            if dev is None or dev.is_bridge or dev.is_host_bridge or dev.mdev_parent:
+                continue
+            want = wanted if isinstance(wanted, str) else wanted.get(a, "auto")
+            out[a] = choose_for(self.fs, dev, want)
+        return out
 
 
 __all__ = ["Host", "read_boot_id"]

@@ -21,7 +21,7 @@ reporting each one before making it (:meth:`Ledger.journal`) and each device it 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from vfio_dp.errors import HostError, PathEscapeError, StateWriteError
@@ -133,9 +133,14 @@ class Ledger:
 
     # -- journals ------------------------------------------------------------------------
     def begin_bind(
-        self, runner: str, targets: Sequence[PciDevice], holder: str
+        self,
+        runner: str,
+        targets: Sequence[PciDevice],
+        holder: str,
+        drivers: Mapping[PciAddress, str] | None = None,
     ) -> Operation | None:
-        """Write the journal (run by ``runner``) and every device's bind record (held by
+        """Write the journal (run by ``runner``; each device's ``target`` is the VFIO driver
+        it goes to, ``drivers``, else vfio-pci) and every device's bind record (held by
         ``holder``), all before the first sysfs write; a failure here undoes what was
         written and refuses the bind (:class:`StateWriteError`), changing nothing."""
         if not targets:
@@ -145,7 +150,12 @@ class Ledger:
         op: Operation | None = None
         try:
             op = self.state.begin(
-                "bind", runner, [OpDevice(str(d.address), "vfio-pci", None) for d in targets]
+                "bind",
+                runner,
+                [
+                    OpDevice(str(d.address), (drivers or {}).get(d.address, "vfio-pci"), None)
+                    for d in targets
+                ],
             )
             for dev in targets:
                 before = self.state.get(dev.address)

@@ -37,12 +37,19 @@ from vfio_dp.errors import (
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.state import Operation, recovers
+from vfio_dp.host.vfio_drivers import mark_on_vfio
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.plan import BindPlan, plan_bind, plan_unbind
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from vfio_dp.host.host import Host
+    from vfio_dp.model.vfio_driver import VfioChoice
+
+    #: ``auto``, ``vfio-pci`` or a driver's name, for every device or per address
+    VfioWanted = str | Mapping[PciAddress, str]
 
 
 def _log_warning(msg: str, *args: object) -> None:
@@ -156,6 +163,24 @@ def _plan_bind(
     return plan
 
 
+def _choices(
+    host: Host, inv: Inventory, targets: Sequence[PciAddress], wanted: VfioWanted
+) -> dict[PciAddress, VfioChoice]:
+    """The VFIO driver for each target (:func:`vfio_dp.host.vfio_drivers.choose_for`);
+    a device the wanted driver cannot serve refuses the whole bind, before any write."""
+    from vfio_dp.host.vfio_drivers import choose_for
+    from vfio_dp.model.vfio_driver import AUTO
+
+    out = {}
+    for a in targets:
+        want = wanted if isinstance(wanted, str) else wanted.get(a, AUTO)
+        out[a] = choose_for(host.fs, inv.devices[a], want)
+    problems = [c.problem for c in out.values() if c.problem is not None]
+    if problems:
+        raise RefusedError(problems)
+    return out
+
+
 def bind(
     host: Host,
     addresses: Sequence[PciAddress],
@@ -166,6 +191,7 @@ def bind(
     probe: bool,
     bound_by: str,
     inventory: Inventory | None = None,
+    vfio_driver: VfioWanted = "auto",
 ) -> BindResult:
     """:meth:`vfio_dp.host.Host.bind` (see there)."""
     undone: list[str] = []
@@ -183,39 +209,45 @@ def bind(
         result = BindResult(
             already=list(plan.already), dry_run=True, warnings=[f"forced: {w}" for w in plan.forced]
         )
-        need = not planner.driver_loaded("vfio-pci")
-        for a in plan.targets:
-            result.steps.extend(planner.bind_steps(inv.devices[a], need))
-            need = False
+        loading: set[str] = set()
+        result.drivers = _choices(host, inv, plan.targets, vfio_driver)
+        for a, choice in result.drivers.items():
+            need = choice.module not in loading and not planner.driver_loaded(choice.driver)
+            result.steps.extend(planner.bind_steps(inv.devices[a], need, choice))
+            loading.add(choice.module)
         return result
     touched: list[PciAddress] = []
     locked = [*plan.targets, *plan.already]
     with _locked(host, locked):
         now = {a: planner.current(a) for a in locked}
-        inv = dataclasses.replace(
-            inv,
-            devices={
-                **inv.devices,
-                **{
-                    a: dataclasses.replace(
-                        d,
-                        in_use=inv.devices[a].in_use,
-                        original_driver=inv.devices[a].original_driver,
-                    )
-                    for a, d in now.items()
-                },
+        devices = {
+            **inv.devices,
+            **{
+                a: dataclasses.replace(
+                    d,
+                    in_use=inv.devices[a].in_use,
+                    original_driver=inv.devices[a].original_driver,
+                )
+                for a, d in now.items()
             },
-        )
+        }
+        mark_on_vfio(host.fs, devices)  # on VFIO as the groups are now (a provider's node)
+        inv = dataclasses.replace(inv, devices=devices)
         plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force)
         forced = [f"forced: {w}" for w in plan.forced]
         result = BindResult(already=list(plan.already), warnings=undone + forced)
         targets = [inv.devices[a] for a in plan.targets]
+        choices = _choices(host, inv, plan.targets, vfio_driver)
         for dev in targets:
-            _preflight(host, planner.bind_steps(dev, need_module=False))
-        op = host.ledger.begin_bind(host.runner, targets, bound_by)
+            _preflight(host, planner.bind_steps(dev, False, choices[dev.address]))
+        choices = planner.load_modules(choices, result)  # before the journal: may fail
+        result.drivers = choices
+        op = host.ledger.begin_bind(
+            host.runner, targets, bound_by, {a: c.driver for a, c in choices.items()}
+        )
         binder = _executor(host, op)
         try:
-            binder.bind_all(targets, result, touched)
+            binder.bind_all(targets, result, touched, choices)
         except BindError as e:
             problems = _rollback(host, binder, touched)
             msg = f"bind failed: {e}"

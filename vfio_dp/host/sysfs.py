@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from vfio_dp.errors import AddressError, PathEscapeError, SysfsValueError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import IommuGroup, PciDevice, analyse_group, is_vfio_driver
+from vfio_dp.model.device import VFIO_PCI, IommuGroup, PciDevice, analyse_group
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _DEC_DIGITS = frozenset("0123456789")
@@ -312,7 +312,7 @@ def _read_device_at(
                 raise _Garbage("physfn", physfn, "links to no PCI address") from None
     # a VF never has sriov_* files: skip the failing open (thousands of VFs on big hosts)
     numvfs = None if physfn else _read_at(dfd, "sriov_numvfs")
-    cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
+    cdev = _vfio_cdev_at(dfd) if driver == VFIO_PCI else None
     return PciDevice(
         address=address,
         vendor=vendor,
@@ -371,7 +371,7 @@ def _refresh_at(dfd: int, old: PciDevice) -> PciDevice | None:
     raw_override = _read_at(dfd, "driver_override")
     if raw_override is None and _read_at(dfd, "vendor") is None:
         return None
-    cdev = _vfio_cdev_at(dfd) if driver is not None and is_vfio_driver(driver) else None
+    cdev = _vfio_cdev_at(dfd) if driver == VFIO_PCI else None
     override = _override(raw_override)
     if driver == old.driver and override == old.driver_override and cdev == old.vfio_cdev:
         return old

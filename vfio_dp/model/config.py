@@ -26,6 +26,10 @@ YAML, usually a ConfigMap mounted at ``/etc/vfio_dp/config.yaml``::
         resourceName: nvme-vf               # (vfDriver: vfio-pci, the default, binds them)
       - vendor: "1b36"
         sriov: pf                           # only SR-IOV PFs (vf: only VFs)
+      - vendor: "15b3"
+        bind: true
+        vfioDriver: vfio-pci                # auto (default): the variant driver the node's
+                                            # modules.alias names (mlx5_vfio_pci), else vfio-pci
 
 Within one selector every given field must match (a list matches any of its values).
 ``path`` says which node process serves what the selector takes: ``devicePlugin`` (the
@@ -39,6 +43,12 @@ the other node by node; a process that does not know its node name (``--node-nam
 otherwise (the webhook's names, :mod:`vfio_dp.model.routes`). With no configuration at all
 (or no ``selectors``) every device already on vfio-pci is served by whichever process runs —
 run only one of them that way.
+
+``vfioDriver`` says which VFIO driver a bind writes to ``driver_override`` (``bind: true``,
+``onPrepare``): ``auto`` (the kernel's own rule, :mod:`vfio_dp.model.vfio_driver`),
+``vfio-pci``, or a driver's name. It is never checked against a node here (the webhook
+reads the config with no sysfs; nodes run different kernels): a node whose kernel cannot
+serve it says so for that device (``vfioctl list -o wide --config``) and binds nothing.
 
 SR-IOV (the habits of the SR-IOV network operator): ``numVfs`` asks a number of VFs of each
 PF named in ``addresses`` (never a broad match: only named PFs are ever changed); such a
@@ -76,6 +86,7 @@ from vfio_dp.model.config_fields import (
     NODE_PATTERNS,
     RESOURCE_NAME,
     SELECTORS,
+    VFIO_DRIVER,
     WHERE,
     one_of,
     yaml_field,
@@ -196,6 +207,15 @@ class Selector:
         VF_DRIVER_KIND,
         ACTION,
         "only with `numVfs`: where the VFs go (`vfio-pci` implies `bind: true`)",
+    )
+    vfio_driver: str = yaml_field(
+        "auto",
+        "vfioDriver",
+        VFIO_DRIVER,
+        ACTION,
+        "the VFIO driver a bind writes: `auto` (the variant the node's `modules.alias` names, "
+        "else vfio-pci), `vfio-pci`, or that driver; never checked at load "
+        "([below](#which-vfio-driver-vfiodriver))",
     )
 
     def on_node(self, node: str | None) -> bool:

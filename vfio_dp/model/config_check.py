@@ -248,6 +248,15 @@ def _bind(value: object, at: _Field, kind: Kind) -> object:
     return _NOT_SET
 
 
+def _vfio_driver(value: object, at: _Field, kind: Kind) -> object:
+    """``auto``, ``vfio-pci`` or a kernel driver's name; never checked against a node (one
+    config serves nodes with different kernels: a node that cannot serve it says so)."""
+    if not isinstance(value, str) or not _DRIVER.fullmatch(value):
+        at.problem(value, "must be auto, vfio-pci or a kernel driver's name (e.g. mlx5_vfio_pci)")
+        return _NOT_SET
+    return value
+
+
 def _count(value: object, at: _Field, kind: Kind) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         at.problem(value, "must be a whole number, 0 or more")
@@ -269,6 +278,7 @@ _PARSERS: dict[str, _Parser] = {
     "choice": _choice,
     "bind": _bind,
     "count": _count,
+    "vfioDriver": _vfio_driver,
 }
 
 

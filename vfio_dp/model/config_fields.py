@@ -97,6 +97,7 @@ BIND = Kind("bind", "`false`, `true` or `onPrepare`")
 COUNT = Kind("count", "a whole number, 0 or more")
 DOMAIN = Kind("domain", "a DNS subdomain, lowercase")
 SELECTORS = Kind("selectors", "a list of selectors, in order: the first match wins")
+VFIO_DRIVER = Kind("vfioDriver", "`auto`, `vfio-pci` or a kernel driver's name (`mlx5_vfio_pci`)")
 
 
 @dataclass(frozen=True, slots=True)

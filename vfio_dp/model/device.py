@@ -8,6 +8,14 @@ Viability (kernels >= 5.19, the rule VFIO_GROUP_GET_STATUS applies): every membe
 IOMMU group must be driverless or bound to a driver that does no kernel DMA — a vfio
 driver, ``pci-stub`` or ``pcieport``. One member on any other driver makes the whole group
 unusable for a VM ("group N is not viable").
+
+"On VFIO" is decided per DEVICE, never per driver name (a vendor driver such as ``nvidia``
+drives VFIO-registered VFs and host GPUs alike): :attr:`PciDevice.on_vfio` is true on
+``vfio-pci``, or when the host layer found the device registered with VFIO by another
+driver (``vfio_registered``, set by :func:`vfio_dp.host.vfio_drivers.mark_on_vfio` from the
+kernel's facts: a variant driver named by a ``vfio_pci:`` line of ``modules.alias``,
+``<bdf>/vfio-dev/``, or the group's ``/dev/vfio/<N>``). An mdev parent
+(``/sys/class/mdev_bus/<bdf>``) is never on VFIO and never a unit itself.
 """
 
 from __future__ import annotations
@@ -25,14 +33,10 @@ BRIDGE_CLASS_PREFIX = 0x0604
 HOST_BRIDGE_CLASS_PREFIX = 0x0600
 
 
-def is_vfio_driver(driver: str | None) -> bool:
-    """``vfio-pci`` and its vendor variants (``mlx5_vfio_pci``, ``nvgrace_gpu_vfio_pci``...)."""
-    return driver is not None and (driver == VFIO_PCI or driver.endswith(("vfio_pci", "vfio-pci")))
-
-
-def is_dma_safe_driver(driver: str | None) -> bool:
-    """True when a member on this driver does not make its group non-viable."""
-    return driver is None or is_vfio_driver(driver) or driver in DMA_SAFE_DRIVERS
+def dma_safe(dev: PciDevice) -> bool:
+    """True when this member does not make its group non-viable: driverless, on VFIO
+    (:attr:`PciDevice.on_vfio`), or on a driver that declares it does no kernel DMA."""
+    return dev.driver is None or dev.on_vfio or dev.driver in DMA_SAFE_DRIVERS
 
 
 class HostUse(str):
@@ -85,6 +89,10 @@ class PciDevice:
     sriov_numvfs: int | None = None  # set on SR-IOV PFs
     boot_vga: bool = False
     vfio_cdev: str | None = None  # e.g. "vfio3" from <bdf>/vfio-dev/vfio3
+    #: registered with VFIO by a driver other than vfio-pci (a variant, a vendor provider):
+    #: set by the host layer from the kernel's facts (see the module docstring)
+    vfio_registered: bool = False
+    mdev_parent: bool = False  # listed in /sys/class/mdev_bus: its mdevs are the units
     in_use: tuple[HostUse, ...] = ()  # what the host uses it for (filled by host.usage)
     original_driver: str | None = None  # recorded before vfioctl bound it, if any
 
@@ -103,7 +111,15 @@ class PciDevice:
 
     @property
     def on_vfio(self) -> bool:
-        return is_vfio_driver(self.driver)
+        """Is this device on a VFIO driver (vfio-pci, a variant, a vendor VFIO provider)?
+        The one answer every rule uses (viability, health, publication, list, check)."""
+        return not self.mdev_parent and (self.driver == VFIO_PCI or self.vfio_registered)
+
+    @property
+    def vfio_driver(self) -> str | None:
+        """The VFIO driver the device is on (``vfio-pci``, ``mlx5_vfio_pci``, ``nvidia``), or
+        None when it is not on VFIO."""
+        return self.driver if self.on_vfio else None
 
     def describe(self) -> str:
         """``0000:3b:00.1 (10de:10f8, snd_hda_intel)`` — the form used in every message."""
@@ -159,7 +175,7 @@ def analyse_group(number: int, members: list[PciDevice], *, noiommu: bool = Fals
     """
     problems: list[GroupProblem] = []
     for dev in sorted(members, key=lambda d: d.address):
-        if is_dma_safe_driver(dev.driver):
+        if dma_safe(dev):
             continue
         if dev.in_use and not dev.is_bridge:  # the host's, not a "bind the group" case
             problems.append(

@@ -21,8 +21,7 @@ from vfio_dp.model.device import (
     GroupStatus,
     Inventory,
     PciDevice,
-    is_dma_safe_driver,
-    is_vfio_driver,
+    dma_safe,
 )
 
 
@@ -37,6 +36,12 @@ def not_passable(dev: PciDevice) -> str | None:
         return (
             f"{dev.describe()} is a PCI bridge; bridges are never given to a VM and stay on "
             "pcieport or no driver — pass the devices behind it instead"
+        )
+    if dev.mdev_parent:
+        return (
+            f"{dev.describe()} is a mediated-device parent (it offers mdev_supported_types); "
+            "the parent stays on its driver and is never given to a VM itself — create and "
+            "pass its mediated devices instead"
         )
     if dev.is_host_bridge:
         return (
@@ -106,7 +111,7 @@ def plan_bind(
             if mdev is None or member in wanted:
                 continue
             if mdev.is_bridge:
-                if not is_dma_safe_driver(mdev.driver):
+                if not dma_safe(mdev):
                     refusals.append(
                         f"IOMMU group {grp.number} also holds bridge {mdev.describe()}, whose "
                         "driver does kernel DMA, so the group can never be viable; unbind the "
@@ -115,7 +120,7 @@ def plan_bind(
                 continue
             if group:
                 wanted[member] = None
-            elif not is_dma_safe_driver(mdev.driver):
+            elif not dma_safe(mdev):
                 refusals.append(
                     f"{mdev.describe()} shares IOMMU group {grp.number} with {addr}; binding "
                     f"{addr} alone leaves the group not viable. Bind it too: "
@@ -148,6 +153,8 @@ def plan_bind(
 # -- unbind ----------------------------------------------------------------------------
 if TYPE_CHECKING:  # a type only: no Protocol class is built when `vfioctl unbind` starts
     from typing import Protocol
+
+    from vfio_dp.model.vfio_driver import VfioChoice
 
     class Recorded(Protocol):
         """What ``bind`` recorded about a device before its first write (the host's record)."""
@@ -221,7 +228,7 @@ def plan_unbind(
         a = dev.address
         rec = records.get(a)
         if (
-            not is_vfio_driver(dev.driver)
+            not dev.on_vfio
             and dev.driver_override is None
             and (driver is None or dev.driver == driver)
         ):
@@ -249,6 +256,9 @@ class CheckReport:
     address: PciAddress
     ready: bool
     reasons: tuple[str, ...]  # each says the fix
+    vfio_driver: str | None = None  # the VFIO driver it is on now
+    #: the driver a bind would write and why (``mlx5_vfio_pci (modules.alias: alias ...)``)
+    would_bind: str | None = None
 
 
 def plan_check(
@@ -257,13 +267,15 @@ def plan_check(
     kernel: Mapping[int, GroupStatus],
     *,
     root_display: str = "/",
+    choices: Mapping[PciAddress, VfioChoice] | None = None,
 ) -> list[CheckReport]:
     """``vfioctl check ADDR...``: is each device ready for passthrough now? Every reason,
     each with the fix that really applies (``bind`` is suggested only where binding is the
     fix, and for a device the host uses only with what ``--force`` takes from it).
 
     ``kernel`` is the verdict for each group whose ``/dev/vfio/<N>`` exists (a group left
-    out has no node).
+    out has no node). ``choices``: the VFIO driver a bind would choose for each device (a
+    choice that cannot be served is a reason).
     """
     out = []
     for a in addresses:
@@ -311,5 +323,11 @@ def plan_check(
                         "(VFIO_GROUP_GET_STATUS); bind every member: "
                         f"vfioctl bind --group {a}"
                     )
-        out.append(CheckReport(a, not reasons, tuple(dict.fromkeys(reasons))))
+        choice = (choices or {}).get(a)
+        if choice is not None and choice.problem is not None and not dev.on_vfio:
+            reasons.append(choice.problem)
+        would = None if choice is None else f"{choice.driver} ({choice.why})"
+        out.append(
+            CheckReport(a, not reasons, tuple(dict.fromkeys(reasons)), dev.vfio_driver, would)
+        )
     return out

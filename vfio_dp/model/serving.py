@@ -121,6 +121,8 @@ class DraUnit:
     reasons: tuple[str, ...] = ()  # why it is not published; empty = published
     #: the effect of its taint when prepared and bad (NoExecute only if a selector says so)
     taint_effect: str = NO_SCHEDULE
+    #: the ``vfioDriver`` of its selectors (``auto``, ``vfio-pci`` or a driver's name)
+    vfio_driver: str = "auto"
 
     @property
     def published(self) -> bool:
@@ -195,11 +197,14 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
         selected: list[tuple[PciDevice, str, int]] = []
         on_prepare = False
         effect = NO_SCHEDULE
+        vfio_driver = "auto"
         for dev, sel in members:
             if sel is None or not config.selector_serves(sel, DRA):
                 continue
             selected.append((dev, names(sel, dev), index[id(sel)]))
             on_prepare = on_prepare or sel.bind_on_prepare
+            if vfio_driver == "auto":
+                vfio_driver = sel.vfio_driver
             if sel.taint_effect == NO_EXECUTE:
                 effect = NO_EXECUTE
         if not selected:
@@ -216,6 +221,7 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
                 on_prepare=on_prepare,
                 reasons=tuple(reasons),
                 taint_effect=effect,
+                vfio_driver=vfio_driver,
             )
         )
     return units

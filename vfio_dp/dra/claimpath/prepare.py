@@ -281,10 +281,11 @@ class ClaimPreparer:
                 self.host.bind(
                     targets, group=True, probe=False, bound_by=holder,
                     inventory=inv,  # the claim's groups as just read (planned again under locks)
+                    vfio_driver={a: c.unit.vfio_driver for c in chosen for a in c.unit.endpoints},
                 )  # fmt: skip
             except VfioError as e:
                 raise ClaimError(
-                    who, f"binding the IOMMU group to vfio-pci failed: {e}", names
+                    who, f"binding the IOMMU group to its VFIO driver failed: {e}", names
                 ) from e
             # the bound groups' drivers, overrides and cdevs; no other device is read again
             inv = self.host.reread(inv, targets)

@@ -158,10 +158,19 @@ class SliceFeed:
                 or not (hit[0] is u or hit[0] == u)  # `is`: the cheap way to equal
                 or not (hit[1] is dev or hit[1] == dev)
             ):
-                hit = (u, dev, device_for(u, inv, self._roots))
+                hit = (u, dev, device_for(u, inv, self._roots, self._vfio_driver(u, dev, inv)))
             fresh[u.name] = hit
         self._built = fresh
         return {n: d for n, (_, _, d) in fresh.items()}
+
+    def _vfio_driver(self, unit: DraUnit, dev: PciDevice, inv: Inventory) -> str | None:
+        """The VFIO driver a ``bind: onPrepare`` Prepare will bind ``unit``'s primary to
+        (published as ``vfioDriver``); None when it is on VFIO already (the slice says that
+        one) or not bound by Prepare."""
+        if dev.on_vfio or not unit.on_prepare:
+            return None
+        choice = self.core.host.vfio_choices(inv, [dev.address], unit.vfio_driver).get(dev.address)
+        return None if choice is None or choice.problem is not None else choice.driver
 
     async def _withdraw_held(
         self, snapshot: Snapshot, records: Any

@@ -1,0 +1,245 @@
+"""The kernel's facts about VFIO drivers other than vfio-pci, read under a :class:`Root`.
+
+Two questions, each answered here once:
+
+1. **Is this device on VFIO?** (:func:`mark_on_vfio`, after every scan) -- per DEVICE, never
+   per driver name: its driver is ``vfio-pci`` (the device's own fact, no file read); or
+   ``<bdf>/vfio-dev/vfioN`` exists (kernels with VFIO cdev, whose ``/dev/vfio/devices/``
+   exists); or its IOMMU group's ``/dev/vfio/<N>`` exists (the kernel makes that node only
+   once a device of the group is registered with VFIO) and either its driver's module
+   (``/sys/bus/pci/drivers/<d>/module`` →) is named by a ``vfio_pci:`` line of
+   ``modules.alias`` (a variant driver), or no member of the group is on VFIO otherwise (then
+   the node is a vendor provider's, e.g. ``nvidia`` with vGPU: every bound member not on
+   ``pci-stub``/``pcieport`` is taken as registered). A device listed in
+   ``/sys/class/mdev_bus/`` is an mdev parent: never on VFIO, never a unit. A normal host
+   pays two ``listdir`` per scan; ``modules.alias`` is read only when a group has a node that
+   vfio-pci does not explain.
+2. **Which driver should a bind write?** (:func:`choose_for`): the rule of
+   :mod:`vfio_dp.model.vfio_driver` over ``/lib/modules/<release>/modules.alias`` (release
+   from ``/proc/sys/kernel/osrelease``) and the device's ``<bdf>/modalias``; the module's
+   driver name from ``/sys/module/<module>/drivers/pci:<driver>`` once loaded.
+
+``modules.alias`` is read once per process and root and kept (:func:`vfio_aliases`); when it
+is missing or unreadable every choice falls back to vfio-pci, and that is said once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from vfio_dp.errors import PathEscapeError
+from vfio_dp.host.root import Root, read_text, safe_component
+from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, PciDevice
+from vfio_dp.model.vfio_driver import (
+    AUTO,
+    VfioAlias,
+    VfioChoice,
+    choose,
+    driver_guess,
+    modalias_of,
+    parse_vfio_aliases,
+)
+
+#: a modules.alias larger than this is not read (real ones are ~1.5 MB)
+MAX_ALIASES_BYTES = 64 << 20
+_lock = threading.Lock()
+#: (root prefix, release) -> (the vfio_pci: aliases or None, why they are None)
+_CACHE: dict[tuple[str, str], tuple[tuple[VfioAlias, ...] | None, str]] = {}
+
+
+def _log_warning(msg: str, *args: object) -> None:
+    """Through ``logging`` (imported now: said once per process)."""
+    import logging
+
+    logging.getLogger("vfio_dp.host").warning(msg, *args)
+
+
+def kernel_release(root: Root) -> str:
+    """``<root>/proc/sys/kernel/osrelease`` (``6.1.0-56-amd64``); ``""`` when unreadable."""
+    return read_text(root.path("proc", "sys", "kernel", "osrelease")) or ""
+
+
+def aliases_path(root: Root, release: str) -> str:
+    return root.path("lib", "modules", safe_component(release or "unknown"), "modules.alias")
+
+
+def _read_all(root: Root, path: str) -> bytes:
+    fd = root.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_ALIASES_BYTES:
+                raise OSError(f"larger than {MAX_ALIASES_BYTES} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def vfio_aliases(root: Root) -> tuple[tuple[VfioAlias, ...] | None, str]:
+    """The ``vfio_pci:`` lines of the running kernel's ``modules.alias``, read once per
+    process and root and kept; ``(None, why)`` when the file is missing or unreadable (said
+    once, as a warning: every bind then falls back to vfio-pci)."""
+    release = kernel_release(root)
+    key = (root.prefix, release)
+    with _lock:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    path = aliases_path(root, release)
+    try:
+        text = _read_all(root, path).decode("utf-8", "replace")
+        found: tuple[tuple[VfioAlias, ...] | None, str] = (parse_vfio_aliases(text), "")
+    except (OSError, PathEscapeError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        found = (None, f"{path} cannot be read ({why}): vfio-pci is used for every device")
+        _log_warning("%s", found[1])
+    with _lock:
+        _CACHE[key] = found
+    return found
+
+
+def variant_modules(root: Root) -> frozenset[str]:
+    """The modules named by a ``vfio_pci:`` line (``vfio_pci``, ``mlx5_vfio_pci``...)."""
+    aliases, _ = vfio_aliases(root)
+    return frozenset(a.module for a in aliases or ())
+
+
+def driver_module(root: Root, driver: str) -> str | None:
+    """The module of a loaded PCI driver: ``/sys/bus/pci/drivers/<driver>/module`` →
+    ``../../../../module/<m>`` (None: built in without one, or not loaded)."""
+    return root.link_name(root.path("sys", "bus", "pci", "drivers", safe_component(driver), "module"))
+
+
+def registered_driver(root: Root, module: str) -> str | None:
+    """The PCI driver a loaded module registers: ``/sys/module/<m>/drivers/pci:<driver>``."""
+    try:
+        dfd = root.open_dir("sys", "module", safe_component(module), "drivers")
+    except (OSError, PathEscapeError):
+        return None
+    try:
+        names = sorted(os.listdir(dfd))
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    return next((n[4:] for n in names if n.startswith("pci:") and len(n) > 4), None)
+
+
+def driver_loaded(root: Root, driver: str) -> bool:
+    """``/sys/bus/pci/drivers/<driver>`` exists."""
+    return os.path.isdir(root.path("sys", "bus", "pci", "drivers", safe_component(driver)))
+
+
+def read_modalias(root: Root, dev: PciDevice) -> str:
+    """``<bdf>/modalias`` (``pci:v00008086d000010D3sv...``), or the same built from the
+    device's IDs when the file cannot be read."""
+    text = read_text(root.path("sys", "bus", "pci", "devices", str(dev.address), "modalias"))
+    return text if text and text.startswith("pci:") and text.isascii() else modalias_of(dev)
+
+
+def choose_for(root: Root, dev: PciDevice, wanted: str = AUTO) -> VfioChoice:
+    """The VFIO driver a bind of ``dev`` writes (see :func:`vfio_dp.model.vfio_driver.choose`),
+    its driver name read from the module once loaded."""
+    aliases, unread = vfio_aliases(root)
+    loaded = frozenset({wanted}) if wanted != AUTO and driver_loaded(root, wanted) else frozenset()
+    choice = choose(dev, read_modalias(root, dev), aliases, wanted, unread=unread, loaded=loaded)
+    if choice.problem is None and wanted == AUTO:
+        driver = registered_driver(root, choice.module)
+        if driver is not None and driver != choice.driver:
+            return VfioChoice(driver, choice.module, choice.why)
+    return choice
+
+
+def after_load(root: Root, choice: VfioChoice) -> VfioChoice:
+    """``choice`` with the driver name its module registered now that it is loaded."""
+    driver = registered_driver(root, choice.module)
+    if driver is None or driver == choice.driver or choice.driver != driver_guess(choice.module):
+        return choice
+    return VfioChoice(driver, choice.module, choice.why, choice.problem)
+
+
+def _listdir(root: Root, *parts: str) -> frozenset[str]:
+    try:
+        return frozenset(os.listdir(root.path(*parts)))
+    except OSError:
+        return frozenset()
+
+
+def _has_cdev(root: Root, address: PciAddress) -> str | None:
+    """``<bdf>/vfio-dev/vfioN`` (the lowest N), or None."""
+    names = _listdir(root, "sys", "bus", "pci", "devices", str(address), "vfio-dev")
+    found = [n for n in names if n.startswith("vfio") and n[4:].isascii() and n[4:].isdigit()]
+    return min(found, key=lambda n: int(n[4:])) if found else None
+
+
+def mark_on_vfio(root: Root, devices: dict[PciAddress, PciDevice]) -> None:
+    """Set each device's ``vfio_registered`` and ``mdev_parent`` from the kernel's facts (see
+    the module docstring), in place; devices whose facts did not change are kept as they
+    are."""
+    nodes = _listdir(root, "dev", "vfio")
+    parents = _listdir(root, "sys", "class", "mdev_bus")
+    cdevs = "devices" in nodes  # the kernel has VFIO cdev: /dev/vfio/devices/vfioN
+    variants: frozenset[str] | None = None
+    modules: dict[str, str | None] = {}
+    registered: dict[PciAddress, tuple[bool, str | None]] = {}
+    by_group: dict[int, list[PciDevice]] = {}
+    for dev in devices.values():
+        if dev.iommu_group is not None:
+            by_group.setdefault(dev.iommu_group, []).append(dev)
+        if dev.driver is None or dev.driver == VFIO_PCI or dev.driver in DMA_SAFE_DRIVERS:
+            continue
+        if str(dev.address) in parents:
+            continue
+        cdev = dev.vfio_cdev or (_has_cdev(root, dev.address) if cdevs else None)
+        if cdev is not None:
+            registered[dev.address] = (True, cdev)
+    for number, members in by_group.items():
+        if str(number) not in nodes and f"noiommu-{number}" not in nodes:
+            continue
+        bound = [
+            d
+            for d in members
+            if d.driver is not None
+            and d.driver != VFIO_PCI
+            and d.driver not in DMA_SAFE_DRIVERS
+            and d.address not in registered
+            and str(d.address) not in parents
+        ]
+        if not bound:
+            continue
+        if variants is None:
+            variants = variant_modules(root)
+        for d in bound:
+            assert d.driver is not None
+            if d.driver not in modules:
+                modules[d.driver] = driver_module(root, d.driver)
+            if modules[d.driver] in variants:
+                registered[d.address] = (True, d.vfio_cdev)
+        explained = any(
+            d.driver == VFIO_PCI or registered.get(d.address, (False, None))[0] for d in members
+        )
+        if not explained:  # the node is a vendor provider's: its bound members are on VFIO
+            for d in bound:
+                registered[d.address] = (True, d.vfio_cdev)
+    _apply(devices, registered, parents)
+
+
+def _apply(
+    devices: dict[PciAddress, PciDevice],
+    registered: dict[PciAddress, tuple[bool, str | None]],
+    parents: frozenset[str],
+) -> None:
+    import dataclasses
+
+    for addr, dev in devices.items():
+        on, cdev = registered.get(addr, (False, dev.vfio_cdev))
+        parent = str(addr) in parents
+        if (on, cdev, parent) != (dev.vfio_registered, dev.vfio_cdev, dev.mdev_parent):
+            devices[addr] = dataclasses.replace(
+                dev, vfio_registered=on, vfio_cdev=cdev, mdev_parent=parent
+            )
+
