@@ -118,23 +118,37 @@ def _report(
         say(f"{a}: already {verb}")
 
 
-def _persist(host: Host, addresses: list[PciAddress], dry_run: bool, output: str) -> None:
-    """``bind --persist``: record ``addresses`` (as they are now on vfio-pci) and rewrite the
-    udev rule that re-applies them at boot (:mod:`vfio_dp.host.persist`)."""
+def _persist(
+    host: Host, result: BindResult, addresses: list[PciAddress], dry_run: bool, output: str
+) -> None:
+    """``bind --persist``: record ``addresses`` (as they are now on their VFIO driver: the one
+    this bind chose, or the one they were already on) and rewrite the udev rule that
+    re-applies them at boot (:mod:`vfio_dp.host.persist`)."""
     from vfio_dp.host.persist import Persistence
-    from vfio_dp.model.persist import PersistedBind
+    from vfio_dp.host.vfio_drivers import driver_module
+    from vfio_dp.model.persist import PLAIN_MODULE, PersistedBind
+    from vfio_dp.model.vfio_driver import VFIO_PCI_MODULE, module_of
 
     inv = host.scan_groups(addresses, usage=False)
     devices = [inv.devices[a] for a in sorted(set(addresses)) if a in inv.devices]
+    drivers: dict[PciAddress, tuple[str, str]] = {}
+    for d in devices:
+        c = result.drivers.get(d.address)
+        driver = c.driver if c is not None else (d.vfio_driver or "vfio-pci")
+        module = (
+            c.module if c is not None else (driver_module(host.fs, driver) or module_of(driver))
+        )
+        drivers[d.address] = (driver, PLAIN_MODULE if module == VFIO_PCI_MODULE else module)
     store = Persistence(host.fs)
     if dry_run:
         for d in devices if output not in MACHINE else ():
             rec = PersistedBind(
-                d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device
-            )
+                d.address, d.vendor, d.device, d.subsystem_vendor, d.subsystem_device,
+                *drivers[d.address],
+            )  # fmt: skip
             say(f"# {store.rules_path}: {rec.udev_rule()}")
         return
-    added = store.add(devices)
+    added = store.add(devices, drivers)
     if output not in MACHINE:
         for a in sorted(set(addresses)):
             state = "persists" if a in added else "already persists"
@@ -224,7 +238,8 @@ def bind_cmd(
         _report(result, output, "on vfio-pci")
         if persist:
             done = [*result.bound, *result.already]
-            _persist(host, _would_bind(host, addrs, group) if dry_run else done, dry_run, output)
+            would = _would_bind(host, addrs, group) if dry_run else done
+            _persist(host, result, would, dry_run, output)
         return 0
 
     run_guarded(body)

@@ -461,7 +461,7 @@ def _documented_fields(command: str) -> set[str]:
     para = m.group(1)
     while (cut := re.sub(r"\([^()]*\)", "", para)) != para:
         para = cut
-    return set(re.findall(r"`([a-z][a-z_]*)`", para))
+    return set(re.findall(r"`([a-z][A-Za-z_]*)`", para))
 
 
 @pytest.mark.parametrize("command", ["list", "groups"])

@@ -122,3 +122,31 @@ def test_a_long_group_leaves_group_functions_out_rather_than_cut(tmp_path: Path)
     assert "groupFunctions" not in dev.to_json()["attributes"]
     (s,) = build_slices([dev], driver="d" * 51 + ".example.com", node=NodeRef("n"), generation=1)
     assert validate_slice(s, None) == []
+
+
+def test_vfio_driver_attribute_says_the_vfio_driver(tmp_path: Path) -> None:
+    """``vfioDriver`` (issue 34): the VFIO driver a published device is on -- vfio-pci or a
+    variant bound by hand -- so a claim can select, say, only mlx5_vfio_pci VFs with CEL;
+    for a ``bind: onPrepare`` group not bound yet, the one Prepare will bind (chosen by the
+    host and handed in)."""
+    from vfio_dp.dra.slices import device_for
+
+    tree = dra_host(tmp_path)
+    tree.set_modules_alias(
+        ["alias vfio_pci:v*d*sv*sd*bc*sc*i* vfio_pci",
+         "alias vfio_pci:v000015B3d0000101Csv*sd*bc*sc*i* mlx5_vfio_pci"]
+    )  # fmt: skip
+    tree.load_module("mlx5_vfio_pci", vfio=True)
+    tree.set_driver("0000:af:00.2", "mlx5_vfio_pci")
+    config = load_config_text(DRA_CONFIG, "c.yaml")
+    devices = {d.name: d.to_json()["attributes"] for d in devices_of(tree, config)}
+    assert set(devices) == set(PUBLISHED)  # the variant's VF is published like the others
+    assert devices["pci-0000-af-00-1"]["vfioDriver"] == {"string": "vfio-pci"}
+    assert devices["pci-0000-af-00-2"]["vfioDriver"] == {"string": "mlx5_vfio_pci"}
+    assert "vfioDriver" not in devices["pci-0000-3b-00-0"]  # onPrepare: nothing handed in
+    host = Host(tree.root)
+    inv = host.scan()
+    gpu = next(u for u in dra_units(inv, config) if u.name == "pci-0000-3b-00-0")
+    choice = host.vfio_choices(inv, [gpu.primary], gpu.vfio_driver)[gpu.primary]
+    attrs = device_for(gpu, inv, {}, choice.driver).to_json()["attributes"]
+    assert attrs["vfioDriver"] == {"string": "vfio-pci"}

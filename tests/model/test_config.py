@@ -257,3 +257,20 @@ def test_taint_effect_is_no_schedule_unless_a_dra_selector_says_no_execute() -> 
     assert "only the DRA plugin taints devices: add path: dra" in refusal(
         'selectors:\n  - {vendor: "8086", taintEffect: NoSchedule}\n'
     )
+
+
+def test_vfio_driver_per_selector_is_never_checked_against_a_node() -> None:
+    """``vfioDriver`` (issue 34): auto by default, vfio-pci, or any kernel driver name -- one
+    ConfigMap serves nodes with different kernels, so a name this machine lacks loads; only
+    a value that can be no driver name is refused, with its place."""
+    from vfio_dp.errors import ConfigError
+    from vfio_dp.model.config import load_config_text
+
+    cfg = load_config_text(
+        'selectors:\n  - vendor: "15b3"\n    vfioDriver: mlx5_vfio_pci\n'
+        '  - vendor: "10de"\n    vfioDriver: vfio-pci\n  - vendor: "8086"\n',
+        "c.yaml",
+    )
+    assert [s.vfio_driver for s in cfg.selectors] == ["mlx5_vfio_pci", "vfio-pci", "auto"]
+    with pytest.raises(ConfigError, match=r"selectors\[0\]\.vfioDriver"):
+        load_config_text('selectors:\n  - vendor: "15b3"\n    vfioDriver: "a b"\n', "c.yaml")

@@ -19,4 +19,5 @@ __all__ = [
     "routes",
     "serving",
     "sriov",
+    "vfio_driver",
 ]

@@ -5,9 +5,11 @@ Each result's ``device`` (``pci-0000-3b-00-0``) names one IOMMU group on this no
 :func:`to_bind` says which groups Prepare must bind (``bind: onPrepare``), :func:`verify`
 checks what is handed over once bound, :func:`device_records` is what the checkpoint keeps.
 
-"Is this group on vfio-pci?" is decided in one place, :func:`off_vfio`: every endpoint of
-the group (``/sys/bus/pci/devices/<bdf>/driver`` → ``vfio-pci``), as the kernel requires
-before ``/dev/vfio/<N>`` can be used.
+"Is this group on VFIO?" is decided in one place, :func:`off_vfio`: every endpoint of the
+group on a VFIO driver -- vfio-pci, a variant, or a vendor VFIO provider
+(:attr:`vfio_dp.model.device.PciDevice.on_vfio`, the host's one per-device answer) -- as the
+kernel requires before ``/dev/vfio/<N>`` can be used. A group already on a variant or a
+provider is handed over as it is, never rebound.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class Chosen:
 
 
 def off_vfio(unit: DraUnit, inv: Inventory) -> list[PciAddress]:
-    """The endpoints of ``unit``'s group not on vfio-pci (gone ones included); empty: the
-    group is ready to hand over."""
+    """The endpoints of ``unit``'s group not on a VFIO driver (gone ones included;
+    :attr:`~vfio_dp.model.device.PciDevice.on_vfio`); empty: the group is ready to hand
+    over."""
     return [a for a in unit.endpoints if (d := inv.devices.get(a)) is None or not d.on_vfio]
 
 
@@ -72,7 +75,7 @@ def resolve(
 
 
 def to_bind(chosen: Sequence[Chosen], inv: Inventory) -> list[PciAddress]:
-    """The groups (by first endpoint) Prepare binds: ``bind: onPrepare``, not on vfio-pci."""
+    """The groups (by first endpoint) Prepare binds: ``bind: onPrepare``, not on VFIO."""
     return [
         c.unit.primary
         for c in chosen
