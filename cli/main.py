@@ -39,9 +39,9 @@ LAZY_COMMANDS = {
 SUMMARIES = {
     "list": "Every PCI device: IDs, driver, IOMMU group, NUMA node, host use, and exactly what each path would serve: the resource, the path serving it (devicePlugin, or dra through the DeviceClass whose extendedResourceName it is) and the DRA device (null: not served).",
     "groups": "Every IOMMU group: members, viability with reasons, the kernel's own verdict, and which path serves it under which resource name (a group split between paths is served by neither: why).",
-    "bind": "Move devices to vfio-pci (recording their drivers for unbind).",
+    "bind": "Move devices to their VFIO driver (recording their drivers for unbind).",
     "unbind": "Give devices back to the driver they had before `vfioctl bind`.",
-    "check": "Is each device ready for passthrough now? Every reason and its fix; exit 1 if not.",
+    "check": "Is each device ready for passthrough now? Every reason and its fix, and the VFIO driver a bind would choose; exit 1 if not.",
     "plugin": "Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.",
     "dra-plugin": "Publish this node's VFIO devices as DRA ResourceSlices (one device per IOMMU group) and serve the kubelet's DRA plugin API.",
     "deviceclasses": "Print a DeviceClass per resource the config's `path: dra` selectors produce.",

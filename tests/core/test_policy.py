@@ -47,3 +47,27 @@ def test_a_reload_binds_what_became_bind_true_for_this_path() -> None:
     assert newly_bound(inv, old, new, DEVICE_PLUGIN) == {nic.address}
     assert newly_bound(inv, old, new, DRA) == set()
     assert newly_bound(inv, new, new, DEVICE_PLUGIN) == set()
+
+
+def test_each_device_is_bound_with_its_selectors_vfio_driver() -> None:
+    """``vfioDriver`` (issue 34) reaches the host per device: the selector's value, ``auto``
+    where no selector takes the device (a group sibling)."""
+    from vfio_dp.core.policy import vfio_drivers_wanted
+
+    mlx = dev("0000:af:00.1", "15b3", "101e", "020000", driver="mlx5_core", iommu_group=61)
+    gpu = dev("0000:3b:00.0", "10de", "1eb8", "030200", driver="nvidia", iommu_group=45)
+    audio = dev("0000:3b:00.1", "1234", "10f8", "040300", driver="snd_hda_intel", iommu_group=45)
+    inv = inventory(mlx, gpu, audio)
+    c = cfg(
+        """
+selectors:
+  - vendor: "15b3"
+    bind: true
+  - vendor: "10de"
+    bind: true
+    vfioDriver: vfio-pci
+"""
+    )
+    assert vfio_drivers_wanted(inv, c, inv.devices) == {
+        mlx.address: "auto", gpu.address: "vfio-pci", audio.address: "auto",
+    }  # fmt: skip

@@ -344,3 +344,22 @@ def test_choose_pure_rules() -> None:
     assert choose(dev, modalias, aliases, "nvidia").problem is not None
     fallback = choose(dev, modalias, None, unread="x cannot be read")
     assert fallback.driver == "vfio-pci" and fallback.why.startswith("x cannot be read")
+
+
+def test_on_prepare_never_rebinds_a_group_on_a_vendor_provider(tmp_path: Path) -> None:
+    """``bind: onPrepare``: Prepare binds only groups off VFIO (``off_vfio``); a provider's VF
+    is handed over as it is, its host PF would be bound."""
+    from vfio_dp.dra.claimpath.claims import AllocationResult
+    from vfio_dp.dra.claimpath.resolve import Chosen, off_vfio, to_bind
+    from vfio_dp.model.serving import dra_units
+
+    t = _provider_tree(tmp_path)
+    inv = Host(t.root).scan()
+    cfg = load_config_text(
+        'selectors:\n  - vendor: "10de"\n    path: dra\n    bind: onPrepare\n', "c.yaml"
+    )
+    units = {u.primary: u for u in dra_units(inv, cfg)}
+    vf, pf = units[A("0000:3b:00.4")], units[A("0000:3b:00.0")]
+    assert off_vfio(vf, inv) == [] and off_vfio(pf, inv) == [pf.primary]
+    chosen = [Chosen(AllocationResult("r", "d", "node", u.name), u) for u in (vf, pf)]
+    assert to_bind(chosen, inv) == [pf.primary]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 
-from vfio_dp.errors import PathEscapeError
+from vfio_dp.errors import AddressError, PathEscapeError
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, PciDevice
@@ -179,67 +179,80 @@ def _has_cdev(root: Root, address: PciAddress) -> str | None:
 def mark_on_vfio(root: Root, devices: dict[PciAddress, PciDevice]) -> None:
     """Set each device's ``vfio_registered`` and ``mdev_parent`` from the kernel's facts (see
     the module docstring), in place; devices whose facts did not change are kept as they
-    are."""
+    are. One pass over the devices (a big host has thousands), then work only for the few
+    bound to a driver that is neither vfio-pci nor DMA-safe in a group with a node."""
     nodes = _listdir(root, "dev", "vfio")
     parents = _listdir(root, "sys", "class", "mdev_bus")
     cdevs = "devices" in nodes  # the kernel has VFIO cdev: /dev/vfio/devices/vfioN
-    variants: frozenset[str] | None = None
-    modules: dict[str, str | None] = {}
-    registered: dict[PciAddress, tuple[bool, str | None]] = {}
-    by_group: dict[int, list[PciDevice]] = {}
+    explained: set[int] = set()  # groups a member on VFIO otherwise accounts for
+    candidates: list[PciDevice] = []
+    before: list[PciAddress] = []  # marked by an earlier scan: judged again
     for dev in devices.values():
-        if dev.iommu_group is not None:
-            by_group.setdefault(dev.iommu_group, []).append(dev)
-        if dev.driver is None or dev.driver == VFIO_PCI or dev.driver in DMA_SAFE_DRIVERS:
+        if dev.vfio_registered or dev.mdev_parent:
+            before.append(dev.address)
+        driver = dev.driver
+        if driver is None or driver in DMA_SAFE_DRIVERS:
             continue
-        if str(dev.address) in parents:
+        if driver == VFIO_PCI:
+            if dev.iommu_group is not None:
+                explained.add(dev.iommu_group)
+            continue
+        candidates.append(dev)
+    if not candidates and not before and not parents:
+        return  # the usual host: nothing to mark
+    registered: dict[PciAddress, str | None] = {}  # address -> its cdev
+    pending: dict[int, list[PciDevice]] = {}  # group with a node -> members to judge
+    for dev in candidates:
+        if parents and str(dev.address) in parents:
             continue
         cdev = dev.vfio_cdev or (_has_cdev(root, dev.address) if cdevs else None)
+        group = dev.iommu_group
         if cdev is not None:
-            registered[dev.address] = (True, cdev)
-    for number, members in by_group.items():
-        if str(number) not in nodes and f"noiommu-{number}" not in nodes:
-            continue
-        bound = [
-            d
-            for d in members
-            if d.driver is not None
-            and d.driver != VFIO_PCI
-            and d.driver not in DMA_SAFE_DRIVERS
-            and d.address not in registered
-            and str(d.address) not in parents
-        ]
-        if not bound:
-            continue
-        if variants is None:
-            variants = variant_modules(root)
-        for d in bound:
-            assert d.driver is not None
-            if d.driver not in modules:
-                modules[d.driver] = driver_module(root, d.driver)
-            if modules[d.driver] in variants:
-                registered[d.address] = (True, d.vfio_cdev)
-        explained = any(
-            d.driver == VFIO_PCI or registered.get(d.address, (False, None))[0] for d in members
-        )
-        if not explained:  # the node is a vendor provider's: its bound members are on VFIO
+            registered[dev.address] = cdev
+            if group is not None:
+                explained.add(group)
+        elif group is not None and (str(group) in nodes or f"noiommu-{group}" in nodes):
+            pending.setdefault(group, []).append(dev)
+    if pending:
+        variants = variant_modules(root)
+        modules: dict[str, str | None] = {}
+        for group, bound in pending.items():
             for d in bound:
-                registered[d.address] = (True, d.vfio_cdev)
-    _apply(devices, registered, parents)
+                assert d.driver is not None
+                if d.driver not in modules:
+                    modules[d.driver] = driver_module(root, d.driver)
+                if modules[d.driver] in variants:
+                    registered[d.address] = d.vfio_cdev
+                    explained.add(group)
+        for group, bound in pending.items():
+            if group not in explained:  # the node is a vendor provider's
+                for d in bound:
+                    registered[d.address] = d.vfio_cdev
+    _apply(devices, registered, parents, before)
 
 
 def _apply(
     devices: dict[PciAddress, PciDevice],
-    registered: dict[PciAddress, tuple[bool, str | None]],
+    registered: dict[PciAddress, str | None],
     parents: frozenset[str],
+    before: list[PciAddress],
 ) -> None:
     import dataclasses
 
-    for addr, dev in devices.items():
-        on, cdev = registered.get(addr, (False, dev.vfio_cdev))
+    touched = {*registered, *before}
+    for name in parents:
+        try:
+            touched.add(PciAddress.parse(name))
+        except AddressError:
+            continue
+    for addr in touched:
+        dev = devices.get(addr)
+        if dev is None:
+            continue
+        on = addr in registered
+        cdev = registered[addr] if on else dev.vfio_cdev
         parent = str(addr) in parents
         if (on, cdev, parent) != (dev.vfio_registered, dev.vfio_cdev, dev.mdev_parent):
             devices[addr] = dataclasses.replace(
                 dev, vfio_registered=on, vfio_cdev=cdev, mdev_parent=parent
             )
-
