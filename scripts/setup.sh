@@ -60,6 +60,14 @@ if [ "$LIST" = 1 ]; then
   exit 0
 fi
 
+# the guest rig builds its own kernel modules (a VFIO variant driver, tests/guest/modules)
+# against the guest kernel's headers: the release linux-image-amd64 depends on, as the rig
+# boots it (tests/guest/rig.py ensure_kernel)
+GUEST_RELEASE=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-//p' | head -n1 || true)
+if [ -n "$GUEST_RELEASE" ]; then
+  APT_PACKAGES+=("linux-headers-$GUEST_RELEASE")
+fi
+
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do

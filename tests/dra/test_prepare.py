@@ -464,7 +464,7 @@ def test_bind_refusal_and_rollback_are_host_binds(
     kernel.refuse_attach.add((AUDIO, "vfio-pci"))
     ref = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
     err = run(preparer.prepare([ref]))["uid-gpu"].error
-    assert "device pci-0000-3b-00-0: binding the IOMMU group to vfio-pci failed" in err
+    assert "device pci-0000-3b-00-0: binding the IOMMU group to its VFIO driver failed" in err
     assert "rolled back" in err
     assert tree.driver_of(GPU) == "nvidia" and tree.driver_of(AUDIO) == "snd_hda_intel"
     assert _record(tree, GPU) is None

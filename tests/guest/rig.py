@@ -62,6 +62,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_MODULES",
     "DEFAULT_TOPOLOGY",
+    "MODULES_SRC",
     "GuestBootError",
     "GuestResult",
     "GuestRig",
@@ -70,6 +71,7 @@ __all__ = [
     "GuestRunError",
     "KernelAssets",
     "Topology",
+    "build_modules",
     "ensure_initrd",
     "ensure_kernel",
     "find_qemu",
@@ -658,6 +660,56 @@ def _init_script(kernel: KernelAssets) -> str:
         .replace("@MSIZE@", str(_MSIZE))
         .replace("@GUEST_RESULTS@", GUEST_RESULTS_DIR)
     )
+
+
+#: the sources of the rig's own kernel modules (a VFIO variant driver, a vendor stand-in)
+MODULES_SRC = Path(__file__).resolve().parent / "modules"
+
+
+def build_modules(release: str, source: Path = MODULES_SRC) -> Path:
+    """Build the out-of-tree kernel modules of ``source`` (its ``Kbuild``) for the guest
+    kernel ``release`` (``6.1.0-56-amd64``) against Debian's
+    ``/usr/src/linux-headers-<release>`` (package ``linux-headers-<release>``, installed by
+    scripts/setup.sh); returns the directory holding the ``.ko`` files. Built once per
+    source content and kept under the cache (no binary is committed); the one module
+    builder of the rig. Raises :class:`GuestRigUnavailable` without the headers or a
+    compiler."""
+    headers = Path("/usr/src") / f"linux-headers-{release}"
+    if not (headers / "Makefile").is_file():
+        raise GuestRigUnavailable(
+            f"{headers} is missing: install linux-headers-{release} (scripts/setup.sh does)"
+        )
+    files = sorted(p for p in source.iterdir() if p.is_file() and p.suffix in (".c", ".h", ""))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    out = cache_root() / "modules" / release / digest.hexdigest()[:16]
+    if any(out.glob("*.ko")):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent):
+        if any(out.glob("*.ko")):
+            return out
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
+        try:
+            for f in files:
+                shutil.copy2(f, work / f.name)
+            _run_tool(
+                [_which("make", "make"), "-C", str(headers), f"M={work}", "modules"],
+                what=f"building {source.name} against linux-headers-{release}",
+                timeout=600,
+            )
+            kos = sorted(work.glob("*.ko"))
+            if not kos:
+                raise GuestRigUnavailable(f"make built no .ko in {work}")
+            done = Path(tempfile.mkdtemp(prefix=".done-", dir=out.parent))
+            os.chmod(done, 0o755)
+            for ko in kos:
+                shutil.copy2(ko, done / ko.name)
+            os.replace(done, out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def ensure_initrd(kernel: KernelAssets) -> Path:

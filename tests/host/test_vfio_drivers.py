@@ -363,3 +363,28 @@ def test_on_prepare_never_rebinds_a_group_on_a_vendor_provider(tmp_path: Path) -
     assert off_vfio(vf, inv) == [] and off_vfio(pf, inv) == [pf.primary]
     chosen = [Chosen(AllocationResult("r", "d", "node", u.name), u) for u in (vf, pf)]
     assert to_bind(chosen, inv) == [pf.primary]
+
+
+def test_dra_withdraws_an_on_prepare_group_whose_named_vfio_driver_this_node_lacks(
+    tmp_path: Path,
+) -> None:
+    """A selector's ``vfioDriver`` the node cannot serve: the DRA plugin does not publish
+    the group (the reason names the driver and the fix) while the rest of the config applies;
+    ``auto`` and a servable name publish as before."""
+    from vfio_dp.dra.claimpath.resolve import unservable
+    from vfio_dp.model.serving import dra_units
+
+    t = _tree(tmp_path)
+    h = Host(t.root)
+    inv = h.scan()
+
+    def units(text: str) -> dict[str, tuple[str, ...]]:
+        cfg = load_config_text(text, "c.yaml")
+        got = unservable(dra_units(inv, cfg), inv, lambda a, w: h.vfio_choices(inv, a, w))
+        return {u.name: u.reasons for u in got}
+
+    base = 'selectors:\n  - vendor: "15b3"\n    device: "101e"\n    path: dra\n    bind: onPrepare\n'
+    assert units(base)["pci-0000-af-00-1"] == ()
+    assert units(base + "    vfioDriver: mlx_any_vfio_pci\n")["pci-0000-af-00-1"] == ()
+    (why,) = units(base + "    vfioDriver: nvgrace_gpu_vfio_pci\n")["pci-0000-af-00-1"]
+    assert "vfioDriver nvgrace_gpu_vfio_pci cannot serve" in why and "install" in why

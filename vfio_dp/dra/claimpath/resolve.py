@@ -15,7 +15,7 @@ provider is handed over as it is, never rebound.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfio_dp.dra.claimpath.checkpoint import DeviceRecord
 from vfio_dp.dra.claimpath.claims import AllocationResult
@@ -24,6 +24,7 @@ from vfio_dp.errors import ClaimError
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.serving import DraUnit
+from vfio_dp.model.vfio_driver import AUTO, VfioChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,26 @@ def resolve(
             raise ClaimError(who, "; ".join(unit.reasons), r.device)
         chosen.append(Chosen(r, unit))
     return tuple(chosen)
+
+
+def unservable(
+    units: Sequence[DraUnit],
+    inv: Inventory,
+    choices: Callable[[list[PciAddress], str], Mapping[PciAddress, VfioChoice]],
+) -> list[DraUnit]:
+    """``units`` with each published ``bind: onPrepare`` group whose selectors name a
+    ``vfioDriver`` this node cannot serve (``choices(endpoints, wanted)``: the host's
+    choice for the endpoints not on VFIO yet) withdrawn, its reason the host's; the rest
+    unchanged. ``auto`` always serves (vfio-pci at worst): only a named driver is asked."""
+    out = []
+    for u in units:
+        if u.published and u.on_prepare and u.vfio_driver != AUTO:
+            off = off_vfio(u, inv)
+            problems = [c.problem for c in choices(off, u.vfio_driver).values() if c.problem]
+            if problems:
+                u = replace(u, reasons=tuple(problems))
+        out.append(u)
+    return out
 
 
 def to_bind(chosen: Sequence[Chosen], inv: Inventory) -> list[PciAddress]:

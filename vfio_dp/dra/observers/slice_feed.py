@@ -34,6 +34,7 @@ from typing import Any
 
 from vfio_dp.core.health import DeviceHealth, HealthModel, assess
 from vfio_dp.core.node import NodeCore, Snapshot
+from vfio_dp.dra.claimpath import resolve
 from vfio_dp.dra.claimpath.checkpoint import ClaimRecord
 from vfio_dp.dra.observers import health
 from vfio_dp.dra.slices import Device, device_for
@@ -139,7 +140,12 @@ class SliceFeed:
         """:func:`dra_units` of the snapshot, computed once per scan generation."""
         if self._units is not None and self._units[0] == snapshot.generation:
             return self._units[1]
-        units = dra_units(snapshot.inventory, snapshot.config)
+        inv = snapshot.inventory
+        units = resolve.unservable(  # a named vfioDriver this node lacks: not published
+            dra_units(inv, snapshot.config),
+            inv,
+            lambda a, w: self.core.host.vfio_choices(inv, a, w),
+        )
         self._units = (snapshot.generation, units)
         return units
 
