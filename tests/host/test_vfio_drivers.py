@@ -150,7 +150,9 @@ def test_bind_loads_the_variant_writes_its_driver_name_and_unbind_restores(tmp_p
     real_step = h.state.step
 
     def watch(op, address, done, next_write):  # type: ignore[no-untyped-def]
-        journals.append(json.loads(next(iter((t.root / "var/lib/vfio_dp/ops").iterdir())).read_text()))
+        journals.append(
+            json.loads(next(iter((t.root / "var/lib/vfio_dp/ops").iterdir())).read_text())
+        )
         return real_step(op, address, done, next_write)
 
     h.state.step = watch  # type: ignore[method-assign]
@@ -383,8 +385,75 @@ def test_dra_withdraws_an_on_prepare_group_whose_named_vfio_driver_this_node_lac
         got = unservable(dra_units(inv, cfg), inv, lambda a, w: h.vfio_choices(inv, a, w))
         return {u.name: u.reasons for u in got}
 
-    base = 'selectors:\n  - vendor: "15b3"\n    device: "101e"\n    path: dra\n    bind: onPrepare\n'
+    base = (
+        'selectors:\n  - vendor: "15b3"\n    device: "101e"\n    path: dra\n    bind: onPrepare\n'
+    )
     assert units(base)["pci-0000-af-00-1"] == ()
     assert units(base + "    vfioDriver: mlx_any_vfio_pci\n")["pci-0000-af-00-1"] == ()
     (why,) = units(base + "    vfioDriver: nvgrace_gpu_vfio_pci\n")["pci-0000-af-00-1"]
     assert "vfioDriver nvgrace_gpu_vfio_pci cannot serve" in why and "install" in why
+
+
+def test_device_plugin_advertises_a_provider_vf_healthy_with_its_group_node(
+    tmp_path: Path,
+) -> None:
+    """The device plugin's listing and health take the one answer: a vendor provider's VF is
+    a healthy unit and its ``/dev/vfio/<N>`` is what Allocate hands out; the host PF is not
+    healthy (not on VFIO)."""
+    from vfio_dp.deviceplugin.listing import compute_listing
+
+    t = _provider_tree(tmp_path)
+    h = Host(t.root)
+    inv = h.scan()
+    cfg = load_config_text('selectors:\n  - vendor: "10de"\n    resourceName: vgpu\n', "c.yaml")
+    units = {u.id: u for u in compute_listing(inv, cfg).units("devices.kubevirt.io/vgpu")}
+    assert units[A("0000:3b:00.4")].healthy, units
+    pf = units.get(A("0000:3b:00.0"))
+    assert pf is None or (not pf.healthy and "not on vfio-pci" in " ".join(pf.reasons))
+    group = inv.groups[11]
+    assert h.device_nodes(group, [inv.devices[A("0000:3b:00.4")]]) == [
+        "/dev/vfio/vfio", "/dev/vfio/11",
+    ]  # fmt: skip
+
+
+def test_a_variant_that_does_not_attach_is_rolled_back_to_the_host_driver(
+    tmp_path: Path,
+) -> None:
+    """The restore path with a variant: drivers_probe "succeeds" but the variant does not take
+    the device; the bind names the variant, rolls the device back to its host driver with its
+    override cleared, and leaves no record or journal."""
+    t = _tree(tmp_path)
+    k = _kernel(t)
+    k.refuse_attach.add((VF, "mlx5_vfio_pci"))
+    with pytest.raises(BindError, match="not mlx5_vfio_pci") as err:
+        Host(t.root, kernel=k).bind([A(VF)])
+    assert f"rolled back {VF}" in str(err.value)
+    assert t.driver_of(VF) == "mlx5_core" and t.override_of(VF) is None
+    state = t.root / "var/lib/vfio_dp"
+    assert not list(state.glob("original/*.json")) and not list(state.glob("ops/*.json"))
+
+
+def test_plain_list_never_opens_modules_alias_and_wide_reads_it_once(tmp_path: Path) -> None:
+    """``vfioctl list`` does not pay for the alias lookup; ``-o wide`` reads it once for all
+    devices (kept for the process), seen by strace on the real process."""
+    import shutil
+    import subprocess
+    import sys
+
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (scripts/setup.sh installs it)")
+    t = _tree(tmp_path / "t")
+
+    def opens(*args: str) -> int:
+        log = tmp_path / "strace.log"
+        p = subprocess.run(
+            [strace, "-f", "-qq", "-e", "trace=openat,open,openat2", "-o", str(log), sys.executable,
+             "-c", "from cli.main import main; main()", "list", "--root", str(t.root), *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        return log.read_text().count("modules.alias")
+
+    assert opens() == 0
+    assert opens("-o", "wide") == 1
