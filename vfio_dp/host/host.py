@@ -437,19 +437,11 @@ class Host:
         addresses: Iterable[PciAddress],
         wanted: str | Mapping[PciAddress, str] = "auto",
     ) -> dict[PciAddress, VfioChoice]:
-        """The VFIO driver a bind would write for each of ``addresses`` that could be bound
-        (bridges and mdev parents left out), and why (:func:`.vfio_drivers.choose_for`:
-        ``modules.alias``, read once per process, and each device's ``modalias``)."""
-        from vfio_dp.host.vfio_drivers import choose_for
+        """The VFIO driver a bind would write for each of ``addresses`` that could be bound,
+        and why (:func:`.vfio_drivers.choices_for`)."""
+        from vfio_dp.host.vfio_drivers import choices_for
 
-        out = {}
-        for a in addresses:
-            dev = inv.devices.get(a)
-            if dev is None or dev.is_bridge or dev.is_host_bridge or dev.mdev_parent:
-                continue
-            want = wanted if isinstance(wanted, str) else wanted.get(a, "auto")
-            out[a] = choose_for(self.fs, dev, want)
-        return out
+        return choices_for(self.fs, inv, addresses, wanted)
 
 
 __all__ = ["Host", "read_boot_id"]

@@ -166,17 +166,10 @@ def _plan_bind(
 def _choices(
     host: Host, inv: Inventory, targets: Sequence[PciAddress], wanted: VfioWanted
 ) -> dict[PciAddress, VfioChoice]:
-    """The VFIO driver for each target (:func:`vfio_dp.host.vfio_drivers.choose_for`);
-    a device the wanted driver cannot serve refuses the whole bind, before any write."""
-    from vfio_dp.host.vfio_drivers import choose_for
-    from vfio_dp.model.vfio_driver import AUTO
-
-    out = {}
-    for a in targets:
-        want = wanted if isinstance(wanted, str) else wanted.get(a, AUTO)
-        out[a] = choose_for(host.fs, inv.devices[a], want)
-    problems = [c.problem for c in out.values() if c.problem is not None]
-    if problems:
+    """The VFIO driver for each target (:meth:`Host.vfio_choices`); a device the wanted
+    driver cannot serve refuses the whole bind, before any write."""
+    out = host.vfio_choices(inv, targets, wanted)
+    if problems := [c.problem for c in out.values() if c.problem is not None]:
         raise RefusedError(problems)
     return out
 

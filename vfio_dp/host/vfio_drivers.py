@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable, Mapping
 
 from vfio_dp.errors import AddressError, PathEscapeError
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, PciDevice
+from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, Inventory, PciDevice
 from vfio_dp.model.vfio_driver import (
     AUTO,
     VfioAlias,
@@ -111,7 +112,9 @@ def variant_modules(root: Root) -> frozenset[str]:
 def driver_module(root: Root, driver: str) -> str | None:
     """The module of a loaded PCI driver: ``/sys/bus/pci/drivers/<driver>/module`` →
     ``../../../../module/<m>`` (None: built in without one, or not loaded)."""
-    return root.link_name(root.path("sys", "bus", "pci", "drivers", safe_component(driver), "module"))
+    return root.link_name(
+        root.path("sys", "bus", "pci", "drivers", safe_component(driver), "module")
+    )
 
 
 def registered_driver(root: Root, module: str) -> str | None:
@@ -152,6 +155,23 @@ def choose_for(root: Root, dev: PciDevice, wanted: str = AUTO) -> VfioChoice:
         if driver is not None and driver != choice.driver:
             return VfioChoice(driver, choice.module, choice.why)
     return choice
+
+
+def choices_for(
+    root: Root,
+    inv: Inventory,
+    addresses: Iterable[PciAddress],
+    wanted: str | Mapping[PciAddress, str] = AUTO,
+) -> dict[PciAddress, VfioChoice]:
+    """:func:`choose_for` each of ``addresses`` that could be bound (bridges and mdev parents
+    left out); ``wanted`` for all, or per address (left out: ``auto``)."""
+    out = {}
+    for a in addresses:
+        dev = inv.devices.get(a)
+        if dev is None or dev.is_bridge or dev.is_host_bridge or dev.mdev_parent:
+            continue
+        out[a] = choose_for(root, dev, wanted if isinstance(wanted, str) else wanted.get(a, AUTO))
+    return out
 
 
 def after_load(root: Root, choice: VfioChoice) -> VfioChoice:
