@@ -63,9 +63,22 @@ fi
 # the guest rig builds its own kernel modules (a VFIO variant driver, tests/guest/modules)
 # against the guest kernel's headers: the release linux-image-amd64 depends on, as the rig
 # boots it (tests/guest/rig.py ensure_kernel)
-GUEST_RELEASE=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-//p' | head -n1 || true)
-if [ -n "$GUEST_RELEASE" ]; then
-  APT_PACKAGES+=("linux-headers-$GUEST_RELEASE")
+guest_release() {
+  apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-//p' | head -n1 || true
+}
+if [ "$FOR" = all ]; then
+  GUEST_RELEASE=$(guest_release)
+  if [ -z "$GUEST_RELEASE" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # a fresh machine's package lists may be empty: apt-cache knows nothing before an update
+    apt-get update -qq
+    GUEST_RELEASE=$(guest_release)
+  fi
+  if [ -n "$GUEST_RELEASE" ]; then
+    APT_PACKAGES+=("linux-headers-$GUEST_RELEASE")
+  else
+    echo "setup: cannot tell the guest kernel's release (apt-cache depends linux-image-amd64):" \
+      "the guest tests that build kernel modules will fail" >&2
+  fi
 fi
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
