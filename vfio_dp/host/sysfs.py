@@ -23,57 +23,13 @@ from collections.abc import Callable, Iterable
 
 from vfio_dp.errors import AddressError, PathEscapeError, SysfsValueError
 from vfio_dp.host.root import Root, read_text
+from vfio_dp.host.sysfs_values import Garbage as _Garbage
+from vfio_dp.host.sysfs_values import hex_value as _hex
+from vfio_dp.host.sysfs_values import int_value as _int
+from vfio_dp.host.sysfs_values import name_value as _name
+from vfio_dp.host.sysfs_values import override_value as _override
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, IommuGroup, PciDevice, analyse_group
-
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-_DEC_DIGITS = frozenset("0123456789")
-# what a kernel driver name (or a vfio cdev name) can be: never a path, never binary
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-")
-
-
-class _Garbage(Exception):
-    """A value no kernel writes; carries the file (relative to the device dir) and value."""
-
-    def __init__(self, name: str, value: object, why: str) -> None:
-        self.name, self.value, self.why = name, value, why
-
-
-def _hex(text: str | None, width: int, name: str) -> str:
-    """``0x10de`` / ``10DE`` / ``20000`` → ``10de`` / ``020000``: 1..``width`` hex digits
-    after an optional ``0x``, left-padded; anything else raises (binary, a sign, too long)."""
-    if text and len(text) <= width and _HEX_DIGITS.issuperset(text):  # uevent's form
-        return text.lower().rjust(width, "0")
-    if text is None:
-        raise _Garbage(name, text, "missing")
-    t = text[2:] if text[:2] in ("0x", "0X") else text
-    if not t or len(t) > width or not _HEX_DIGITS.issuperset(t):
-        raise _Garbage(name, text, f"not a hex number of at most {width} digits")
-    return t.lower().rjust(width, "0")
-
-
-def _int(text: str | None, name: str, *, signed: bool = False) -> int | None:
-    """A decimal sysfs number (``numa_node`` may be ``-1``); None when the file is absent."""
-    if text is None:
-        return None
-    digits = text[1:] if signed and text[:1] == "-" else text
-    if not digits or len(digits) > 10 or not _DEC_DIGITS.issuperset(digits):
-        raise _Garbage(name, text, "not a decimal number")
-    return int(text)
-
-
-def _name(text: str | None, name: str) -> str | None:
-    """A driver name (``driver`` link, ``DRIVER=``, ``driver_override``); None when absent."""
-    if text is None or text == "":
-        return None
-    if len(text) > 64 or not _NAME_CHARS.issuperset(text) or text in (".", ".."):
-        raise _Garbage(name, text, "not a kernel driver name")
-    return text
-
-
-def _override(text: str | None) -> str | None:
-    return None if text in (None, "", "(null)") else _name(text, "driver_override")
-
 
 _SAID: set[str] = set()  # skip reasons already logged by this process (bounded below)
 
