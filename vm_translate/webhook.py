@@ -9,7 +9,8 @@ Routes (HTTPS only)::
                     large bodies beyond body_budget_bytes being received at once → 503
     GET  /healthz   200 "ok"
     GET  /metrics   Prometheus text: reviews answered by result (allowed, patched, denied),
-                    requests refused by HTTP status (400, 408, 413, 500, 503)
+                    requests refused by HTTP status (400, 408, 413, 500, 503), the time
+                    each POST /mutate took (vm_translate.webhook_metrics)
 
 Bounds (each a :class:`WebhookSettings` field and a ``vfioctl webhook`` flag): open
 connections and TLS handshake time (:mod:`vm_translate.listener`); headers and idle
@@ -42,6 +43,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
@@ -196,7 +198,8 @@ async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckEr
 
 async def mutate(request: web.Request) -> web.Response:
     state = request.app[_STATE]
-    response = await _mutate(request, state)
+    with state.metrics.time("vfio_dp_webhook_review_seconds"):
+        response = await _mutate(request, state)
     if response.status != 200:
         state.metrics.inc("vfio_dp_webhook_refused_total", code=str(response.status))
     return response
@@ -204,7 +207,8 @@ async def mutate(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(
-        text=request.app[_STATE].metrics.render(), content_type="text/plain", charset="utf-8"
+        body=request.app[_STATE].metrics.render().encode(),
+        headers={"Content-Type": CONTENT_TYPE},
     )
 
 

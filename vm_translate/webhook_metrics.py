@@ -1,9 +1,11 @@
-"""The webhook's Prometheus counters (``GET /metrics`` on its TLS port)::
+"""The webhook's Prometheus series (``GET /metrics`` on its TLS port)::
 
     vfio_dp_webhook_reviews_total{result="allowed"|"patched"|"denied"}
     vfio_dp_webhook_refused_total{code="400"|"408"|"413"|"500"|"503"}
+    vfio_dp_webhook_review_seconds_bucket{le=...}    (and _sum, _count)
 
-The registry and text format are the node processes' (:class:`vfio_dp.core.metrics.Metrics`).
+The registry and text format are the node processes' (:class:`vfio_dp.core.metrics.Metrics`:
+``prometheus_client``, one registry per process, no ``_created`` series).
 """
 
 from __future__ import annotations
@@ -11,21 +13,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from vfio_dp.core.metrics import Metrics
+from vfio_dp.core.metrics import COUNTER, HISTOGRAM, Metrics, Spec
 
 
 class WebhookMetrics(Metrics):
-    """The webhook's counters (the node processes' :class:`Metrics`, its own names)."""
+    """The webhook's series (the node processes' :class:`Metrics`, its own names)."""
 
-    HELP: ClassVar[dict[str, tuple[str, str]]] = {
+    HELP: ClassVar[dict[str, Spec]] = {
         "vfio_dp_webhook_reviews_total": (
-            "counter",
+            COUNTER,
             "AdmissionReviews answered, by result (allowed unchanged, patched, denied).",
+            ("result",),
         ),
         "vfio_dp_webhook_refused_total": (
-            "counter",
+            COUNTER,
             "Requests answered without a review, by HTTP status (400 not a review, 408 too "
             "slow, 413 too big, 500 internal, 503 busy).",
+            ("code",),
+        ),
+        "vfio_dp_webhook_review_seconds": (
+            HISTOGRAM,
+            "Time from a POST /mutate's headers to its answer (body read, node check, decision).",
+            (),
         ),
     }
 

@@ -144,6 +144,11 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         )
         assert not answer["uid-1"].devices
         assert await kubelet.unprepare(DRIVER, [("vms", "uid-1", "gpu-claim")]) == {"uid-1": ""}
+        # each call and each write of the pool timed (vfio_dp.core.metrics histograms)
+        m = plugin.metrics
+        assert m.get("vfio_dp_dra_prepare_seconds_count", version="v1") == 1
+        assert m.get("vfio_dp_dra_unprepare_seconds_count", version="v1") == 1
+        assert m.get("vfio_dp_dra_publish_seconds_count") == plugin.publisher.writes >= 1
         await plugin.stop()
         assert not os.path.exists(view.socket) and not os.path.exists(view.endpoint)
         assert pool(apiserver)[0] == gen  # the slices stay (kubelet removes them later)

@@ -15,7 +15,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.deviceplugin.test_metrics import series_named_in
 from tests.waiting import wait_until_async
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
@@ -116,6 +118,13 @@ async def test_metrics_count_each_answer(server: Running) -> None:
     assert 'vfio_dp_webhook_reviews_total{result="allowed"} 1' in text
     assert 'vfio_dp_webhook_refused_total{code="400"} 1' in text
     assert "# TYPE vfio_dp_webhook_reviews_total counter" in text
+    # as Prometheus parses it: every series the webhook's code names, and each POST timed
+    parsed = {f.name: f for f in text_string_to_metric_families(text)}
+    named = series_named_in("vm_translate")
+    assert named >= {"vfio_dp_webhook_reviews_total", "vfio_dp_webhook_review_seconds"}
+    assert all(n.removesuffix("_total") in parsed for n in named), (sorted(named), sorted(parsed))
+    timed = {s.name: s.value for s in parsed["vfio_dp_webhook_review_seconds"].samples}
+    assert timed["vfio_dp_webhook_review_seconds_count"] == 5
 
 
 async def test_vmi_review_gets_patch(server: Running) -> None:

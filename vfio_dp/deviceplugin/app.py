@@ -43,6 +43,7 @@ import os
 from collections.abc import Sequence
 
 from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.metrics import Metrics
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import DirWatch, make_socket_dir
 from vfio_dp.deviceplugin import podresources, servicer
@@ -79,12 +80,14 @@ def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ..
 class Endpoint:
     """One resource: its socket, its gRPC server, its device feed, its registration."""
 
-    def __init__(self, resource: str, kubelet_dir: str, core: servicer.Core) -> None:
+    def __init__(
+        self, resource: str, kubelet_dir: str, core: servicer.Core, metrics: Metrics
+    ) -> None:
         self.resource = resource
         self.name = naming.socket_name(resource)
         self.path = os.path.join(kubelet_dir, self.name)
         self.feed = servicer.Feed()
-        self.socket = servicer.socket_server(resource, self.feed, core, self.path)
+        self.socket = servicer.socket_server(resource, self.feed, core, self.path, metrics)
         self.kubelet_id: FileId | None = None  # kubelet.sock we registered with
         self.registering: asyncio.Task[None] | None = None
 
@@ -210,7 +213,7 @@ class Daemon(FrontEnd):
 
     # -- serving and registering -------------------------------------------------------
     async def _open(self, resource: str) -> Endpoint:
-        ep = Endpoint(resource, self.options.kubelet_dir, self)
+        ep = Endpoint(resource, self.options.kubelet_dir, self, self.metrics)
         await ep.socket.serve()
         self._start_registering(ep)
         self.endpoints[resource] = ep

@@ -9,9 +9,10 @@ status codes whose message names the device and the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -20,6 +21,9 @@ from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vfio_dp.deviceplugin.allocation import ContainerAllocation
 from vfio_dp.deviceplugin.listing import Unit
 from vfio_dp.errors import DevicePluginError, PluginRequestError, UnknownDeviceError
+
+if TYPE_CHECKING:
+    from vfio_dp.core.metrics import Metrics
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
@@ -73,10 +77,14 @@ def _status(e: DevicePluginError) -> grpc.StatusCode:
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
-    def __init__(self, resource: str, feed: Feed, core: Core) -> None:
+    def __init__(
+        self, resource: str, feed: Feed, core: Core, metrics: Metrics | None = None
+    ) -> None:
+        """``metrics``: where Allocate's latency goes (``vfio_dp_allocate_seconds``)."""
         self.resource = resource
         self.feed = feed
         self.core = core
+        self.metrics = metrics
 
     async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         return OPTIONS
@@ -108,6 +116,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     async def Allocate(self, request: Any, context: Any) -> Any:
+        timer = (
+            self.metrics.time("vfio_dp_allocate_seconds", resource=self.resource)
+            if self.metrics is not None
+            else contextlib.nullcontext()
+        )
+        with timer:
+            return await self._allocate(request, context)
+
+    async def _allocate(self, request: Any, context: Any) -> Any:
         responses = []
         for creq in request.container_requests:
             try:
@@ -139,13 +156,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
         return api_pb2.PreStartContainerResponse()
 
 
-def socket_server(resource: str, feed: Feed, core: Core, socket_path: str) -> SocketServer:
+def socket_server(
+    resource: str, feed: Feed, core: Core, socket_path: str, metrics: Metrics | None = None
+) -> SocketServer:
     """One resource's socket (``<kubelet-dir>/vfio_dp-<resource>.sock``) and the
     ``v1beta1.DevicePlugin`` server on it (not yet serving: :meth:`SocketServer.serve`)."""
 
     def add_services(server: Any) -> None:
         api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(resource, feed, core), server
+            DevicePluginServicer(resource, feed, core, metrics), server
         )
 
     return SocketServer(

@@ -93,10 +93,13 @@ class DraPlugin(FrontEnd):
             health=self.health_stream,
         )
         super().__init__(NodeCore(options.core(), host), log)
+        self.kubelet.metrics = self.metrics
         self.core.subscribe(self)
         # a VF a prepared claim holds is never destroyed by an SR-IOV count change
         self.core.vf_holds.append(lambda: checkpoint_holds(self.core.host.fs, options.driver_name))
-        self.publisher = SlicePublisher(client, options.driver_name, options.node_name)
+        self.publisher = SlicePublisher(
+            client, options.driver_name, options.node_name, metrics=self.metrics
+        )
         self.publisher.on_published.append(self._published)
         #: the claim path's API calls, each kind on threads and a connection pool of its own
         #: (never the host threads): claim reads, DeviceClass reads; the status writes'

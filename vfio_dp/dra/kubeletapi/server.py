@@ -40,10 +40,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -58,6 +59,9 @@ from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult, Handler, describ
 from vfio_dp.dra.claimpath.outcome import outcome
 from vfio_dp.dra.kubeletapi.health_stream import SERVICE_NAMES, HealthStream
 from vfio_dp.model import naming
+
+if TYPE_CHECKING:
+    from vfio_dp.core.metrics import Metrics
 
 #: seconds the DRA service gives running calls and streams when the plugin stops
 STOP_GRACE = 3.0
@@ -170,11 +174,14 @@ class KubeletFrontEnd:
         plugins_dir: str,
         handler: Handler,
         health: HealthStream | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        """``health``: also serve ``DRAResourceHealth`` (v1, v1alpha1) on ``dra.sock``."""
+        """``health``: also serve ``DRAResourceHealth`` (v1, v1alpha1) on ``dra.sock``.
+        ``metrics``: where each Prepare/Unprepare call's latency goes."""
         self.driver_name = naming.check_dra_driver_name(driver_name)
         self.handler = handler
         self.health = health
+        self.metrics = metrics
         self.supported_versions = SUPPORTED_VERSIONS + (SERVICE_NAMES if health else ())
         self.service_socket = os.path.join(plugins_dir, driver_name, SERVICE_SOCKET)
         self.registration_socket = os.path.join(registry_dir, driver_name + REGISTRATION_SUFFIX)
@@ -289,16 +296,23 @@ class KubeletFrontEnd:
             )
             raise
 
+    def _timed(self, histogram: str, version: str) -> contextlib.AbstractContextManager[None]:
+        if self.metrics is None:
+            return contextlib.nullcontext()
+        return self.metrics.time(histogram, version=version)
+
     async def _prepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, ClaimResult]:
-        results, errors = await self._answer(
-            claims, version, "prepare", self.handler.prepare, ClaimResult, lambda r: bool(r.error)
-        )
+        with self._timed("vfio_dp_dra_prepare_seconds", version):
+            results, errors = await self._answer(
+                claims, version, "prepare", self.handler.prepare, ClaimResult, lambda r: bool(r.error)
+            )
         return {**{uid: ClaimResult(error=e) for uid, e in errors.items()}, **results}
 
     async def _unprepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, str]:
-        results, errors = await self._answer(
-            claims, version, "unprepare", self.handler.unprepare, str, bool
-        )
+        with self._timed("vfio_dp_dra_unprepare_seconds", version):
+            results, errors = await self._answer(
+                claims, version, "unprepare", self.handler.unprepare, str, bool
+            )
         return {**errors, **results}
 
     async def _answer(
