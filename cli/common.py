@@ -122,6 +122,22 @@ def dir_option(flag: str, options: type, field: str, help: str) -> Callable[[F],
     )
 
 
+log_level_option = option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+log_format_option = option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one JSON object per line (ts, level, logger, msg, and node, claim, uid, "
+    "device where they apply), for a log pipeline.",
+)
+
+
 def front_end_options(
     options: type,
     *,
@@ -135,8 +151,8 @@ def front_end_options(
     with the defaults of its ``options`` dataclass: the node core's (``--node-name``, also
     from ``NODE_NAME``; ``--config``, ``--root``, ``--resync``, ``--metrics-port``,
     ``--metrics-host``), then ``--create-dirs`` (for
-    :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`) and
-    ``--log-level`` (for :func:`configure_logging`)."""
+    :func:`existing_dir`), ``--wait-for-other`` (for :func:`single_instance`),
+    ``--log-level`` and ``--log-format`` (for :func:`configure_logging`)."""
     decorators = [
         option(
             "--node-name",
@@ -184,12 +200,8 @@ def front_end_options(
             type=FiniteFloatRange(0, 3600),
             help=wait_help,
         ),
-        option(
-            "--log-level",
-            default="info",
-            show_default=True,
-            type=click.Choice(["debug", "info", "warning", "error"]),
-        ),
+        log_level_option,
+        log_format_option,
     ]
 
     def apply(f: F) -> F:
@@ -200,13 +212,12 @@ def front_end_options(
     return apply
 
 
-def configure_logging(level: str) -> None:
-    """Log lines of a long-running command: ``<time> <LEVEL> <logger>: <message>``."""
-    import logging
+def configure_logging(level: str, fmt: str = "text", node: str | None = None) -> None:
+    """Log lines of a long-running command: ``<time> <LEVEL> <logger>: <message>``, or JSON
+    lines with ``--log-format json`` (:mod:`vfio_dp.core.logs`; ``node`` on every line)."""
+    from vfio_dp.core.logs import configure
 
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(level, fmt, node)
 
 
 def output_option(f: F) -> F:

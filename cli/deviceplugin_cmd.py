@@ -71,13 +71,14 @@ def plugin(
     create_dirs: bool,
     wait_for_other: float,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve vfio-pci devices to the kubelet (device plugin API v1beta1), one socket per resource.
 
     Exits 0 on SIGTERM after sending every resource an empty list and removing its sockets;
     exits 2 with every problem listed when the config is invalid. Never unbinds anything.
     """
-    configure_logging(log_level)
+    configure_logging(log_level, log_format, node_name)
 
     def body() -> int:
         from vfio_dp.deviceplugin.app import run

@@ -84,6 +84,7 @@ def dra_plugin(
     create_dirs: bool,
     wait_for_other: float,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Publish this node's VFIO devices as DRA ResourceSlices (one device per IOMMU group)
     and serve the kubelet's DRA plugin API.
@@ -93,7 +94,7 @@ def dra_plugin(
     NodePrepareResources binds a `bind: onPrepare` group, writes one CDI spec and the KEP-5304
     device metadata per claim; NodeUnprepareResources gives back what the claim bound.
     """
-    configure_logging(log_level)
+    configure_logging(log_level, log_format, node_name)
 
     def body() -> int:
         from vfio_dp.errors import UsageError

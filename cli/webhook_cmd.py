@@ -9,7 +9,14 @@ import sys
 
 import click
 
-from cli.common import FiniteFloatRange, option, run_guarded
+from cli.common import (
+    FiniteFloatRange,
+    configure_logging,
+    log_format_option,
+    log_level_option,
+    option,
+    run_guarded,
+)
 from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
 
 
@@ -124,12 +131,8 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     help="After SIGTERM, keep answering this many seconds with /healthz failing, so a rolling "
     "update's endpoint change refuses no review (the Deployment sets 5).",
 )
-@option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-)
+@log_level_option
+@log_format_option
 def webhook(
     config_path: str | None,
     address: str,
@@ -150,17 +153,14 @@ def webhook(
     node_cache_seconds: float,
     shutdown_delay: float,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the mutating admission webhook: POST /mutate (AdmissionReview v1), GET /healthz.
 
     --config is read again when its file changes (a ConfigMap update); a bad new config is
     logged and the previous one kept.
     """
-    import logging
-
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(log_level, log_format)
 
     def body() -> int:
         from pathlib import Path

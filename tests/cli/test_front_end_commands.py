@@ -16,7 +16,7 @@ from vfio_dp.deviceplugin.options import Options
 from vfio_dp.dra.options import DraOptions
 
 CORE_FLAGS = ["--config", "--root", "--resync", "--metrics-port", "--metrics-host", "--node-name"]
-SHARED_FLAGS = [*CORE_FLAGS, "--create-dirs", "--wait-for-other", "--log-level"]
+SHARED_FLAGS = [*CORE_FLAGS, "--create-dirs", "--wait-for-other", "--log-level", "--log-format"]
 
 
 def _params(cmd: click.Command) -> dict[str, click.Parameter]:

@@ -120,6 +120,28 @@ async def test_serve_replaces_a_stale_socket_and_close_removes_only_ours(sdir: P
     assert path.is_socket()  # not ours: left alone
 
 
+async def test_a_socket_that_refuses_connections_is_unanswered_after_the_window(
+    sdir: Path,
+) -> None:
+    """/healthz's check: our socket file still there but nobody listening (the server
+    stopped) answers no connect; within the window that is not yet a failure."""
+    path = sdir / "x.sock"
+    s = _server(path)
+    await s.serve()
+    try:
+        assert s.answers() is None and s.unanswered(0) is None
+        assert s.server is not None
+        await s.server.stop(None)  # gRPC unlinks the hidden name it bound, not our path
+        assert path.is_socket() and s.changed() is None
+        assert s.answers() == "refuses connections (Connection refused)"
+        assert s.unanswered(60) is None  # first seen now: inside the window
+        why = s.unanswered(0)
+        assert why is not None and f"{path} refuses connections" in why and "limit 0s" in why
+    finally:
+        await s.close()
+    assert s.unanswered(60) is None and s.answers() == "is not served"
+
+
 async def test_a_message_over_the_limit_is_refused(sdir: Path) -> None:
     """Both front-ends' servers take at most MAX_MESSAGE bytes (a hostile client's huge
     request is refused by gRPC before any handler sees it)."""

@@ -1,4 +1,4 @@
-"""``/metrics`` as Prometheus reads it: every series the code names is exported.
+"""``/metrics`` as Prometheus reads it, and ``/healthz`` as the kubelet's probes see it.
 
 The series names are taken from the code itself (every ``inc``/``set``/``observe``/``time``
 call and the claim path's ``metric`` callbacks whose first argument is a ``vfio_dp_*``
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import socket
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -125,3 +128,63 @@ async def test_every_series_the_code_names_is_on_the_daemons_metrics_endpoint(
     assert sample(fams, "vfio_dp_allocate_seconds_bucket", le="+Inf", resource=NIC) == 1
     # no _created series (prometheus_client.disable_created_metrics, see docs/install.md)
     assert not [n for f in fams.values() for n, _, _ in f if n.endswith("_created")]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_healthz_fails_while_a_kubelet_socket_stays_unanswered_past_the_window(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin
+) -> None:
+    """A socket of ours that cannot be served again (a directory put at its path) makes
+    /healthz 503 once it has been unanswered for longer than the window (60 s in production,
+    0.5 s here), naming the path and why; served again, /healthz is 200 again."""
+    port = free_port()
+    daemon = Daemon(
+        Options(
+            root=str(tree.root),
+            kubelet_dir=kdir,
+            resync=0.2,
+            metrics_port=port,
+            metrics_host="127.0.0.1",
+            uevents=False,
+        )
+    )
+    daemon.socket_window = 0.5
+    await daemon.start()
+    try:
+        await kubelet.wait_for("the NIC listed", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"})
+        assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
+        path = daemon.endpoints[NIC].path
+        os.unlink(path)
+        os.mkdir(path)  # what restore refuses (never deletes): the socket stays unserved
+        await wait_until_async(
+            lambda: daemon.endpoints[NIC].socket.problem != "", what="a failed restore"
+        )
+        # within the window: still healthy (a kubelet restart is not our failure)
+        status, _ = await asyncio.to_thread(get, port, "/healthz")
+        down = daemon.endpoints[NIC].socket.down_since
+        assert down is not None
+        if time.monotonic() - down < 0.4:
+            assert status == 200
+
+        async def unhealthy() -> bool:
+            return (await asyncio.to_thread(get, port, "/healthz"))[0] == 503
+
+        await wait_until_async(unhealthy, what="/healthz 503")
+        status, body = await asyncio.to_thread(get, port, "/healthz")
+        assert status == 503 and f"{path} is not served for" in body and "is a directory" in body
+        os.rmdir(path)
+        await wait_until_async(lambda: os.path.exists(path), what="the socket served again")
+
+        async def healthy() -> bool:
+            return await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
+
+        await wait_until_async(healthy, what="/healthz 200 again")
+    finally:
+        await daemon.stop()

@@ -318,3 +318,31 @@ async def test_a_hostile_configmap_swap_is_refused_while_healthz_keeps_answering
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+async def test_log_format_json_writes_one_object_per_line_with_node_and_device(
+    tree: SysfsTree, kdir: str, kubelet: KubeletStandin
+) -> None:
+    """``--log-format json``: every stderr line is a JSON object (ts, level, logger, msg)
+    naming the node; an Allocate's line names the resource and device too."""
+    proc = spawn(tree, kdir, "--log-format", "json", "--node-name", "node-7")
+    try:
+        await kubelet.wait_for(
+            "the subprocess registered", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"}, timeout=15
+        )
+        await kubelet.allocate(NIC, [NIC_ID])
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 10)
+        _, err = proc.communicate()
+        assert rc == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    lines = [json.loads(line) for line in err.splitlines()]  # every line is JSON
+    assert lines and all(
+        {"ts", "level", "logger", "msg"} <= set(obj) and obj["node"] == "node-7" for obj in lines
+    )
+    allocate = [obj for obj in lines if "Allocate" in obj["msg"]]
+    assert allocate and allocate[0]["resource"] == NIC and allocate[0]["device"] == NIC_ID
+    assert lines[-1]["msg"] == "stopped"

@@ -10,6 +10,9 @@ A front-end (the device plugin in :mod:`vfio_dp.deviceplugin`, the DRA plugin in
   rest is here: :meth:`FrontEnd.request_stop` / :meth:`FrontEnd.wait_stopped`, an idempotent
   :meth:`FrontEnd.stop` (stop scanning, cancel the front-end's loops, withdraw, close the
   core), loops that run a check at an interval and log its failures;
+- ``/healthz`` fails when one of its kubelet-facing sockets (:meth:`FrontEnd.served_sockets`)
+  has not answered for :attr:`FrontEnd.socket_window` seconds
+  (:meth:`vfio_dp.core.sockets.SocketServer.unanswered`);
 - :func:`serve` runs it as the process does: SIGTERM/SIGINT stop it cleanly (exit 0),
   SIGUSR1 rescans.
 """
@@ -19,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from vfio_dp.core.node import NodeCore
+from vfio_dp.core.sockets import SOCKET_WINDOW, SocketServer
 
 
 class FrontEnd:
@@ -36,6 +40,20 @@ class FrontEnd:
         self._stop_requested = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        #: seconds a kubelet-facing socket may stay unanswered before /healthz fails
+        self.socket_window = SOCKET_WINDOW
+        core.health_checks.append(self._sockets_answer)
+
+    def served_sockets(self) -> Sequence[SocketServer]:
+        """The kubelet-facing sockets this front-end serves now (its ``/healthz`` checks)."""
+        return ()
+
+    def _sockets_answer(self) -> str | None:
+        for server in self.served_sockets():
+            why = server.unanswered(self.socket_window)
+            if why is not None:
+                return why
+        return None
 
     async def start(self) -> None:
         raise NotImplementedError

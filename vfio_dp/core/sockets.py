@@ -22,6 +22,9 @@ The rules, written once:
 - :meth:`SocketServer.changed` notices a socket removed or replaced from under us (kubelet
   restart, cleanup); :meth:`SocketServer.restore` serves it again, logging a path it cannot
   use once per distinct problem; :meth:`SocketServer.close` removes only a socket still ours;
+- :meth:`SocketServer.unanswered` is the ``/healthz`` check: a socket that stays gone,
+  replaced or refusing connections for longer than :data:`SOCKET_WINDOW` makes the probe fail
+  (the liveness probe then restarts the pod, which serves the sockets afresh);
 - :class:`DirWatch` lets a watcher that checks many sockets of one directory four times a
   second (64 resources: 260 ``lstat`` a second) skip the checks while the directory itself
   shows no change: one ``stat``.
@@ -36,6 +39,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +59,15 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 _hidden_serial = itertools.count(1)
+
+#: How long a kubelet-facing socket may stay unanswered before ``/healthz`` says so. A kubelet
+#: restart wipes the device-plugin sockets and the plugin watcher's view; we serve them again
+#: within one watch event, but the kubelet's own restart (systemd restart, its start-up, its
+#: plugin manager dialling every socket again) takes 10-30 s on a busy node, and the directory
+#: may be re-made meanwhile (our restore fails until it is back). 60 s is beyond a slow
+#: kubelet restart, so a kubelet restart never restarts our pod; a socket still unanswered
+#: after it is ours to fix, and the liveness probe (3 x 10 s) restarts the pod within 90 s.
+SOCKET_WINDOW = 60.0
 
 
 class Server(Protocol):
@@ -239,6 +252,8 @@ class SocketServer:
         self.server: Server | None = None
         self.file_id: FileId | None = None
         self.problem = ""  # why the last restore failed (logged once per distinct problem)
+        #: since when (monotonic) the socket has not answered; None while it does
+        self.down_since: float | None = None
 
     async def serve(self) -> None:
         """Serve ``path``: bind a hidden name beside it, start, rename it into place.
@@ -282,6 +297,7 @@ class SocketServer:
             ) from e
         self.server = server
         self.file_id = _socket_id(self.path)
+        self.down_since = None
         self.log.info("%s: serving %s", self.label, self.path)
 
     async def close(self, grace: float = 0.5) -> None:
@@ -313,7 +329,48 @@ class SocketServer:
             if str(e) != self.problem:
                 self.log.error("%s: %s: %s", self.label, why, e)
                 self.problem = str(e)
+            if self.down_since is None:
+                self.down_since = time.monotonic()
             return False
         self.problem = ""
         self.log.warning("%s: %s: serving it again", self.label, why)
         return True
+
+    def answers(self) -> str | None:
+        """None when our server serves our socket at ``path`` and a client can connect to
+        it now (a non-blocking ``connect``, closed at once); else why not."""
+        if self.server is None:
+            return "is not served"
+        what = self.changed()
+        if what is not None:
+            return what
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        try:
+            probe.connect(self.path)
+        except BlockingIOError:
+            return None  # the listen backlog is full: it listens, the kubelet will get in
+        except OSError as e:
+            return f"refuses connections ({e.strerror or e})"
+        finally:
+            probe.close()
+        return None
+
+    def unanswered(self, window: float = SOCKET_WINDOW) -> str | None:
+        """The ``/healthz`` check: None unless the socket has not answered (:meth:`answers`)
+        for more than ``window`` seconds (counted from the first check or failed
+        :meth:`restore` that saw it so); then why, with the fix."""
+        why = self.answers()
+        now = time.monotonic()
+        if why is None:
+            self.down_since = None
+            return None
+        if self.down_since is None:
+            self.down_since = now
+        age = now - self.down_since
+        if age <= window:
+            return None
+        return (
+            f"{self.label}: {self.path} {why} for {age:.0f}s (limit {window:g}s): the "
+            "kubelet cannot reach this plugin"
+            + (f"; the last attempt to serve it again: {self.problem}" if self.problem else "")
+        )

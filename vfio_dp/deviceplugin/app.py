@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.metrics import Metrics
 from vfio_dp.core.node import NodeCore, Snapshot
-from vfio_dp.core.sockets import DirWatch, make_socket_dir
+from vfio_dp.core.sockets import DirWatch, SocketServer, make_socket_dir
 from vfio_dp.deviceplugin import podresources, servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
@@ -113,6 +113,9 @@ class Daemon(FrontEnd):
     @property
     def config(self) -> Config:
         return self.core.config
+
+    def served_sockets(self) -> list[SocketServer]:
+        return [ep.socket for ep in self.endpoints.values()]
 
     # -- lifecycle ---------------------------------------------------------------------
     def _pod_holds(self) -> dict[PciAddress | str, list[str]]:
@@ -366,7 +369,9 @@ class Daemon(FrontEnd):
                 await self.core.run(self._ensure_cdi, listing, resource, ids)
         except DevicePluginError as e:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
-            log.warning("Allocate refused: %s", e)
+            log.warning(
+                "Allocate refused: %s", e, extra={"resource": resource, "device": ",".join(ids)}
+            )
             raise
         self.store.add(alloc.grants)
         self._persist.set()
@@ -377,6 +382,7 @@ class Daemon(FrontEnd):
             list(ids),
             alloc.envs.get(naming.kubevirt_env_var(resource)),
             [d.host_path for d in alloc.devices],
+            extra={"resource": resource, "device": ",".join(ids)},
         )
         return alloc
 

@@ -43,6 +43,7 @@ from typing import Any
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HealthModel
 from vfio_dp.core.node import NodeCore, Snapshot
+from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
 from vfio_dp.dra.apiserver.client import Lanes
 from vfio_dp.dra.apiserver.publisher import PublishError, SlicePublisher
@@ -139,6 +140,9 @@ class DraPlugin(FrontEnd):
     def devices(self) -> list[Device]:
         """The pool as the last scan built it."""
         return self.feed.devices
+
+    def served_sockets(self) -> tuple[SocketServer, ...]:
+        return self.kubelet.sockets
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:

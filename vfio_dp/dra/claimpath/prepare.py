@@ -52,6 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from vfio_dp.core.logs import claim_context
 from vfio_dp.dra.claimpath import cdi, extended, resolve
 from vfio_dp.dra.claimpath.checkpoint import (
     PREPARED,
@@ -171,6 +172,7 @@ class ClaimPreparer:
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
     async def _prepare_serialized(self, claim: ClaimRef) -> ClaimResult:
+        claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
         async with self._lock(claim.uid):  # a retry while its Prepare runs reads after it
             try:
                 devices = await self._prepare(claim)
@@ -221,7 +223,8 @@ class ClaimPreparer:
             if previous is None or previous.state != PREPARED:
                 self._discard_files(claim.uid, who)
             raise
-        log.info("prepared claim %s: %s", who, ", ".join(r.device for r in records) or "-")
+        devices = ", ".join(r.device for r in records) or "-"
+        log.info("prepared claim %s: %s", who, devices, extra={"device": devices})
         return files.prepared
 
     async def _read(self, claim: ClaimRef) -> ClaimView:
@@ -363,6 +366,7 @@ class ClaimPreparer:
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
     async def _unprepare_serialized(self, claim: ClaimRef) -> str:
+        claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
         async with self._lock(claim.uid):
             try:
                 held = self.checkpoint.get(claim.uid)

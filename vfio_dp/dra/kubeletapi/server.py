@@ -208,6 +208,11 @@ class KubeletFrontEnd:
         self.registration_error = ""
         self._running: set[asyncio.Task[Any]] = set()
 
+    @property
+    def sockets(self) -> tuple[SocketServer, SocketServer]:
+        """``dra.sock`` and ``<driver>-reg.sock`` (the plugin's ``/healthz`` checks them)."""
+        return (self._service, self._registration)
+
     def _add_dra_services(self, server: Any) -> None:
         v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, v1_pb2, "v1"), server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(
