@@ -10,7 +10,9 @@ changes when the content does; an in-place edit changes ``st_ctime_ns``. :meth:`
 re-reads the file only then. A new config that cannot be read or is invalid is logged with
 every error and the previous one stays in use; a missing file (mid-swap) is retried next time.
 
-The webhook calls :meth:`ConfigWatch.changed` (a stat) on its event loop and
+The webhook calls :meth:`ConfigWatch.changed` (a stat) on its event loop whenever inotify
+reports a change in the file's directories (:func:`vfio_dp.host.inotify.config_dirs`; every
+``--reload-interval`` seconds too, and instead where inotify cannot watch) and
 :meth:`ConfigWatch.check` in a worker thread, so reading a big file never stalls answers.
 Reading and parsing is the injected ``load`` function (default
 :func:`vm_translate.inputs.load_config`), so this module decides WHEN to read, never HOW.
@@ -18,13 +20,16 @@ Reading and parsing is the injected ``load`` function (default
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
 from vfio_dp.errors import ConfigError
 from vfio_dp.host.files import file_id
+from vfio_dp.host.inotify import DirWatcher, config_dirs
 from vfio_dp.model.config import Config
 from vm_translate.errors import TranslateError
+from vm_translate.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +107,27 @@ class ConfigWatch:
         self.reloads += 1
         log.info("configuration reloaded from %s", self.path)
         return True
+
+
+async def follow(tls: ReloadingContext, configs: ConfigWatch, interval: float) -> None:
+    """The webhook's reload loop: re-read the certificate and ``--config`` when their
+    directories change (inotify: at once), else every ``interval`` seconds. Runs until
+    cancelled."""
+    watcher = DirWatcher(
+        lambda: [
+            *config_dirs(configs.path),
+            *config_dirs(tls.cert_file),
+            *config_dirs(tls.key_file),
+        ],
+        poll=interval,
+        safety=interval,
+        label="webhook files",
+    )
+    try:
+        while True:
+            await watcher.changed()
+            tls.reload_if_changed()
+            if configs.changed():  # a stat; reading and parsing happen off the event loop
+                await asyncio.to_thread(configs.check)
+    finally:
+        watcher.close()

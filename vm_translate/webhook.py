@@ -21,8 +21,8 @@ nesting depth (:mod:`vm_translate.review`). :func:`worst_case_rss_bytes` adds th
 Deployment's memory limit is checked against it (``tests/deploy``).
 
 The certificate is re-read when its files change (see :mod:`vm_translate.tls`) and
-``--config`` when its file identity changes (:mod:`vm_translate.config_watch`), both every
-``reload_interval`` seconds. With ``check_nodes``, requested resources are checked against
+``--config`` when its file identity changes (:mod:`vm_translate.config_watch`), both as soon
+as inotify reports a change in their directories and every ``reload_interval`` seconds. With ``check_nodes``, requested resources are checked against
 node allocatable (cached; the Kubernetes client call runs in a thread); if the API server
 cannot be asked, the request is allowed with a warning rather than blocking every VM.
 """
@@ -45,7 +45,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
-from vm_translate.config_watch import ConfigWatch
+from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
 from vm_translate.listener import (
     CONNECTION_RSS,
@@ -398,7 +398,7 @@ class Webhook:
             ) from e
         server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
         sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
-        reloader = asyncio.create_task(_reload_loop(tls, state.configs, settings.reload_interval))
+        reloader = asyncio.create_task(follow(tls, state.configs, settings.reload_interval))
         log.info(
             "webhook serving https://%s:%d/mutate (at most %d connections)",
             settings.host,
@@ -426,14 +426,6 @@ class Webhook:
         await self._runner.cleanup()  # lets requests being answered finish
         self.listener.close_all()  # what is left: handshakes, idle keep-alive
         await self._server.wait_closed()
-
-
-async def _reload_loop(tls: ReloadingContext, configs: ConfigWatch, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        tls.reload_if_changed()
-        if configs.changed():  # a stat; reading and parsing happen off the event loop
-            await asyncio.to_thread(configs.check)
 
 
 async def serve(

@@ -9,7 +9,8 @@ A front-end (the device plugin in :mod:`vfio_dp.deviceplugin`, the DRA plugin in
 - it implements ``start`` and :meth:`FrontEnd.withdraw` (what it takes down at stop); the
   rest is here: :meth:`FrontEnd.request_stop` / :meth:`FrontEnd.wait_stopped`, an idempotent
   :meth:`FrontEnd.stop` (stop scanning, cancel the front-end's loops, withdraw, close the
-  core), loops that run a check at an interval and log its failures;
+  core), loops that run a check at an interval or when a directory changes
+  (:meth:`FrontEnd.watch`: inotify, polling as the fallback) and log its failures;
 - ``/healthz`` fails when one of its kubelet-facing sockets (:meth:`FrontEnd.served_sockets`)
   has not answered for :attr:`FrontEnd.socket_window` seconds
   (:meth:`vfio_dp.core.sockets.SocketServer.unanswered`);
@@ -22,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
-from vfio_dp.core.node import NodeCore
+from vfio_dp.core.node import WATCH_POLL, WATCH_SAFETY, NodeCore
 from vfio_dp.core.sockets import SOCKET_WINDOW, SocketServer
+from vfio_dp.host.inotify import DirWatcher
 
 
 class FrontEnd:
@@ -39,6 +41,7 @@ class FrontEnd:
         self.log = log
         self._stop_requested = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._watchers: list[DirWatcher] = []
         self._stopping = False
         #: seconds a kubelet-facing socket may stay unanswered before /healthz fails
         self.socket_window = SOCKET_WINDOW
@@ -76,6 +79,35 @@ class FrontEnd:
         """Run ``coro`` until :meth:`stop` cancels it."""
         self._tasks.append(asyncio.create_task(coro, name=name))
 
+    def watch(
+        self,
+        directories: Callable[[], Iterable[str]],
+        check: Callable[[], Awaitable[bool]],
+        name: str,
+    ) -> None:
+        """Await ``check()`` whenever an entry of one of ``directories()`` comes, goes or is
+        renamed (inotify: :class:`vfio_dp.host.inotify.DirWatcher`), at least every
+        :data:`WATCH_SAFETY` seconds, and every :data:`WATCH_POLL` seconds while inotify
+        cannot watch them or while ``check()`` returns False (something to retry). A
+        failure is logged (and retried), never fatal."""
+        watcher = DirWatcher(directories, poll=WATCH_POLL, safety=WATCH_SAFETY, label=name)
+        self._watchers.append(watcher)
+
+        async def loop() -> None:
+            settled = True
+            try:
+                while True:
+                    await watcher.changed(soon=not settled)
+                    try:
+                        settled = await check()
+                    except Exception:
+                        self.log.exception("%s", name)
+                        settled = False
+            finally:
+                watcher.close()
+
+        self.spawn(loop(), name)
+
     def repeat(self, interval: float, check: Callable[[], Awaitable[object]], name: str) -> None:
         """Every ``interval`` seconds await ``check()``; a failure is logged, never fatal."""
 
@@ -98,6 +130,8 @@ class FrontEnd:
         self.core.begin_stop()
         for t in self._tasks:
             t.cancel()
+        for w in self._watchers:
+            w.close()
         await self.withdraw()
         await self.core.close()
         self.log.info("stopped")

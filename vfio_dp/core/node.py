@@ -4,8 +4,9 @@ What every kubelet front-end (the device-plugin daemon in :mod:`vfio_dp.devicepl
 plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 
 - the configuration (``--config``; every error listed, the process does not start on a bad
-  one), reloaded when the file behind it changes (a ConfigMap swaps its ``..data`` symlink):
-  a bad new config is logged and ignored;
+  one), reloaded when the file behind it changes (a ConfigMap swaps its ``..data`` symlink;
+  seen by inotify, polled every 0.25 s where inotify cannot watch): a bad new config is
+  logged and ignored;
 - the scan of ``<root>/sys/bus/pci/devices`` and ``<root>/sys/kernel/iommu_groups`` through
   :class:`vfio_dp.host.Host` (never opens ``/dev/vfio/<N>``): in full at start, on config
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
@@ -58,6 +59,7 @@ from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
 from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
 from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
+from vfio_dp.host.inotify import DirWatcher, config_dirs
 from vfio_dp.host.sriov import Sriov
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config, load_config_bytes
@@ -66,7 +68,10 @@ from vfio_dp.model.serving import resource_path_conflicts
 
 log = logging.getLogger("vfio_dp.core")
 
-WATCH_INTERVAL = 0.25
+#: watch loops (config, kubelet sockets: host.inotify.DirWatcher) look on every event, at
+#: least every WATCH_SAFETY s, and every WATCH_POLL s while inotify cannot watch
+WATCH_POLL = 0.25
+WATCH_SAFETY = 5.0
 DEBOUNCE = 0.05
 #: A full scan (every attribute of every device) at most this often; other rescans re-read
 #: only what changes while a device is present (Host.refresh: ~2 syscalls per device), and a
@@ -125,6 +130,7 @@ class NodeCore:
         self._dirty_reason = "resync"
         self._tasks: list[asyncio.Task[None]] = []
         self._http: asyncio.Server | None = None
+        self._watcher: DirWatcher | None = None  # the config's directories
         self._last_scan = 0.0
         self._last_full_scan = 0.0
         #: the cheap look taken just before the scan that made ``inventory`` (None: take
@@ -165,10 +171,9 @@ class NodeCore:
         # undo binds a kill interrupted (ours, and an older version's "daemon" ones)
         await self.run(self.host.recover, runner=self.options.front_end)
         await self.rescan("start", bind_all=True)
-        self._tasks = [
-            asyncio.create_task(self._resync_loop(), name="resync"),
-            asyncio.create_task(self._watch_loop(), name="watch config"),
-        ]
+        self._tasks = [asyncio.create_task(self._resync_loop(), name="resync")]
+        if self.options.config_path is not None:
+            self._tasks.append(asyncio.create_task(self._watch_loop(), name="watch config"))
         self.started = True
 
     def begin_stop(self) -> None:
@@ -180,6 +185,8 @@ class NodeCore:
     async def close(self) -> None:
         self.begin_stop()
         self.uevents.stop(asyncio.get_running_loop())
+        if self._watcher is not None:
+            self._watcher.close()
         if self._http is not None:
             self._http.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -414,12 +421,20 @@ class NodeCore:
                 log.exception("scan after %s failed; keeping the previous device lists", trigger)
 
     async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                await self.check_config()
-            except Exception:
-                log.exception("config watch")
+        """Reload the config when its directories change (:func:`config_dirs`)."""
+        path = self.options.config_path
+        self._watcher = watcher = DirWatcher(
+            lambda: config_dirs(path), poll=WATCH_POLL, safety=WATCH_SAFETY, label="--config"
+        )
+        try:
+            while True:
+                await watcher.changed()
+                try:
+                    await self.check_config()
+                except Exception:
+                    log.exception("config watch")
+        finally:
+            watcher.close()
 
     # -- configuration -----------------------------------------------------------------
     def _remember_config(self) -> None:

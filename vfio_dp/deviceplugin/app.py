@@ -29,8 +29,9 @@ Flow:
    PreStartContainer: publish a resource's list only when what the kubelet sees (ID,
    health, NUMA) changed. A config reload keeps every still-configured resource's server and
    stream, and withdraws dropped resources (empty list, socket removed).
-4. Every 0.25 s: our socket gone or replaced, or ``kubelet.sock`` re-created → the kubelet
-   restarted: serve again and re-register (well within 2 s).
+4. On every change in ``--kubelet-dir`` (inotify; every 0.25 s where it cannot watch): our
+   socket gone or replaced, or ``kubelet.sock`` re-created → the kubelet restarted: serve
+   again and re-register (well within 2 s).
 5. SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`): every stream gets an empty list and
    ends, sockets are removed, exit 0.
 """
@@ -69,7 +70,6 @@ from vfio_dp.model.config import Config
 log = logging.getLogger("vfio_dp.deviceplugin")
 
 KUBELET_SOCKET = "kubelet.sock"
-WATCH_INTERVAL = 0.25
 
 
 def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
@@ -139,7 +139,7 @@ class Daemon(FrontEnd):
         self.store.load()
         log.info("device-plugin front-end: kubelet dir %s", self.options.kubelet_dir)
         await self.core.start()
-        self.repeat(WATCH_INTERVAL, self._check_kubelet, "watch kubelet")
+        self.watch(lambda: [self.options.kubelet_dir], self._check_kubelet, "watch kubelet")
         self.spawn(self._persist_loop(), "persist")
 
     async def withdraw(self) -> None:
@@ -319,13 +319,15 @@ class Daemon(FrontEnd):
                 await asyncio.sleep(1.0)
                 self._persist.set()
 
-    async def _check_kubelet(self) -> None:
-        """Every :data:`WATCH_INTERVAL`: a socket of ours removed or replaced, or a new
-        ``kubelet.sock`` (kubelet restarted) -> serve and register again. While the kubelet
-        dir shows no change since a check that found all in order (:class:`DirWatch`), one
-        ``stat`` of the dir stands for the ``lstat`` of every socket."""
+    async def _check_kubelet(self) -> bool:
+        """On every change in the kubelet dir (:meth:`FrontEnd.watch`): a socket of ours
+        removed or replaced, or a new ``kubelet.sock`` (kubelet restarted) -> serve and
+        register again. While the kubelet dir shows no change since a check that found all
+        in order (:class:`DirWatch`), one ``stat`` of the dir stands for the ``lstat`` of
+        every socket. False while something is left to retry (a registration under way, a
+        socket that could not be served again)."""
         if self._kubelet_dir.unchanged():
-            return
+            return True
         before = self._kubelet_dir.look()
         kid = file_id(self.kubelet_socket)
         steady = True
@@ -348,6 +350,7 @@ class Daemon(FrontEnd):
             self._kubelet_dir.settled(before)
         else:
             self._kubelet_dir.forget()
+        return steady
 
     # -- the Core protocol used by the servicer ------------------------------------------
     def _current(self) -> Listing:

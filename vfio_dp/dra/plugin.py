@@ -13,8 +13,8 @@ What ``vfioctl dra-plugin`` runs, one asyncio process:
    (:class:`vfio_dp.dra.observers.claim_status.StatusFeed`) which prepared claims' devices
    changed health.
 3. The kubelet shell (:class:`vfio_dp.dra.kubeletapi.server.KubeletFrontEnd`) serves
-   ``<plugins>/<driver>/dra.sock``, then ``<registry>/<driver>-reg.sock``; every 0.25 s it
-   re-creates a socket removed from under it.
+   ``<plugins>/<driver>/dra.sock``, then ``<registry>/<driver>-reg.sock``; it re-creates a
+   socket removed from under it as soon as inotify reports it (every 0.25 s without).
 4. NodePrepareResources / NodeUnprepareResources go to the
    :class:`~vfio_dp.dra.claimpath.prepare.ClaimPreparer` (claims read through the publisher's
    :func:`~vfio_dp.dra.apiserver.publisher.claim_reader`): ``bind: onPrepare`` groups are bound when a
@@ -63,7 +63,6 @@ from vfio_dp.host import Host
 
 log = logging.getLogger("vfio_dp.dra")
 
-WATCH_INTERVAL = 0.25
 #: a held group's new health is confirmed by a second scan this soon (debounce, < 1 s)
 CONFIRM_DELAY = 0.2
 
@@ -162,7 +161,7 @@ class DraPlugin(FrontEnd):
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
         await self.kubelet.start()
-        self.repeat(WATCH_INTERVAL, self.kubelet.check, "kubelet socket watch")
+        self.watch(self.kubelet.directories, self.kubelet.check, "kubelet socket watch")
         self.repeat(self.options.resync, self._reconcile_once, "reconcile claims")
 
     async def withdraw(self) -> None:

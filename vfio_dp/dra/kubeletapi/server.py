@@ -231,19 +231,25 @@ class KubeletFrontEnd:
             await self._service.close()
             raise
 
-    async def check(self) -> None:
+    def directories(self) -> list[str]:
+        """Where the two sockets are (watched for changes: :meth:`check`)."""
+        return [os.path.dirname(self.service_socket), os.path.dirname(self.registration_socket)]
+
+    async def check(self) -> bool:
         """Re-create a socket removed or replaced from under us (kubelet restart, cleanup).
 
         A socket that cannot be re-created is logged (once per distinct problem) and tried
-        again at the next check; it never raises.
+        again at the next check (False: one is not served); it never raises.
         """
+        served_all = True
         for served in (self._service, self._registration):
             what = served.changed()
             if what is None:
                 continue
             if served is self._registration:
                 self.registered = False  # kubelet will dial the new socket and register again
-            await served.restore(f"{served.path} {what}")
+            served_all = await served.restore(f"{served.path} {what}") and served_all
+        return served_all
 
     async def stop(self, *, drain: float = 60.0) -> None:
         """Stop both servers and remove both sockets (only if they are still ours); then wait
