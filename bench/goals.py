@@ -42,7 +42,7 @@ WHERE = {
     "~0.2 s here) and its /dev/vfio node probed",
     "dp_idle": "per resync: four directory listings of ~4,096 entries (bus/pci/devices, "
     "drivers/vfio-pci, iommu_groups, /dev/vfio: ~8 ms, half of it); gRPC's own threads; "
-    "the kubelet dir is one stat per 0.25 s while unchanged (DirWatch); a full scan every "
+    "the kubelet dir and --config are watched by inotify (a look every 5 s besides); a full scan every "
     "10 min",
     "dra_idle": "the same listings, the host's use of devices (~1 ms), the /proc holder "
     "scan (no request: a watch keeps the pool's versions); the event loop reuses every list it built. "

@@ -113,7 +113,13 @@ async def follow(tls: ReloadingContext, configs: ConfigWatch, interval: float) -
     """The webhook's reload loop: re-read the certificate and ``--config`` when their
     directories change (inotify: at once), else every ``interval`` seconds. Runs until
     cancelled."""
-    watcher = DirWatcher(
+
+    async def look() -> None:
+        tls.reload_if_changed()
+        if configs.changed():  # a stat; reading and parsing happen off the event loop
+            await asyncio.to_thread(configs.check)
+
+    files = DirWatcher(
         lambda: [
             *config_dirs(configs.path),
             *config_dirs(tls.cert_file),
@@ -123,11 +129,4 @@ async def follow(tls: ReloadingContext, configs: ConfigWatch, interval: float) -
         safety=interval,
         label="webhook files",
     )
-    try:
-        while True:
-            await watcher.changed()
-            tls.reload_if_changed()
-            if configs.changed():  # a stat; reading and parsing happen off the event loop
-                await asyncio.to_thread(configs.check)
-    finally:
-        watcher.close()
+    await files.run(look, log)

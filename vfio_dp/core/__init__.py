@@ -6,7 +6,7 @@ Modules: ``options`` (the core's options and a front-end's share of them, import
 /healthz, the observer interface), ``health`` (pure: the health model of the IOMMU groups a
 front-end serves — HEALTHY/UNHEALTHY/UNKNOWN, faults that say the fix, debounce),
 ``policy`` (the bind policy, pure), ``uevents`` (kernel netlink), ``metrics`` (/metrics,
-/healthz), ``sockets`` (serving gRPC on a unix socket: what may stand at the path, the
+/healthz: prometheus_client), ``logs`` (text or JSON log lines, bounded), ``sockets`` (serving gRPC on a unix socket: what may stand at the path, the
 hidden-name rename, the message limits; gRPC itself is handed in).
 Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter contracts).
 """
@@ -16,6 +16,7 @@ Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter
 __all__ = [
     "frontend",
     "health",
+    "logs",
     "metrics",
     "node",
     "options",

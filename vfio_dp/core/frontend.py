@@ -92,21 +92,7 @@ class FrontEnd:
         failure is logged (and retried), never fatal."""
         watcher = DirWatcher(directories, poll=WATCH_POLL, safety=WATCH_SAFETY, label=name)
         self._watchers.append(watcher)
-
-        async def loop() -> None:
-            settled = True
-            try:
-                while True:
-                    await watcher.changed(soon=not settled)
-                    try:
-                        settled = await check()
-                    except Exception:
-                        self.log.exception("%s", name)
-                        settled = False
-            finally:
-                watcher.close()
-
-        self.spawn(loop(), name)
+        self.spawn(watcher.run(check, self.log), name)
 
     def repeat(self, interval: float, check: Callable[[], Awaitable[object]], name: str) -> None:
         """Every ``interval`` seconds await ``check()``; a failure is logged, never fatal."""

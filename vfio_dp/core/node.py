@@ -172,8 +172,11 @@ class NodeCore:
         await self.run(self.host.recover, runner=self.options.front_end)
         await self.rescan("start", bind_all=True)
         self._tasks = [asyncio.create_task(self._resync_loop(), name="resync")]
-        if self.options.config_path is not None:
-            self._tasks.append(asyncio.create_task(self._watch_loop(), name="watch config"))
+        if (path := self.options.config_path) is not None:  # reloaded when its dirs change
+            self._watcher = DirWatcher(
+                lambda: config_dirs(path), poll=WATCH_POLL, safety=WATCH_SAFETY, label="--config"
+            )
+            self._tasks.append(asyncio.create_task(self._watcher.run(self.check_config, log)))
         self.started = True
 
     def begin_stop(self) -> None:
@@ -419,22 +422,6 @@ class NodeCore:
                     await self.rescan(trigger)
             except Exception:  # keep serving the last good view
                 log.exception("scan after %s failed; keeping the previous device lists", trigger)
-
-    async def _watch_loop(self) -> None:
-        """Reload the config when its directories change (:func:`config_dirs`)."""
-        path = self.options.config_path
-        self._watcher = watcher = DirWatcher(
-            lambda: config_dirs(path), poll=WATCH_POLL, safety=WATCH_SAFETY, label="--config"
-        )
-        try:
-            while True:
-                await watcher.changed()
-                try:
-                    await self.check_config()
-                except Exception:
-                    log.exception("config watch")
-        finally:
-            watcher.close()
 
     # -- configuration -----------------------------------------------------------------
     def _remember_config(self) -> None:

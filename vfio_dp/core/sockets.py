@@ -25,9 +25,10 @@ The rules, written once:
 - :meth:`SocketServer.unanswered` is the ``/healthz`` check: a socket that stays gone,
   replaced or refusing connections for longer than :data:`SOCKET_WINDOW` makes the probe fail
   (the liveness probe then restarts the pod, which serves the sockets afresh);
-- :class:`DirWatch` lets a watcher that checks many sockets of one directory four times a
-  second (64 resources: 260 ``lstat`` a second) skip the checks while the directory itself
-  shows no change: one ``stat``.
+- :class:`DirWatch` lets a watcher that checks many sockets of one directory (64 resources:
+  65 ``lstat``) skip the checks while the directory itself shows no change: one ``stat``.
+  The watch wakes on inotify events (:class:`vfio_dp.host.inotify.DirWatcher`); this matters
+  where it falls back to looking four times a second, and at its look every 5 s.
 
 No gRPC import here (the core stays free of it, see the import contracts): a front-end hands
 in ``grpc.aio.server`` as the factory and a function that adds its servicers.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
@@ -146,6 +146,22 @@ class DirWatcher:
         if self._rearm or self._missing is not None:
             self._rearm = False
             self._arm()
+
+    async def run(self, check: Callable[[], Awaitable[bool | None]], log: logging.Logger) -> None:
+        """Await ``check()`` now and whenever :meth:`changed` says, until cancelled; a
+        ``check()`` returning False (something to retry) or raising (logged to ``log``) is
+        looked at again ``poll`` seconds later. Closes the watcher at the end."""
+        settled = True
+        try:
+            while True:
+                await self.changed(soon=not settled)
+                try:
+                    settled = await check() is not False
+                except Exception:
+                    log.exception("%s", self.label)
+                    settled = False
+        finally:
+            self.close()
 
     def close(self) -> None:
         if self._inotify is not None:
