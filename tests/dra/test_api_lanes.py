@@ -13,12 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.dra.test_client_config import spawn_plugin
 from tests.dra.topologies import dra_host
 from vfio_dp.host import Host
 
@@ -303,26 +300,7 @@ def test_sigterm_ends_the_plugin_while_the_api_server_trickles(
     for, without ``os._exit``."""
     srv = PeerServer(lambda m, p: ("trickle", 200, b""))
     servers.append(srv)
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: '{srv.url}'}}}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
-    tree = dra_host(tmp_path / "root")
-    kdir = Path(tempfile.mkdtemp(prefix="kdra", dir="/tmp"))  # short: unix socket paths
-    for d in ("plugins_registry", "plugins"):
-        (kdir / d).mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
-         "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
-         "--kubelet-registry-dir", str(kdir / "plugins_registry"),
-         "--kubelet-plugins-dir", str(kdir / "plugins"), "--metrics-port", "0",
-         "--cdi-dir", str(tmp_path / "cdi")],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    proc, kdir = spawn_plugin(tmp_path, srv.url)
     try:
         # serving (its start's own list of the slices ended at its deadline), with the
         # watch's list and the publisher's calls trickling

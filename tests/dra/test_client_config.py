@@ -28,12 +28,13 @@ def _serving(proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
-    """`vfioctl dra-plugin` as a process, its client pointed at 127.0.0.1:<port> (plain HTTP)."""
+def spawn_plugin(tmp_path: Path, server: str) -> tuple[subprocess.Popen[str], Path]:
+    """`vfioctl dra-plugin` as a process, its client pointed at ``server`` (a URL), and the
+    kubelet dir it serves in (short: unix socket paths)."""
     kc = tmp_path / "kubeconfig"
     kc.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
     )
@@ -42,7 +43,7 @@ def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
     for d in ("plugins_registry", "plugins"):
         (kdir / d).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VFIOCTL_")}
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
          "--node-name", "n1", "--kubeconfig", str(kc), "--root", str(tree.root),
          "--kubelet-registry-dir", str(kdir / "plugins_registry"),
@@ -50,6 +51,12 @@ def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
          "--cdi-dir", str(tmp_path / "cdi")],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
+    return proc, kdir
+
+
+def _spawn_plugin(tmp_path: Path, port: int) -> subprocess.Popen[str]:
+    """`vfioctl dra-plugin` as a process, its client pointed at 127.0.0.1:<port> (plain HTTP)."""
+    return spawn_plugin(tmp_path, f"http://127.0.0.1:{port}")[0]
 
 
 def test_kubectls_order(tmp_path: Path) -> None:
