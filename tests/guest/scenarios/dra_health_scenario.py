@@ -147,6 +147,8 @@ async def main() -> None:
             refs[name] = (m["namespace"], m["uid"], m["name"])
             await kubelet.run_pod(DRIVER, f"pod-{name}", "vms", [(m["uid"], name)])
         results["drivers_prepared"] = {a: driver(a) for a in (LONE, SHARED_A, SHARED_B)}
+        # the claim's status is written after Prepare answers (never on its path): wait for it
+        await until("ready", lambda: all(ready(n) == "True" for n in refs), time.monotonic())
         results["ready_prepared"] = {n: ready(n) for n in refs}
 
         # 1. the lone e1000e unbound underneath the plugin
@@ -206,6 +208,8 @@ async def main() -> None:
         out = await kubelet.unprepare(DRIVER, list(refs.values()))
         results["unprepare"] = out
         results["drivers_after"] = {a: driver(a) for a in (LONE, SHARED_A, SHARED_B)}
+        # our status entries are removed after Unprepare answers, likewise
+        await until("status gone", lambda: all(ready(n) is None for n in refs), time.monotonic())
         results["status_after"] = {n: ready(n) for n in refs}
 
 
