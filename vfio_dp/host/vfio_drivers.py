@@ -144,14 +144,25 @@ def read_modalias(root: Root, dev: PciDevice) -> str:
     return text if text and text.startswith("pci:") and text.isascii() else modalias_of(dev)
 
 
-def choose_for(root: Root, dev: PciDevice, wanted: str = AUTO) -> VfioChoice:
+def choose_for(
+    root: Root,
+    dev: PciDevice,
+    wanted: str = AUTO,
+    registered: dict[str, str | None] | None = None,
+) -> VfioChoice:
     """The VFIO driver a bind of ``dev`` writes (see :func:`vfio_dp.model.vfio_driver.choose`),
-    its driver name read from the module once loaded."""
+    its driver name read from the module once loaded (``registered``: those names already
+    read, by module, filled in as read: one listing per module, not per device)."""
     aliases, unread = vfio_aliases(root)
     loaded = frozenset({wanted}) if wanted != AUTO and driver_loaded(root, wanted) else frozenset()
     choice = choose(dev, read_modalias(root, dev), aliases, wanted, unread=unread, loaded=loaded)
     if choice.problem is None and wanted == AUTO:
-        driver = registered_driver(root, choice.module)
+        if registered is None:
+            driver = registered_driver(root, choice.module)
+        else:
+            if choice.module not in registered:
+                registered[choice.module] = registered_driver(root, choice.module)
+            driver = registered[choice.module]
         if driver is not None and driver != choice.driver:
             return VfioChoice(driver, choice.module, choice.why)
     return choice
@@ -166,11 +177,13 @@ def choices_for(
     """:func:`choose_for` each of ``addresses`` that could be bound (bridges and mdev parents
     left out); ``wanted`` for all, or per address (left out: ``auto``)."""
     out = {}
+    registered: dict[str, str | None] = {}
     for a in addresses:
         dev = inv.devices.get(a)
         if dev is None or dev.is_bridge or dev.is_host_bridge or dev.mdev_parent:
             continue
-        out[a] = choose_for(root, dev, wanted if isinstance(wanted, str) else wanted.get(a, AUTO))
+        want = wanted if isinstance(wanted, str) else wanted.get(a, AUTO)
+        out[a] = choose_for(root, dev, want, registered)
     return out
 
 
