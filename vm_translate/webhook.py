@@ -411,6 +411,11 @@ class Webhook:
         """Fail /healthz from now on; keep answering reviews until :meth:`stop`."""
         self._runner.app[_STATE].draining = True
 
+    @property
+    def draining(self) -> bool:
+        """:meth:`drain` was called."""
+        return self._runner.app[_STATE].draining
+
     async def stop(self) -> None:
         self._reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -463,7 +468,7 @@ def run(
         def terminate() -> None:
             if settings.shutdown_delay <= 0 or not hooks or loop.is_closed():
                 task.cancel()
-            elif not hooks[0]._runner.app[_STATE].draining:  # a second SIGTERM changes nothing
+            elif not hooks[0].draining:  # a second SIGTERM changes nothing
                 hooks[0].drain()
                 log.info("SIGTERM: draining for %g s, then stopping", settings.shutdown_delay)
                 loop.call_later(settings.shutdown_delay, task.cancel)
