@@ -355,9 +355,21 @@ async def test_a_removed_service_socket_is_recreated_and_serves(
     os.unlink(front.service_socket)
     await front.check()
     assert os.path.exists(front.service_socket)
-    # the kubelet's channel redials the new socket (after its reconnect backoff)
-    await kubelet.wait_for("reconnected", lambda k: k.usable(DRIVER), timeout=15)
-    answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])
+    # The kubelet's channel redials the new socket (after its reconnect backoff). Its
+    # connection to the old server may still read READY for a moment after that server
+    # stopped, so a call can meet the closing stream: the kubelet fails that pod sync with
+    # UNAVAILABLE and calls again at the next one, as this does.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:
+        await kubelet.wait_for("reconnected", lambda k: k.usable(DRIVER), timeout=15)
+        try:
+            answer = await kubelet.prepare(DRIVER, [("d", UID_A, "a")])
+            break
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
     assert answer[UID_A].error == ""
 
 
