@@ -42,6 +42,11 @@ def test_list_on_real_sysfs(run: dict[str, Any]) -> None:
     assert rows[SHARED_A]["iommu_group"] == rows[SHARED_B]["iommu_group"]
 
 
+def test_the_modalias_built_from_the_scan_is_the_kernels(run: dict[str, Any]) -> None:
+    # the VFIO driver choice matches modules.alias against it instead of reading the file
+    assert run["modalias_disagreements"] == {}
+
+
 def test_initial_groups(run: dict[str, Any]) -> None:
     g = groups(run["s0_initial"])
     lone = g[int(run["groups_of"][LONE])]

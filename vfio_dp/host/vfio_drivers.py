@@ -16,8 +16,11 @@ Two questions, each answered here once:
    vfio-pci does not explain.
 2. **Which driver should a bind write?** (:func:`choose_for`): the rule of
    :mod:`vfio_dp.model.vfio_driver` over ``/lib/modules/<release>/modules.alias`` (release
-   from ``/proc/sys/kernel/osrelease``) and the device's ``<bdf>/modalias``; the module's
-   driver name from ``/sys/module/<module>/drivers/pci:<driver>`` once loaded.
+   from ``/proc/sys/kernel/osrelease``) and the device's modalias, built from the IDs the
+   scan read (:func:`vfio_dp.model.vfio_driver.modalias_of`: the kernel's ``modalias_show``
+   and the ``uevent`` the scan reads print the same cached ``pci_dev`` fields, so
+   ``<bdf>/modalias`` is not read again per device); the module's driver name from
+   ``/sys/module/<module>/drivers/pci:<driver>`` once loaded.
 
 ``modules.alias`` is read once per process and root and kept (:func:`vfio_aliases`); when it
 is missing or unreadable every choice falls back to vfio-pci, and that is said once.
@@ -138,25 +141,20 @@ def driver_loaded(root: Root, driver: str) -> bool:
     return os.path.isdir(root.path("sys", "bus", "pci", "drivers", safe_component(driver)))
 
 
-def read_modalias(root: Root, dev: PciDevice) -> str:
-    """``<bdf>/modalias`` (``pci:v00008086d000010D3sv...``), or the same built from the
-    device's IDs when the file cannot be read."""
-    text = read_text(root.path("sys", "bus", "pci", "devices", str(dev.address), "modalias"))
-    return text if text and text.startswith("pci:") and text.isascii() else modalias_of(dev)
-
-
 def choose_for(
     root: Root,
     dev: PciDevice,
     wanted: str = AUTO,
     registered: dict[str, str | None] | None = None,
+    known: tuple[tuple[VfioAlias, ...] | None, str] | None = None,
 ) -> VfioChoice:
     """The VFIO driver a bind of ``dev`` writes (see :func:`vfio_dp.model.vfio_driver.choose`),
     its driver name read from the module once loaded (``registered``: those names already
-    read, by module, filled in as read: one listing per module, not per device)."""
-    aliases, unread = vfio_aliases(root)
+    read, by module, filled in as read: one listing per module, not per device; ``known``:
+    :func:`vfio_aliases` already looked up, for a batch)."""
+    aliases, unread = known if known is not None else vfio_aliases(root)
     loaded = frozenset({wanted}) if wanted != AUTO and driver_loaded(root, wanted) else frozenset()
-    choice = choose(dev, read_modalias(root, dev), aliases, wanted, unread=unread, loaded=loaded)
+    choice = choose(dev, modalias_of(dev), aliases, wanted, unread=unread, loaded=loaded)
     if choice.problem is None and wanted == AUTO:
         if registered is None:
             driver = registered_driver(root, choice.module)
@@ -179,12 +177,23 @@ def choices_for(
     left out); ``wanted`` for all, or per address (left out: ``auto``)."""
     out = {}
     registered: dict[str, str | None] = {}
+    known = vfio_aliases(root)  # one osrelease read per batch, not per device
+    # devices alike in everything the rule reads (the IDs of their modalias and what is
+    # wanted) get the same choice: 1,024 VFs of one PF are one choice, not 1,024
+    alike: dict[tuple[str, ...], VfioChoice] = {}
     for a in addresses:
         dev = inv.devices.get(a)
         if dev is None or dev.is_bridge or dev.is_host_bridge or dev.mdev_parent:
             continue
         want = wanted if isinstance(wanted, str) else wanted.get(a, AUTO)
-        out[a] = choose_for(root, dev, want, registered)
+        key = (dev.vendor, dev.device, dev.subsystem_vendor, dev.subsystem_device,
+               dev.class_code, want)  # fmt: skip
+        choice = alike.get(key)
+        if choice is None:
+            choice = choose_for(root, dev, want, registered, known)
+            if choice.problem is None:  # a problem names its device: never shared
+                alike[key] = choice
+        out[a] = choice
     return out
 
 

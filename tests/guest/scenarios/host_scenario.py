@@ -58,6 +58,25 @@ def step(name: str, *args: str) -> None:
 
 results["groups_of"] = {a: group_of(a) for a in (LONE, LONE2, SHARED_A, SHARED_B)}
 results["list"] = vfioctl("list", "-o", "json")
+
+
+def modalias_disagreements() -> dict[str, list[str]]:
+    """Each device whose modalias built from the scanned IDs (what the VFIO driver choice
+    matches modules.alias against) differs from the kernel's ``<bdf>/modalias``."""
+    sys.path.insert(0, os.getcwd())  # the project (the rig runs us from its top)
+    from vfio_dp.host.host import Host
+    from vfio_dp.model.vfio_driver import modalias_of
+
+    out = {}
+    for addr, dev in Host("/").scan(usage=False).devices.items():
+        with open(f"/sys/bus/pci/devices/{addr}/modalias") as f:
+            kernel = f.read().strip()
+        if modalias_of(dev) != kernel:
+            out[str(addr)] = [modalias_of(dev), kernel]
+    return out
+
+
+results["modalias_disagreements"] = modalias_disagreements()
 snapshot("s0_initial")
 step("dry_run", "bind", "--dry-run", LONE)
 step("bind_lone", "bind", "-o", "json", LONE)
