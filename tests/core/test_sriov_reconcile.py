@@ -104,7 +104,7 @@ def test_start_recovers_a_change_the_daemon_was_killed_in(tmp_path: Path) -> Non
     assert numvfs == ["0", "2"]  # put back first, then made again by the config
     assert list(ops.glob("*.json")) == []
     assert tree.driver_of(VF1) == tree.driver_of(VF2) == "vfio-pci"
-    assert any("undid the interrupted" in m for m in core._sriov_said)
+    assert any("undid the interrupted" in m for m in core.sriov_pass.said)
 
 
 def test_each_path_reconciles_only_its_own_selectors(tmp_path: Path) -> None:

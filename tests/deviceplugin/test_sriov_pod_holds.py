@@ -60,9 +60,9 @@ async def test_pod_allocation_blocks_count_change(
         cfg.write_text(CONFIG.format(pf=PF, n=1))
         # the new config is read (a reload: up to a watch interval) and the change refused;
         # counting PodResources calls alone raced the reload on a loaded machine
-        await until(lambda: "is held" in " ".join(d.core._sriov_said) and pr.calls > calls)
+        await until(lambda: "is held" in " ".join(d.core.sriov_pass.said) and pr.calls > calls)
         assert VF2 in tree.devs and tree.driver_of(VF2) == "vfio-pci"  # refused: held
-        said = " ".join(d.core._sriov_said)
+        said = " ".join(d.core.sriov_pass.said)
         assert "pod default/vm-a container compute" in said and "is held" in said
         pr.pods = []  # the pod ended
         await until(lambda: VF2 not in tree.devs)

@@ -2,8 +2,9 @@
 
 Modules: ``options`` (the core's options and a front-end's share of them, import-light),
 ``frontend`` (what every front-end shares: start/stop, signals, checks at an interval),
-``node`` (config and reload, scan/refresh loop, uevents, resync, ``bind: true``,
-/healthz, the observer interface), ``health`` (pure: the health model of the IOMMU groups a
+``node`` (scan/refresh loop, uevents, resync, ``bind: true``, /healthz, the observer
+interface), ``config_file`` (``--config``: changed? what it says now), ``sriov_pass`` (the
+VF counts of ``numVfs`` selectors, made before every scan), ``health`` (pure: the health model of the IOMMU groups a
 front-end serves — HEALTHY/UNHEALTHY/UNKNOWN, faults that say the fix, debounce),
 ``policy`` (the bind policy, pure), ``uevents`` (kernel netlink), ``metrics`` (/metrics,
 /healthz: prometheus_client), ``logs`` (text or JSON log lines, bounded), ``sockets`` (serving gRPC on a unix socket: what may stand at the path, the
@@ -14,6 +15,7 @@ Imports neither gRPC nor the Kubernetes client, nor any front-end (import-linter
 # The public modules, imported on use (this __init__ stays import-light); a new module is
 # listed here or named with a leading underscore (tests/test_public_names.py).
 __all__ = [
+    "config_file",
     "frontend",
     "health",
     "logs",
@@ -22,5 +24,6 @@ __all__ = [
     "options",
     "policy",
     "sockets",
+    "sriov_pass",
     "uevents",
 ]

@@ -5,8 +5,8 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
 
 - the configuration (``--config``; every error listed, the process does not start on a bad
   one), reloaded when the file behind it changes (a ConfigMap swaps its ``..data`` symlink;
-  seen by inotify, polled every 0.25 s where inotify cannot watch): a bad new config is
-  logged and ignored;
+  seen by inotify, polled every 0.25 s where inotify cannot watch;
+  :mod:`vfio_dp.core.config_file`): a bad new config is logged and ignored;
 - the scan of ``<root>/sys/bus/pci/devices`` and ``<root>/sys/kernel/iommu_groups`` through
   :class:`vfio_dp.host.Host` (never opens ``/dev/vfio/<N>``): in full at start, on config
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
@@ -26,12 +26,9 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   process's path: bound at start, on hotplug and when a reload makes them ``bind: true``,
   recorded as this front-end's (``CoreOptions.front_end``: ``device-plugin``, ``dra-plugin``).
   Never unbinds anything;
-- SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made by
-  :meth:`vfio_dp.host.sriov.Sriov.reconcile` before every scan -- at start before any
-  front-end answers the kubelet (so the kubelet's replayed allocations find their VFs), on
-  config reloads, hotplug and resyncs (a refused change, a VF held, is retried); the made
-  VFs are new devices to the ``bind: true`` pass. Front-ends add who holds a VF
-  (:attr:`NodeCore.vf_holds`);
+- SR-IOV: the VF count each ``numVfs`` selector asks of the PFs it names, made before every
+  scan (:mod:`vfio_dp.core.sriov_pass`); the made VFs are new devices to the ``bind: true``
+  pass. Front-ends add who holds a VF (:attr:`NodeCore.vf_holds`);
 - health (``/healthz``: the last successful scan is recent) and metrics (``/metrics``);
 - host I/O on a 2-thread executor, so threads stay bounded.
 
@@ -46,23 +43,23 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from vfio_dp.core.config_file import ConfigFile
 from vfio_dp.core.metrics import Metrics, serve_http
 from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound, vfio_drivers_wanted
+from vfio_dp.core.sriov_pass import SriovPass
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
 from vfio_dp.host import Host
 from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
-from vfio_dp.host.files import FileId, file_id, load_config, read_config_bytes
 from vfio_dp.host.inotify import DirWatcher, config_dirs
-from vfio_dp.host.sriov import Sriov
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config, load_config_bytes
+from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.serving import resource_path_conflicts
 
@@ -107,8 +104,7 @@ class NodeCore:
         self.options = options
         self.host = host or Host(options.root, runner=options.front_end)
         self.config: Config = DEFAULT_CONFIG
-        self.config_id: FileId | None = None
-        self.config_text: bytes | None = None
+        self.config_file = ConfigFile(options.config_path, options.node_name)
         self.inventory: Inventory | None = None
         #: :attr:`Snapshot.generation` of the last snapshot, and the config it carried
         self.generation = 0
@@ -119,12 +115,9 @@ class NodeCore:
         self.observers: list[Observer] = []
         #: extra health checks of the front-ends: each returns None or why it is unhealthy
         self.health_checks: list[Callable[[], str | None]] = []
+        self.sriov_pass = SriovPass(self.host, by=options.front_end, path=options.path)
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
-        self.vf_holds: list[Callable[[], Mapping[PciAddress | str, Sequence[str]]]] = []
-        #: SR-IOV count records name the front-end (``device-plugin``, ``dra-plugin``): each
-        #: node process gives back only the PFs it changed (its own path's numVfs selectors)
-        self.sriov = Sriov(self.host, by=options.front_end)
-        self._sriov_said: set[str] = set()
+        self.vf_holds = self.sriov_pass.vf_holds
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._dirty_reason = "resync"
@@ -146,8 +139,7 @@ class NodeCore:
     async def start(self) -> None:
         """Load the config (raises :class:`ConfigError`), scan (binding ``bind: true``
         devices), tell the observers, and start the resync and watch loops."""
-        self.config = load_config(self.options.config_path).for_node(self.options.node_name)
-        self._remember_config()
+        self.config = self.config_file.load()
         if self.config.node_limited and self.options.node_name is None:
             log.warning(
                 "the config limits selectors to nodes (nodes:) but this process does not know "
@@ -238,8 +230,8 @@ class NodeCore:
         ``bind: true`` devices, tell the observers."""
         async with self._scan_lock:
             made: list[PciAddress] = []
-            if self.config.wanted_vfs() or self.sriov.store.recorded():
-                made = await self._reconcile_sriov()
+            if self.sriov_pass.needed(self.config):
+                made = await self.sriov_pass.reconcile(self.config, self.run)
             inv = await self._scan(trigger, full)
             self.metrics.inc("vfio_dp_scans_total", trigger=trigger.split()[0])
             if trigger == "start":  # before binding anything
@@ -278,8 +270,7 @@ class NodeCore:
             self.inventory is None
             or self._fingerprint is None
             or time.monotonic() - self._last_full_scan >= FULL_SCAN_INTERVAL
-            or self.config.wanted_vfs()  # SR-IOV: VF counts are reconciled at every resync
-            or self.sriov.store.recorded()
+            or self.sriov_pass.needed(self.config)  # SR-IOV: reconciled at every resync
         ):
             await self.rescan("resync")
             return
@@ -307,40 +298,6 @@ class NodeCore:
         if conflicts:
             process = "the DRA plugin" if self.options.path == DRA else "the device-plugin daemon"
             raise PathConflictError(process, self.options.node_name, conflicts)
-
-    async def _reconcile_sriov(self) -> list[PciAddress]:
-        """Make each named PF's VF count what the config asks (see the module docstring);
-        a message repeated pass after pass (a held VF) is logged once."""
-        wanted = {  # only the numVfs selectors of this process's path
-            pf: n
-            for pf, (n, sel) in self.config.wanted_vfs().items()
-            if self.config.selector_serves(sel, self.options.path)
-        }
-        made: list[PciAddress] = []
-        try:
-            said, made = await self.run(self._reconcile_sriov_sync, wanted)
-        except HostError as e:
-            said = [f"SR-IOV: {e}"]
-        for msg in said:
-            if msg not in self._sriov_said:
-                (log.warning if "not set" in msg else log.info)("%s", msg)
-        self._sriov_said = set(said)
-        return made
-
-    def _reconcile_sriov_sync(
-        self, wanted: dict[PciAddress, int]
-    ) -> tuple[list[str], list[PciAddress]]:
-        """On the host-I/O executor: ask the front-ends who holds which VF (a gRPC call to
-        the kubelet, a checkpoint read), then :meth:`Sriov.reconcile`."""
-        holds: dict[PciAddress | str, list[str]] = {}
-        for hold in self.vf_holds:
-            try:
-                for a, who in hold().items():
-                    holds.setdefault(a, []).extend(who)
-            except Exception as e:  # unknown holds: hold everything (refuse, retry later)
-                log.exception("a front-end could not say which VFs it holds")
-                holds.setdefault("*", []).append(f"a front-end could not say ({e})")
-        return self.sriov.reconcile(wanted, holds)
 
     async def _rescan_after_bind(self, inv: Inventory) -> Inventory:
         if self.options.usage:
@@ -424,36 +381,12 @@ class NodeCore:
                 log.exception("scan after %s failed; keeping the previous device lists", trigger)
 
     # -- configuration -----------------------------------------------------------------
-    def _remember_config(self) -> None:
-        path = self.options.config_path
-        if path is None:
-            return
-        self.config_id = file_id(path)
-        try:
-            self.config_text = read_config_bytes(path)
-        except ConfigError:
-            self.config_text = None
-
     async def check_config(self) -> None:
         """Reload ``--config`` when the file behind it changed (a ConfigMap swaps ``..data``)."""
-        path = self.options.config_path
-        if path is None:
-            return
-        now = file_id(path)
-        if now is None or now == self.config_id:
-            return
-        self.config_id = now
         try:
-            text: bytes = await self.run(read_config_bytes, path)
-        except ConfigError as e:
-            log.warning("%s\nkeeping the current configuration", e)
-            return
-        if text == self.config_text:
-            return
-        self.config_text = text
-        try:  # in a worker thread: /healthz and the kubelet's calls keep being answered
-            new: Config = await self.run(load_config_bytes, text, path)
-            new = new.for_node(self.options.node_name)
+            new = await self.config_file.changed(self.run)
+            if new is None:
+                return
             if self.inventory is not None:
                 self._refuse_path_conflicts(self.inventory, new)
         except (ConfigError, PathConflictError) as e:
