@@ -1,7 +1,7 @@
 """vm_translate — the cluster and pod side of the VFIO passthrough toolkit.
 
-- :mod:`vm_translate.spec` / :mod:`vm_translate.entries` / :mod:`vm_translate.translate`
-  (pure): VM specs and annotated Pods → typed entries and resource names, JSONPatch and the
+- :mod:`vm_translate.spec` / :mod:`vm_translate.annotation` / :mod:`vm_translate.entries` /
+  :mod:`vm_translate.translate` (pure): VM specs and annotated Pods → typed entries and resource names, JSONPatch and the
   mutated object.
 - :mod:`vm_translate.review` (pure): AdmissionReview ``admission.k8s.io/v1`` in and out.
 - :mod:`vm_translate.webhook`: the aiohttp HTTPS shell around it (:mod:`vm_translate.tls` for
@@ -20,6 +20,7 @@ import-light on purpose: nothing heavy loads until a command needs it.
 __all__ = [
     "alias",
     "allocation",
+    "annotation",
     "cluster",
     "config_watch",
     "dra",

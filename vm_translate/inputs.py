@@ -16,6 +16,7 @@ from typing import Any
 from vfio_dp.host import files
 from vfio_dp.model.config import MAX_CONFIG_BYTES, Config, load_config_bytes
 from vm_translate.allocation import Source
+from vm_translate.annotation import parse_passthrough
 from vm_translate.entries import ClaimEntry, DeviceEntry, Entry
 from vm_translate.errors import HostdevError, InputError, SpecError
 from vm_translate.spec import (
@@ -24,7 +25,6 @@ from vm_translate.spec import (
     devices_path,
     dig,
     entries_of,
-    parse_passthrough,
     vm_claims,
 )
 

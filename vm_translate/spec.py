@@ -22,12 +22,12 @@ object's ``resourceClaims``. An entry naming both ``deviceName`` and ``claimName
 
 A ``deviceName`` / ``resource`` value becomes a resource name through
 :func:`vm_translate.entries.resolve_device_name` (the typed entries live there too); this
-module reads the entries out of the objects and lists every problem with its place.
+module reads the entries out of the objects and lists every problem with its place. The
+annotation's entries are parsed by :func:`vm_translate.annotation.parse_passthrough`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from typing import Any
 from vfio_dp.model import naming
 from vfio_dp.model.config import Config
 from vm_translate.alias import Kind
+from vm_translate.annotation import parse_passthrough
 from vm_translate.entries import (
     ClaimEntry,
     DeviceEntry,
@@ -44,7 +45,6 @@ from vm_translate.entries import (
     alias_conflicts,
     claim_request_limits,
     resolve_device_name,
-    resolve_ids,
 )
 from vm_translate.errors import Problem, Unresolvable
 
@@ -62,7 +62,6 @@ DEVICE_LISTS: tuple[tuple[str, Kind], ...] = (("hostDevices", "hostdevice"), ("g
 
 #: a DRA entry's name (it becomes the alias ``ua-dra-<kind>-<name>`` unchanged)
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}")
-_ENTRY_KEYS = ("name", "vendor", "device", "resource", "count")
 
 
 # --------------------------------------------------------------------------- KubeVirt VMs
@@ -322,106 +321,6 @@ def _claim_entry(
         return None
     assert isinstance(e.name, str)
     return ClaimEntry(e.name, e.claim_name, e.request_name, e.kind)
-
-
-# --------------------------------------------------------------------------- Pod annotation
-
-
-def parse_passthrough(
-    text: object, config: Config, where: str
-) -> tuple[list[DeviceEntry], list[Problem]]:
-    """Decode and resolve a ``devices.kubevirt.io/passthrough`` annotation value."""
-    if not isinstance(text, str):
-        return [], [Problem(where, text, "must be a string holding a JSON or YAML list")]
-    data: object
-    try:
-        data = json.loads(text)
-    except ValueError:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            return [], [Problem(where, text, f"is neither JSON nor YAML: {e}")]
-    if not isinstance(data, list) or not data:
-        return [], [
-            Problem(
-                where,
-                data,
-                'must be a non-empty list, e.g. [{"name": "gpu", "vendor": "10de", '
-                '"device": "1eb8"}] or [{"name": "nvme", "resource": "example.com/nvme-a"}]',
-            )
-        ]
-    out: list[DeviceEntry] = []
-    problems: list[Problem] = []
-    for i, raw in enumerate(data):
-        entry = _parse_annotation_entry(raw, config, f"{where}[{i}]", problems)
-        if entry is not None:
-            out.append(entry)
-    problems.extend(alias_conflicts(out, where))
-    return out, problems
-
-
-def _parse_annotation_entry(
-    raw: object, config: Config, where: str, problems: list[Problem]
-) -> DeviceEntry | None:
-    if not isinstance(raw, Mapping):
-        problems.append(
-            Problem(where, raw, "must be a mapping with name and vendor/device or resource")
-        )
-        return None
-    before = len(problems)
-    name = raw.get("name")
-    if isinstance(name, str) and name:
-        where = f"{where} (name {name!r})"
-    else:
-        problems.append(Problem(f"{where}.name", name, "every entry needs a non-empty name"))
-    for key in raw:
-        if key not in _ENTRY_KEYS:
-            problems.append(
-                Problem(f"{where}.{key}", raw[key], f"unknown key; known: {list(_ENTRY_KEYS)}")
-            )
-    count = raw.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        problems.append(
-            Problem(f"{where}.count", count, "count must be a whole number >= 1; remove it for 1")
-        )
-    has_ids = "vendor" in raw or "device" in raw
-    resource: str | None = None
-    if has_ids and "resource" in raw:
-        problems.append(
-            Problem(where, dict(raw), "give either vendor+device or resource, not both")
-        )
-    elif has_ids:
-        vendor, device = raw.get("vendor"), raw.get("device")
-        bad = False
-        for key, val in (("vendor", vendor), ("device", device)):
-            if not isinstance(val, str) or not naming.is_valid_id(val):
-                problems.append(
-                    Problem(
-                        f"{where}.{key}",
-                        val,
-                        f"{key} must be 4 hex digits as a string, e.g. '10de'",
-                    )
-                )
-                bad = True
-        if not bad:
-            assert isinstance(vendor, str) and isinstance(device, str)
-            try:
-                resource = resolve_ids(vendor, device, config)
-            except Unresolvable as why:
-                problems.append(Problem(where, f"{vendor}:{device}", str(why)))
-    elif "resource" in raw:
-        try:
-            resource = resolve_device_name(raw["resource"], config)
-        except Unresolvable as why:
-            problems.append(Problem(f"{where}.resource", raw["resource"], str(why)))
-    else:
-        problems.append(Problem(where, dict(raw), "needs vendor and device, or resource"))
-    if len(problems) != before or resource is None:
-        return None
-    assert isinstance(name, str) and isinstance(count, int)
-    return DeviceEntry(name=name, resource=resource, kind="hostdevice", count=count)
 
 
 # --------------------------------------------------------------------------- any object

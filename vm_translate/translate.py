@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfio_dp.model.config import Config
+from vm_translate.annotation import parse_passthrough
 from vm_translate.entries import DeviceEntry
 from vm_translate.errors import Problem, SpecError
 from vm_translate.patch import JsonPatchOp, apply_patch, pointer
@@ -41,7 +42,6 @@ from vm_translate.spec import (
     describe,
     devices_path,
     dig,
-    parse_passthrough,
     vm_object_entries_raw,
 )
 

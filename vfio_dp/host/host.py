@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
     from vfio_dp.host.bind import BindResult
     from vfio_dp.host.ledger import Ledger
-    from vfio_dp.host.operations import Interrupted, Recovery, Release
+    from vfio_dp.host.operations import Release
+    from vfio_dp.host.recovery import Interrupted, Recovery
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
     from vfio_dp.model.plan import CheckReport
@@ -313,7 +314,7 @@ class Host:
         problems += self.state.problems()
         if not ops:  # the usual case: no need for the operations module
             return [], problems
-        from vfio_dp.host.operations import Interrupted
+        from vfio_dp.host.recovery import Interrupted
 
         return [Interrupted(op, self.state.busy(op.addresses())) for op in ops], problems
 
@@ -330,9 +331,9 @@ class Host:
         ``original/<bdf>.json``; writes the same sysfs files as :meth:`unbind`. A device
         that cannot be restored keeps its records and is named in ``problems``.
         """
-        from vfio_dp.host import operations
+        from vfio_dp.host import recovery
 
-        return operations.recover(self, runner=runner, only=only)
+        return recovery.recover(self, runner=runner, only=only)
 
     def unbind(
         self,

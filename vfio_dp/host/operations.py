@@ -15,7 +15,8 @@ Each operation on devices (``<root>`` omitted):
 
 A failed bind rolls back every device it touched (:func:`_rollback`), so no device is left
 without its driver. :func:`release` gives back what one holder bound, group by group, keeping
-groups a process holds open.
+groups a process holds open. Step 1 -- finishing what a killed run left -- is
+:func:`vfio_dp.host.recovery.recover`.
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ from typing import TYPE_CHECKING
 
 from vfio_dp.errors import (
     BindError,
-    HostError,
-    LockTimeoutError,
     RefusedError,
     StateWriteError,
     VfioError,
 )
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
-from vfio_dp.host.state import Operation, recovers
+from vfio_dp.host.recovery import executor, recover
 from vfio_dp.host.vfio_drivers import mark_on_vfio
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import Inventory, PciDevice
+from vfio_dp.model.device import Inventory
 from vfio_dp.model.plan import BindPlan, plan_bind, plan_unbind
 
 if TYPE_CHECKING:
@@ -52,46 +51,6 @@ if TYPE_CHECKING:
     VfioWanted = str | Mapping[PciAddress, str]
 
 
-def _log_warning(msg: str, *args: object) -> None:
-    """Through ``logging`` when the process uses it (the daemon); free for the CLI."""
-    import sys
-
-    logging = sys.modules.get("logging")
-    if logging is not None:
-        logging.getLogger("vfio_dp.bind").warning(msg, *args)
-
-
-@dataclass(frozen=True, slots=True)
-class Interrupted:
-    """An operation whose process died midway (its journal is left, its locks are free)."""
-
-    op: Operation
-    in_progress: bool  # its process still holds the locks: not interrupted (yet)
-
-    def message(self) -> str:
-        addrs = " ".join(d.address for d in self.op.devices)
-        if self.in_progress:
-            return f"{self.op.describe()} is in progress on {addrs}"
-        if self.op.failed:
-            lines = [f"UNFINISHED {self.op.describe()}: {self.op.failed}"]
-        else:
-            lines = [f"INTERRUPTED {self.op.describe()}: the process died midway"]
-        lines += [f"  {p}" for p in self.op.progress()]
-        lines.append(f"  restore every device of it: vfioctl unbind {addrs}")
-        return "\n".join(lines)
-
-
-@dataclass(slots=True)
-class Recovery:
-    """What :func:`recover` did: one line per device restored, and what it could not do."""
-
-    recovered: list[str] = field(default_factory=list)  # operation descriptions
-    restored: list[tuple[PciAddress, str | None]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # others' or live operations
-    unreadable: list[str] = field(default_factory=list)  # journals that cannot be read (kept)
-
-
 @dataclass(slots=True)
 class Release:
     """What :func:`release` did: one line per device given back, one per group kept."""
@@ -101,13 +60,6 @@ class Release:
 
 
 # -- shared steps ------------------------------------------------------------------------
-def _executor(host: Host, op: Operation | None) -> Binder:
-    """The binder of one operation: journals into ``op``, reports restores to the ledger."""
-    return Binder(
-        host.fs, host.kernel, journal=host.ledger.journal(op), restored=host.ledger.restored
-    )
-
-
 @contextlib.contextmanager
 def _locked(host: Host, addresses: Sequence[PciAddress]) -> Iterator[None]:
     """The devices' locks; a lock that cannot be created refuses the operation."""
@@ -238,7 +190,7 @@ def bind(
         op = host.ledger.begin_bind(
             host.runner, targets, bound_by, {a: c.driver for a, c in choices.items()}
         )
-        binder = _executor(host, op)
+        binder = executor(host, op)
         try:
             binder.bind_all(targets, result, touched, choices)
         except BindError as e:
@@ -279,71 +231,6 @@ def _rollback(host: Host, binder: Binder, touched: list[PciAddress]) -> list[str
         except BindError as e:
             problems.append(f"{addr}: rollback failed: {e}")
     return problems
-
-
-# -- recovery ------------------------------------------------------------------------------
-def recover(host: Host, *, runner: str | None = None, only: Sequence[PciAddress] = ()) -> Recovery:
-    """:meth:`vfio_dp.host.Host.recover` (see there)."""
-    out = Recovery()
-    ops, out.unreadable = host.state.operations()
-    wanted = set(only)
-    for op in ops:
-        addrs = op.addresses()
-        if runner is not None and not recovers(runner, op.runner):
-            out.skipped.append(f"{op.describe()}: not started by {runner}")
-            continue
-        if wanted and not wanted & set(addrs):
-            continue
-        try:
-            with host.state.locked(addrs, timeout=0):
-                _recover_one(host, op, out)
-        except LockTimeoutError:
-            out.skipped.append(f"{op.describe()}: still in progress")
-        except HostError as e:  # reported, never fatal: the daemon calls this at start
-            out.problems.append(f"{op.describe()}: {e}")
-    for p in out.problems + out.unreadable:
-        _log_warning("recovery: %s", p)
-    return out
-
-
-def _recover_one(host: Host, op: Operation, out: Recovery) -> None:
-    current, _ = host.state.operations()
-    if not any(o.id == op.id for o in current):
-        return  # it finished between our listing and our locking
-    failures = len(out.problems)
-    jobs: list[tuple[PciDevice, str | None, str | None]] = []
-    for d in op.devices:
-        addr = PciAddress.parse(d.address)
-        dev = sysfs.read_device(host.fs, addr)
-        try:
-            rec = host.ledger.record(addr)
-        except HostError as e:
-            out.problems.append(str(e))
-            continue
-        if dev is None:  # gone with no record (a VF its PF's count change destroyed):
-            if rec is not None:  # nothing to give back, nothing to remember
-                out.problems.append(f"{addr} ({op.describe()}) is gone from the host")
-            continue
-        if op.kind == "bind":
-            if rec is None:
-                continue  # recorded before its first write: never touched
-            target, override = rec.driver, rec.driver_override
-        else:
-            target, override = d.target, d.override
-        if dev.driver == target and dev.driver_override == override:
-            if rec is not None and rec.driver == target:
-                host.ledger.forget(addr)
-            continue
-        jobs.append((dev, target, override))
-    try:
-        out.restored.extend(_executor(host, op).restore_all(jobs, explicit=False))
-    except BindError as e:
-        out.problems.append(f"{op.describe()}: {e}")
-        return
-    if len(out.problems) == failures:
-        host.ledger.finish(op)
-    out.recovered.append(op.describe())
-    _log_warning("recovered the interrupted %s", op.describe())
 
 
 # -- unbind --------------------------------------------------------------------------------
@@ -410,7 +297,7 @@ def unbind(
             _preflight(host, planner.restore_steps(dev, target, override))
         op = host.ledger.begin_unbind(host.runner, jobs)
         try:
-            restored = _executor(host, op).restore_all(jobs, explicit=driver is not None)
+            restored = executor(host, op).restore_all(jobs, explicit=driver is not None)
             result.restored.extend(restored)
         except BindError as e:
             host.ledger.failed(op, str(e))
