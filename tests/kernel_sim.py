@@ -58,6 +58,11 @@ class SimulatedKernel:
         #: loadable modules: name -> (the PCI driver it registers, does it register with VFIO)
         self.modules: dict[str, tuple[str, bool]] = {"vfio_pci": ("vfio-pci", True)}
         self.broken_modules: set[str] = set()  # modprobe fails for these
+        #: device nodes a device's native driver makes when it attaches (removed when it
+        #: unbinds): address -> [(path below <bdf>, char|block, MAJOR:MINOR, DEVNAME)]
+        self.native_nodes: dict[str, list[tuple[str, str, str, str]]] = {}
+        #: seconds after the attach the nodes appear (a driver's probe creates them async)
+        self.node_delay = 0.0
         # one write's reaction at a time, as the kernel's device lock makes each one atomic
         self._lock = threading.Lock()
         if vfio_loaded:
@@ -89,7 +94,25 @@ class SimulatedKernel:
         if not self.tree.sys("bus/pci/drivers", driver).is_dir():
             return False
         self.tree.set_driver(addr, driver)
+        if driver == self.tree.devs[addr].native_driver and addr in self.native_nodes:
+            if self.node_delay:
+                timer = threading.Timer(self.node_delay, self.make_nodes, (addr,))
+                timer.daemon = True
+                timer.start()
+            else:
+                self.make_nodes(addr)
         return True
+
+    def make_nodes(self, addr: str) -> None:
+        """The device nodes of ``addr``'s native driver appear (:attr:`native_nodes`)."""
+        if self.tree.driver_of(addr) != self.tree.devs[addr].native_driver:
+            return
+        for path, kind, devno, devname in self.native_nodes.get(addr, ()):
+            self.tree.add_devnode(addr, path, kind=kind, devno=devno, devname=devname)
+
+    def _drop_nodes(self, addr: str) -> None:
+        for top in {p.split("/")[0] for p, _, _, _ in self.native_nodes.get(addr, ())}:
+            self.tree.remove_devnodes(addr, top)
 
     def write(self, path: str, data: str) -> None:
         self.writes.append((path, data))
@@ -139,6 +162,7 @@ class SimulatedKernel:
             if op == "unbind":
                 if self.tree.driver_of(addr) != driver:
                     raise OSError(errno.ENODEV, "No such device")
+                self._drop_nodes(addr)
                 self.tree.set_driver(addr, None)
                 return
             if op == "bind":

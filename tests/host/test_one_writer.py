@@ -43,6 +43,7 @@ STORES = {
     "vfio_dp.host.persist": "persistent binds persist.json (and its udev rule)",
     "vfio_dp.dra.claimpath.checkpoint": "the DRA checkpoint dra-<driver>.checkpoint.json",
     "vfio_dp.deviceplugin.allocation_store": "the device plugin's allocations.json",
+    "vfio_dp.host.devnodes": "device nodes on the native driver devnodes/<bdf>.json",
 }
 
 STATE_WRITERS = {"put", "remove", "begin", "save", "step", "finish"}

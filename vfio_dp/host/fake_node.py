@@ -307,6 +307,33 @@ class SysfsTree:
         (d / "dev").write_text(devno + "\n")
         self._link(self.sys("class/block", os.path.basename(path)), d)
 
+    def add_devnode(self, address: str, path: str, *, kind: str, devno: str, devname: str) -> None:
+        """A device node of the device: ``<bdf>/<path>/dev`` = ``devno`` and
+        ``/sys/dev/<kind>/<devno>`` linking back to that directory, its ``uevent`` naming
+        ``DEVNAME`` (``nvme/nvme0/nvme0n1``, block, ``259:0``, ``nvme0n1``)."""
+        d = self.dev_dir(address) / path
+        d.mkdir(parents=True, exist_ok=True)
+        major, minor = devno.split(":")
+        (d / "dev").write_text(devno + "\n")
+        (d / "uevent").write_text(f"MAJOR={major}\nMINOR={minor}\nDEVNAME={devname}\n")
+        self._link(self.sys("dev", kind, devno), d)
+
+    def remove_devnodes(self, address: str, top: str) -> None:
+        """Remove ``<bdf>/<top>`` and every ``/sys/dev`` link into it (a driver unbinding)."""
+        import shutil
+
+        d = self.dev_dir(address) / top
+        for kind in ("char", "block"):
+            base = self.sys("dev", kind)
+            if not base.is_dir():
+                continue
+            for link in base.iterdir():
+                target = os.path.normpath(os.path.join(base, os.readlink(link)))
+                if target == str(d) or target.startswith(str(d) + "/"):
+                    link.unlink()
+        if d.is_dir():
+            shutil.rmtree(d)
+
     def add_hwrng(
         self, address: str | None, current: str, *, via: str = "virtio3", available: str = ""
     ) -> None:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from vfio_dp.host.recovery import Interrupted, Recovery
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
+    from vfio_dp.model.devnodes import NativeNodes
     from vfio_dp.model.plan import CheckReport
     from vfio_dp.model.vfio_driver import VfioChoice
 
@@ -214,6 +215,16 @@ class Host:
 
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)
+
+    def native_nodes(
+        self, inv: Inventory, addresses: Iterable[PciAddress]
+    ) -> Mapping[PciAddress, NativeNodes | None]:
+        """Each function's own device nodes on its native driver (``/dev/nvme0n1``): found
+        now when it is on that driver (and recorded), else as recorded; None: never seen
+        there (:func:`vfio_dp.host.devnodes.native_nodes`)."""
+        from vfio_dp.host.devnodes import native_nodes
+
+        return native_nodes(self.fs, inv, addresses)
 
     def pcie_roots(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, str]:
         """``{address: "pci0000:00"}``: each device's PCIe root (:mod:`.topology`)."""

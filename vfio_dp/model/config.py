@@ -84,6 +84,7 @@ from vfio_dp.model.config_fields import (
     HEX_PREFIX,
     MATCH,
     NODE_PATTERNS,
+    PERSONALITIES,
     RESOURCE_NAME,
     SELECTORS,
     VFIO_DRIVER,
@@ -95,6 +96,7 @@ from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
 from vfio_dp.model.device import VFIO_PCI, PciDevice
+from vfio_dp.model.personality import Personality
 
 #: The two node processes a selector can give its devices to.
 DEVICE_PLUGIN = "devicePlugin"
@@ -216,6 +218,17 @@ class Selector:
         "the VFIO driver a bind writes: `auto` (the variant the node's `modules.alias` names, "
         "else vfio-pci), `vfio-pci`, or that driver; never checked at load "
         "([below](#which-vfio-driver-vfiodriver))",
+    )
+
+    personalities: tuple[Personality, ...] = yaml_field(
+        (Personality.VM,),
+        "personalities",
+        PERSONALITIES,
+        ACTION,
+        "only with `path: dra`: how its groups are offered; `container` needs `bind: "
+        "onPrepare` and a device with device nodes of its own "
+        "([Containers and VMs from one pool](dra.md#containers-and-vms-from-one-pool))",
+        default_text="`[vm]`",
     )
 
     def on_node(self, node: str | None) -> bool:

@@ -35,6 +35,7 @@ from vfio_dp.model.config import (
 )
 from vfio_dp.model.config_fields import MATCH, Kind, yaml_fields
 from vfio_dp.model.device import VFIO_PCI
+from vfio_dp.model.personality import Personality
 
 _HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
 _DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -264,6 +265,28 @@ def _count(value: object, at: _Field, kind: Kind) -> int | None:
     return value
 
 
+def _personalities(value: object, at: _Field, kind: Kind) -> object:
+    """``[vm]``, ``[container]`` or ``[vm, container]`` (in the order written; no repeats)."""
+    known = [p.value for p in Personality]
+    values = _as_list(value)
+    if not values:
+        at.problem(
+            value, f"must be a non-empty list of {' and '.join(known)}, e.g. [vm, container]"
+        )
+        return _NOT_SET
+    out: list[Personality] = []
+    for v in values:
+        if v not in known:
+            at.problem(v, f"must be {' or '.join(known)}")
+            return _NOT_SET
+        p = Personality(v)
+        if p in out:
+            at.problem(value, f"names {v} twice: list each once, e.g. [vm, container]")
+            return _NOT_SET
+        out.append(p)
+    return tuple(out)
+
+
 _NOT_SET = object()  # a parser's "refused: keep the default"
 _Parser = Callable[[object, _Field, Kind], object]
 #: one parser per kind of value (:class:`vfio_dp.model.config_fields.Kind`); a problem is
@@ -279,6 +302,7 @@ _PARSERS: dict[str, _Parser] = {
     "bind": _bind,
     "count": _count,
     "vfioDriver": _vfio_driver,
+    "personalities": _personalities,
 }
 
 
@@ -328,6 +352,25 @@ def _relations(
                     f"use bind: true, or add path: {DRA}",
                 )
             )
+    if Personality.CONTAINER in values.get("personalities", ()):
+        if path != DRA or not values.get("bind_on_prepare"):
+            problems.append(
+                (
+                    f"{where}.personalities",
+                    [p.value for p in values["personalities"]],
+                    f"container needs path: {DRA} and bind: {ON_PREPARE} (the device moves "
+                    "between its native driver and its VFIO driver as claims are prepared); "
+                    f"add path: {DRA} and bind: {ON_PREPARE}, or remove container",
+                )
+            )
+    elif "personalities" in values and path != DRA:
+        problems.append(
+            (
+                f"{where}.personalities",
+                [p.value for p in values["personalities"]],
+                f"only the DRA plugin offers personalities: add path: {DRA} or remove it",
+            )
+        )
     if "taint_effect" in values and path != DRA:
         problems.append(
             (

@@ -97,6 +97,11 @@ BIND = Kind("bind", "`false`, `true` or `onPrepare`")
 COUNT = Kind("count", "a whole number, 0 or more")
 DOMAIN = Kind("domain", "a DNS subdomain, lowercase")
 SELECTORS = Kind("selectors", "a list of selectors, in order: the first match wins")
+PERSONALITIES = Kind(
+    "personalities",
+    "a list of `vm` (its VFIO driver, for a VM) and `container` (its native driver's device "
+    "nodes, for a container)",
+)
 VFIO_DRIVER = Kind("vfioDriver", "`auto`, `vfio-pci` or a kernel driver's name (`mlx5_vfio_pci`)")
 
 
