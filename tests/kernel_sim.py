@@ -26,6 +26,9 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
   to the PF's driver only when ``sriov_drivers_autoprobe`` is 1 (QEMU's NVMe VFs, seen in
   the guest: driverless with autoprobe 0).
 - ``<pf>/sriov_drivers_autoprobe``: stores 0 or 1 (else ``EINVAL``).
+- a device's native driver makes its device nodes when it attaches (:attr:`SimulatedKernel.native_nodes`:
+  ``<bdf>/nvme/nvme0/nvme0n1/dev``, ``/sys/dev/block/259:0``, ``/dev/nvme0n1``), after
+  :attr:`SimulatedKernel.node_delay` seconds (a probe's async part); its unbind removes them.
 
 Hooks let a test make a write fail or hang, to exercise rollback and timeouts: ``fail``
 (an error for a write), ``block_seconds`` (a slow device: the write takes that long) and

@@ -12,7 +12,7 @@ import pytest
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.host import Host
-from vfio_dp.host.devnodes import MAX_DEPTH, discover
+from vfio_dp.host.devnodes import MAX_DEPTH, discover, native_nodes
 from vfio_dp.model.address import PciAddress
 
 NVME = "0000:01:00.0"
@@ -39,7 +39,7 @@ def test_an_nvme_controllers_nodes_are_found_and_a_nics_are_none(tmp_path: Path)
     t, k = nvme_tree(tmp_path)
     host = Host(t.root, kernel=k)
     inv = host.scan(usage=False)
-    found = host.native_nodes(inv, [PciAddress.parse(NVME), PciAddress.parse(NIC)])
+    found = native_nodes(host.fs, inv, [PciAddress.parse(NVME), PciAddress.parse(NIC)])
     nvme = found[PciAddress.parse(NVME)]
     assert nvme is not None and nvme.driver == "nvme" and nvme.live
     assert set(nvme.paths) == {"/dev/nvme0", "/dev/nvme0n1", "/dev/ng0n1"}
@@ -57,7 +57,7 @@ def test_a_gpus_dri_nodes_keep_their_directory(tmp_path: Path) -> None:
     )
     host = Host(t.root)
     a = PciAddress.parse("0000:03:00.0")
-    found = host.native_nodes(host.scan(usage=False), [a])[a]
+    found = native_nodes(host.fs, host.scan(usage=False), [a])[a]
     assert found is not None and found.paths == ("/dev/dri/card0", "/dev/dri/renderD128")
 
 
@@ -65,12 +65,12 @@ def test_the_record_answers_while_the_device_is_on_vfio_pci(tmp_path: Path) -> N
     t, k = nvme_tree(tmp_path)
     host = Host(t.root, kernel=k)
     a = PciAddress.parse(NVME)
-    host.native_nodes(host.scan(usage=False), [a])  # seen on nvme: recorded
+    native_nodes(host.fs, host.scan(usage=False), [a])  # seen on nvme: recorded
     assert (t.root / "var/lib/vfio_dp/devnodes" / f"{NVME}.json").is_file()
     host.bind([a], group=True, probe=False)
     assert t.driver_of(NVME) == "vfio-pci"
     assert not (t.dev_dir(NVME) / "nvme").exists()  # on vfio-pci it has none
-    found = host.native_nodes(host.scan(usage=False), [a])[a]
+    found = native_nodes(host.fs, host.scan(usage=False), [a])[a]
     assert found is not None and not found.live and found.driver == "nvme"
     assert set(found.paths) == {"/dev/nvme0", "/dev/nvme0n1", "/dev/ng0n1"}
 
@@ -79,12 +79,12 @@ def test_a_record_of_another_card_is_never_used(tmp_path: Path) -> None:
     t, k = nvme_tree(tmp_path)
     host = Host(t.root, kernel=k)
     a = PciAddress.parse(NVME)
-    host.native_nodes(host.scan(usage=False), [a])
+    native_nodes(host.fs, host.scan(usage=False), [a])
     host.bind([a], group=True, probe=False)
     t.devs[NVME].device = "0011"  # another card in the slot
     t.set_driver(NVME, "vfio-pci")  # rewrites its uevent (PCI_ID)
     (t.dev_dir(NVME) / "device").write_text("0x0011\n")
-    assert host.native_nodes(host.scan(usage=False), [a])[a] is None
+    assert native_nodes(host.fs, host.scan(usage=False), [a])[a] is None
 
 
 def test_a_never_seen_device_on_vfio_pci_has_none_known(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_never_seen_device_on_vfio_pci_has_none_known(tmp_path: Path) -> None:
     t.add(Dev(NVME, "1b36", "0010", "010802", driver="vfio-pci", native_driver="nvme", group=3))
     host = Host(t.root)
     a = PciAddress.parse(NVME)
-    assert host.native_nodes(host.scan(usage=False), [a])[a] is None
+    assert native_nodes(host.fs, host.scan(usage=False), [a])[a] is None
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,10 @@ import contextlib
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
+from vfio_dp.errors import CorruptRecordError, HostError, PathEscapeError, StateWriteError
 from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
@@ -152,6 +153,26 @@ def discover(fs: Root, dev: PciDevice) -> NativeNodes | None:
     return NativeNodes(dev.address, dev.vendor, dev.device, dev.driver, tuple(nodes))
 
 
+def _on_dev(fs: Root, path: str) -> bool:
+    """Is there an entry at ``path`` (``/dev/nvme0n1``) under the root, reached inside it?"""
+    try:
+        fd = fs.open(fs.path(*path.split("/")[1:]), os.O_PATH | os.O_NOFOLLOW)
+    except (OSError, PathEscapeError, HostError):
+        return False
+    os.close(fd)
+    return True
+
+
+def missing(fs: Root, found: NativeNodes | None, expected: Iterable[str]) -> list[str]:
+    """The paths of ``expected`` (and of every node found) not yet found live below the
+    function or not yet under ``<root>/dev``."""
+    if found is None or not found.live:
+        return list(expected)
+    have = set(found.paths)
+    want = [*expected, *(p for p in found.paths if p not in expected)]
+    return [p for p in want if p not in have or not _on_dev(fs, p)]
+
+
 class DevnodeStore:
     """The records ``<root>/var/lib/vfio_dp/devnodes/<bdf>.json`` (the one store of them)."""
 
@@ -205,3 +226,42 @@ def native_nodes(
                 continue
         out[a] = rec
     return out
+
+
+def wait_for(
+    fs: Root,
+    read: Callable[[], Inventory],
+    expected: Mapping[PciAddress, Sequence[str]],
+    timeout: float,
+) -> dict[PciAddress, NativeNodes]:
+    """Wait (at most ``timeout`` seconds, reading the functions' groups with ``read`` each
+    time) until each function of ``expected`` is on its native driver with at least one
+    device node, those of ``expected`` among them, each under ``<root>/dev`` (a driver's
+    probe makes them a moment after it attaches, an NVMe namespace after its controller).
+    :class:`HostError` naming what is missing and the drivers the functions are on."""
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        inv = read()
+        found = native_nodes(fs, inv, expected)
+        lacking = {a: missing(fs, found.get(a), want) for a, want in expected.items()}
+        empty = [
+            a for a in expected if not lacking[a] and ((n := found.get(a)) is None or not n.nodes)
+        ]
+        if not any(lacking.values()) and not empty:
+            return {a: n for a, n in found.items() if n is not None}
+        if time.monotonic() >= deadline:
+            said = [f"{a}: {', '.join(m)} did not appear" for a, m in lacking.items() if m]
+            said += [f"{a}: no device node appeared" for a in empty]
+            drivers = ", ".join(
+                f"{a} on {d.driver or 'no driver'}"
+                for a in expected
+                if (d := inv.devices.get(a)) is not None
+            )
+            raise HostError(
+                f"waited {timeout:g} s for the device nodes of {drivers}: "
+                + "; ".join(said)
+                + " (check dmesg for the driver's probe)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)

@@ -16,6 +16,8 @@ Writes real files and real RELATIVE symlinks nested like the kernel's tree::
     <root>/sys/module/<m>/drivers/pci:<driver> (load_module)
     <root>/proc/1/mountinfo, <root>/proc/swaps, <root>/proc/1/net/{route,if_inet6}
     <root>/sys/class/misc/hw_random -> ../../devices/virtual/misc/hw_random (add_hwrng)
+    <dev>/nvme/nvme0/nvme0n1/dev, <root>/sys/dev/block/259:0 -> <dev>/nvme/nvme0/nvme0n1,
+        <root>/dev/nvme0n1 (a plain file) for a device's own nodes (add_devnode)
 
 It does NOT react to writes: no kernel is behind it, so writing ``driver_override``,
 ``unbind`` or ``drivers_probe`` changes a plain file and no driver moves (a ``vfioctl bind``
@@ -317,6 +319,9 @@ class SysfsTree:
         (d / "dev").write_text(devno + "\n")
         (d / "uevent").write_text(f"MAJOR={major}\nMINOR={minor}\nDEVNAME={devname}\n")
         self._link(self.sys("dev", kind, devno), d)
+        node = self.root / "dev" / devname  # devtmpfs makes it (a plain file here)
+        node.parent.mkdir(parents=True, exist_ok=True)
+        node.write_text("")
 
     def remove_devnodes(self, address: str, top: str) -> None:
         """Remove ``<bdf>/<top>`` and every ``/sys/dev`` link into it (a driver unbinding)."""
@@ -330,6 +335,10 @@ class SysfsTree:
             for link in base.iterdir():
                 target = os.path.normpath(os.path.join(base, os.readlink(link)))
                 if target == str(d) or target.startswith(str(d) + "/"):
+                    uevent = Path(target) / "uevent"
+                    for line in uevent.read_text().splitlines() if uevent.is_file() else []:
+                        if line.startswith("DEVNAME="):
+                            (self.root / "dev" / line[8:]).unlink(missing_ok=True)
                     link.unlink()
         if d.is_dir():
             shutil.rmtree(d)

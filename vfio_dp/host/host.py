@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from vfio_dp.host.recovery import Interrupted, Recovery
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
-    from vfio_dp.model.devnodes import NativeNodes
     from vfio_dp.model.plan import CheckReport
     from vfio_dp.model.vfio_driver import VfioChoice
 
@@ -216,16 +215,6 @@ class Host:
     def device_nodes(self, group: IommuGroup, devices: list[PciDevice]) -> list[str]:
         return device_nodes(self.fs, group, devices)
 
-    def native_nodes(
-        self, inv: Inventory, addresses: Iterable[PciAddress]
-    ) -> Mapping[PciAddress, NativeNodes | None]:
-        """Each function's own device nodes on its native driver (``/dev/nvme0n1``): found
-        now when it is on that driver (and recorded), else as recorded; None: never seen
-        there (:func:`vfio_dp.host.devnodes.native_nodes`)."""
-        from vfio_dp.host.devnodes import native_nodes
-
-        return native_nodes(self.fs, inv, addresses)
-
     def pcie_roots(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, str]:
         """``{address: "pci0000:00"}``: each device's PCIe root (:mod:`.topology`)."""
         from vfio_dp.host.topology import pcie_roots
@@ -365,6 +354,16 @@ class Host:
         from vfio_dp.host import operations
 
         return operations.unbind(self, list(addresses), driver=driver, force=force, dry_run=dry_run)
+
+    def to_native(self, addresses: Sequence[PciAddress]) -> BindResult:
+        """Put ``addresses`` (a DRA group's functions, for a container) on their native
+        drivers: :meth:`unbind` -- the same locks, journal, records and refusals (a group a
+        process holds open) -- where a device no driver takes is a failure too, and a
+        failure puts every device back where it was, with its bind record
+        (:class:`BindError` saying so). Devices on their driver already are left."""
+        from vfio_dp.host import operations
+
+        return operations.unbind(self, list(addresses), force=False, dry_run=False, native=True)
 
     def unbind_all(self, *, force: bool = False, dry_run: bool = False) -> BindResult:
         """:meth:`unbind` every device with a record (``<root>/var/lib/vfio_dp/original/``):

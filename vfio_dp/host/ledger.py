@@ -119,6 +119,11 @@ class Ledger:
         )
         return None if new == rec else new
 
+    def put_back(self, record: OriginalDriver) -> None:
+        """Write ``record`` again: an unbind that is undone (its device put back where it
+        was: :func:`vfio_dp.host.operations.unbind` with ``native``) keeps its record."""
+        self.state.put(record)
+
     def forget(self, address: PciAddress) -> None:
         """Drop the device's record (it is on its recorded driver again, or gone)."""
         self.state.remove(address)

@@ -242,8 +242,11 @@ def unbind(
     force: bool,
     dry_run: bool,
     every: bool = False,
+    native: bool = False,
 ) -> BindResult:
-    """:meth:`vfio_dp.host.Host.unbind` and ``unbind_all`` (``every``; see there)."""
+    """:meth:`vfio_dp.host.Host.unbind` and ``unbind_all`` (``every``; see there).
+    ``native`` (:meth:`vfio_dp.host.Host.to_native`): a device no driver took is a failure
+    too, and on any failure every device is put back where it was, with its record."""
     result = BindResult(dry_run=dry_run)
     recovered: set[PciAddress] = set()
     if not dry_run:  # an interrupted bind/unbind of these devices: finish it first
@@ -295,11 +298,20 @@ def unbind(
         ]
         for dev, target, override in jobs:
             _preflight(host, planner.restore_steps(dev, target, override))
+        before = {dev.address: host.ledger.record(dev.address) for dev, _, _ in jobs}
         op = host.ledger.begin_unbind(host.runner, jobs)
         try:
             restored = executor(host, op).restore_all(jobs, explicit=driver is not None)
+            if native:
+                from vfio_dp.host.native import took
+
+                took(restored)
             result.restored.extend(restored)
         except BindError as e:
+            if native:
+                from vfio_dp.host.native import put_back
+
+                put_back(host, op, jobs, before, e)
             host.ledger.failed(op, str(e))
             if not gone:
                 raise
