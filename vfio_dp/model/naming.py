@@ -209,6 +209,23 @@ def dra_device_address(name: str) -> PciAddress | None:
     return addr if dra_device_name(addr) == name else None
 
 
+#: a group's container entry (its native personality) is its name with this suffix:
+#: ``pci-0000-01-00-0-native`` (the VFIO entry is ``pci-0000-01-00-0``)
+NATIVE_SUFFIX = "-native"
+
+
+def dra_native_name(unit_name: str) -> str:
+    """``pci-0000-01-00-0`` → ``pci-0000-01-00-0-native``: the group's container entry."""
+    return unit_name + NATIVE_SUFFIX
+
+
+def dra_entry(name: str) -> tuple[str, bool]:
+    """A published DRA device name → (the group's name, is it the container entry)."""
+    if name.endswith(NATIVE_SUFFIX):
+        return name[: -len(NATIVE_SUFFIX)], True
+    return name, False
+
+
 def is_valid_id(text: str) -> bool:
     """True for a 4-hex-digit PCI vendor or device ID (either case)."""
     return bool(_HEX4.fullmatch(text))

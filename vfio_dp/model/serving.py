@@ -31,6 +31,7 @@ from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, DRA, NO_EXECUTE, NO_SCHEDULE, Config, Selector
 from vfio_dp.model.device import Inventory, PciDevice
 from vfio_dp.model.naming import dra_device_name
+from vfio_dp.model.personality import Personality
 
 #: One endpoint and the first selector that matches it (None: no selector takes it).
 Chosen = list[tuple[PciDevice, Selector | None]]
@@ -123,6 +124,8 @@ class DraUnit:
     taint_effect: str = NO_SCHEDULE
     #: the ``vfioDriver`` of its selectors (``auto``, ``vfio-pci`` or a driver's name)
     vfio_driver: str = "auto"
+    #: how it is offered (its selectors' ``personalities``, in their order, each once)
+    personalities: tuple[Personality, ...] = (Personality.VM,)
 
     @property
     def published(self) -> bool:
@@ -198,9 +201,11 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
         on_prepare = False
         effect = NO_SCHEDULE
         vfio_driver = "auto"
+        offered: dict[Personality, None] = {}
         for dev, sel in members:
             if sel is None or not config.selector_serves(sel, DRA):
                 continue
+            offered.update(dict.fromkeys(sel.personalities))
             selected.append((dev, names(sel, dev), index[id(sel)]))
             on_prepare = on_prepare or sel.bind_on_prepare
             if vfio_driver == "auto":
@@ -222,6 +227,7 @@ def dra_units(inventory: Inventory, config: Config, chosen: Chosen | None = None
                 reasons=tuple(reasons),
                 taint_effect=effect,
                 vfio_driver=vfio_driver,
+                personalities=tuple(offered),
             )
         )
     return units

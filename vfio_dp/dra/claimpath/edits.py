@@ -79,7 +79,8 @@ def build(
 ) -> ClaimFiles:
     """The claim's files. ``slice_devices``: each chosen device's slice form (as the
     hardware is now), by name;
-    ``group_nodes``: the device nodes of each group handed over, by DRA device name;
+    ``group_nodes``: the device nodes of each group handed over, by DRA device name (a
+    container entry's: its functions' own nodes on their native driver, ``/dev/nvme0n1``);
     ``env``: request → its ``NAME=value`` variables (an extended-resource claim's, from
     :func:`vfio_dp.dra.claimpath.extended.request_env`), set in full on EVERY group device of that
     request and on no other (kubelet gives a container only its requests' devices; CDI env is
@@ -115,10 +116,10 @@ def build(
     for c in chosen:
         r = c.result
         ids: list[str] = []
-        if c.gets_group:
+        if c.gets_group or c.gets_nodes:  # the group's /dev/vfio nodes, or its own nodes
             gdev = cdi.CdiDevice(
-                cdi.group_device_name(claim.uid, c.unit.name),
-                tuple(group_nodes[c.unit.name]),
+                cdi.group_device_name(claim.uid, r.device),
+                tuple(group_nodes[r.device]),
                 env=tuple((env or {}).get(r.request, ())),
             )
             group_devices.append(gdev)

@@ -53,7 +53,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from vfio_dp.core.logs import claim_context
-from vfio_dp.dra.claimpath import cdi, extended, resolve
+from vfio_dp.dra.claimpath import cdi, extended, native, resolve
 from vfio_dp.dra.claimpath.checkpoint import (
     PREPARED,
     PREPARING,
@@ -84,6 +84,7 @@ from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
+from vfio_dp.model.devnodes import NativeNodes
 from vfio_dp.model.serving import dra_units
 
 __all__ = ["ClaimPreparer", "ClaimReader", "ReconcileReport"]
@@ -117,9 +118,13 @@ class ClaimPreparer:
         metrics: Metrics | None = None,
         checkpoint: Checkpoint | None = None,
         read_class: extended.ClassResource | None = None,
+        node_timeout: float = 20.0,
     ) -> None:
         """``config``: the node core's current configuration. ``published``: the devices the
-        publisher last wrote, by name; None: compare with the current scan."""
+        publisher last wrote, by name; None: compare with the current scan. ``node_timeout``:
+        how long a container claim waits for its device nodes after the switch to the
+        native driver (kubelet's own deadline is ~45 s)."""
+        self.node_timeout = node_timeout
         self.host = host
         self.driver = cdi.check_driver(driver)
         self.node = node
@@ -207,15 +212,18 @@ class ClaimPreparer:
         step was a tenth of a Prepare). Blocking; under the claim's lock."""
         who = _describe(claim)
         inv, chosen = self._resolve(who, claim.uid, wanted)
+        expected = native.check(self.host, self.checkpoint.all(), who, claim.uid, chosen, inv)
         records = resolve.device_records(chosen, inv)
         previous = self.checkpoint.get(claim.uid)
-        binds = bool(resolve.to_bind(chosen, inv))
+        binds = bool(resolve.to_bind(chosen, inv)) or bool(native.to_switch(chosen, inv))
         if binds and (previous is None or previous.state != PREPARED):  # before the bind
             self._record(claim, view, PREPARING, records)
         inv = self._take(who, claim.uid, chosen, inv)
+        inv, found = native.switch(self.host, who, chosen, inv, expected, self.node_timeout)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
+        native.verify(who, chosen, inv)
         try:
-            files = self._write(claim, view, chosen, inv, resources)
+            files = self._write(claim, view, chosen, inv, resources, found)
             ids = [d.cdi_device_ids for d in files.prepared]
             records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
             self._record(claim, view, PREPARED, records)
@@ -308,8 +316,10 @@ class ClaimPreparer:
         chosen: Sequence[Chosen],
         inv: Inventory,
         resources: Mapping[str, str],
+        native_found: Mapping[PciAddress, NativeNodes],
     ) -> ClaimFiles:
-        """Read what the files show (PCIe roots, device nodes), build them, write them."""
+        """Read what the files show (PCIe roots, device nodes), build them, write them; a
+        container entry's nodes are those ``native_found`` on its native driver."""
         config = self.config()
         endpoints: dict[str, list[PciAddress]] = {}
         for c in chosen:
@@ -318,19 +328,28 @@ class ClaimPreparer:
                 endpoints.setdefault(c.result.request, []).extend(found)
         roots = self.host.pcie_roots([c.unit.primary for c in chosen])
         nodes = {
-            c.unit.name: self.host.device_nodes(
+            c.result.device: self.host.device_nodes(
                 inv.groups[c.unit.group], [inv.devices[a] for a in c.unit.endpoints]
             )
             for c in chosen
             if c.gets_group
         }
+        slice_devices = {c.result.device: device_for(c.unit, inv, roots) for c in chosen}
+        for c in native.containers(chosen):
+            nodes[c.result.device] = list(native.node_paths(c, native_found))
+            slice_devices[c.result.device] = native.metadata_device(
+                c,
+                slice_devices[c.result.device],
+                inv.devices[c.unit.primary].driver or "",
+                nodes[c.result.device],
+            )
         files = build(
             claim,
             view.pod_claim_name,
             chosen,
             driver=self.driver,
             plugins_dir=self.dirs.plugins_dir,
-            slice_devices={c.unit.name: device_for(c.unit, inv, roots) for c in chosen},
+            slice_devices=slice_devices,
             group_nodes=nodes,
             env=extended.request_env(resources, endpoints),
         )

@@ -23,6 +23,8 @@ from vfio_dp.dra.slices import Device
 from vfio_dp.errors import ClaimError
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
+from vfio_dp.model.naming import dra_entry
+from vfio_dp.model.personality import Personality
 from vfio_dp.model.serving import DraUnit
 from vfio_dp.model.vfio_driver import AUTO, VfioChoice
 
@@ -33,11 +35,19 @@ class Chosen:
 
     result: AllocationResult
     unit: DraUnit
+    #: the entry the result names: the VFIO one (``pci-0000-3b-00-0``) or the container one
+    #: (``pci-0000-3b-00-0-native``: the group on its native driver, its own device nodes)
+    personality: Personality = Personality.VM
 
     @property
     def gets_group(self) -> bool:
         """``adminAccess`` results never bind and never get the VFIO group."""
-        return not self.result.admin_access
+        return not self.result.admin_access and self.personality == Personality.VM
+
+    @property
+    def gets_nodes(self) -> bool:
+        """A container entry (not ``adminAccess``): the group goes on its native driver."""
+        return not self.result.admin_access and self.personality == Personality.CONTAINER
 
 
 def off_vfio(unit: DraUnit, inv: Inventory) -> list[PciAddress]:
@@ -59,7 +69,8 @@ def resolve(
     fully on vfio-pci (a repeat Prepare; binding it made it look "in use" to the slices)."""
     chosen: list[Chosen] = []
     for r in results:
-        unit = units.get(r.device)
+        name, native = dra_entry(r.device)
+        unit = units.get(name)
         if unit is None:
             raise ClaimError(
                 who,
@@ -68,10 +79,19 @@ def resolve(
                 "within one resync",
                 r.device,
             )
-        repeat = bound_by_claim(unit) and not off_vfio(unit, inv)
+        personality = Personality.CONTAINER if native else Personality.VM
+        if personality not in unit.personalities:
+            offered = ", ".join(p.value for p in unit.personalities)
+            raise ClaimError(
+                who,
+                f"IOMMU group {unit.group} is not offered as {personality.value} here (its "
+                f"selector's personalities: [{offered}]); the ResourceSlices may be stale",
+                r.device,
+            )
+        repeat = not native and bound_by_claim(unit) and not off_vfio(unit, inv)
         if not r.admin_access and not unit.published and not repeat:
             raise ClaimError(who, "; ".join(unit.reasons), r.device)
-        chosen.append(Chosen(r, unit))
+        chosen.append(Chosen(r, unit, personality))
     return tuple(chosen)
 
 
@@ -105,7 +125,7 @@ def to_bind(chosen: Sequence[Chosen], inv: Inventory) -> list[PciAddress]:
 
 
 def handed_over(chosen: Sequence[Chosen]) -> list[PciAddress]:
-    """Every endpoint of every group the claim gets."""
+    """Every endpoint of every group the claim gets on VFIO."""
     return [a for c in chosen if c.gets_group for a in c.unit.endpoints]
 
 
@@ -119,7 +139,7 @@ def verify(
     published with (``published``: the slice devices by name; None: not compared)."""
     for c in chosen:
         r, unit = c.result, c.unit
-        if not c.gets_group:
+        if not c.gets_group:  # adminAccess, or a container entry (:mod:`.native`)
             continue
         group = inv.groups.get(unit.group)
         if group is None or unit.primary not in group.devices:
@@ -163,7 +183,7 @@ def device_records(chosen: Sequence[Chosen], inv: Inventory) -> tuple[DeviceReco
             requests=(c.result.request,),
             pool=c.result.pool,
             device=c.result.device,
-            iommu_group=c.unit.group if c.gets_group else None,
+            iommu_group=c.unit.group if c.gets_group or c.gets_nodes else None,
             addresses=tuple(str(a) for a in c.unit.endpoints),
             ids=tuple(inv.devices[a].ids for a in c.unit.endpoints),
             admin_access=c.result.admin_access,
