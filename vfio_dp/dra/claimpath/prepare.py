@@ -268,7 +268,7 @@ class ClaimPreparer:
         host use) and pair each result with its group. A result's device names its group's
         first endpoint (``pci-0000-3b-00-0``); a name that is not one, or whose group has
         another first endpoint now, has no unit here: "no such device". Blocking."""
-        named = (naming.dra_device_address(r.device) for r in wanted)
+        named = (naming.dra_device_address(naming.dra_entry(r.device)[0]) for r in wanted)
         inv = self.host.scan_groups([a for a in named if a is not None])
         units = {u.name: u for u in dra_units(inv, self.config())}
         mine: set[PciAddress] = set()
