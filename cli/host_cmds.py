@@ -324,6 +324,25 @@ def unbind_cmd(
     run_guarded(body)
 
 
+def _native_nodes(
+    host: Host, addresses: list[PciAddress]
+) -> dict[PciAddress, tuple[list[str] | None, str | None]]:
+    """Each device's own nodes on its native driver (found now, or as recorded) and, when
+    it has none, why it is not offered as a container (``personalities``)."""
+    from vfio_dp.host.devnodes import native_nodes
+    from vfio_dp.model.devnodes import container_problem
+
+    inv = host.scan_groups(addresses, usage=False)
+    found = native_nodes(host.fs, inv, addresses)
+    out: dict[PciAddress, tuple[list[str] | None, str | None]] = {}
+    for a in addresses:
+        n = found.get(a)
+        dev = inv.devices.get(a)
+        why = container_problem(a, dev.describe() if dev else str(a), n)
+        out[a] = (list(n.paths) if n is not None else None, why)
+    return out
+
+
 @click.command("check")
 @click.argument("addresses", nargs=-1)
 @root_option
@@ -342,7 +361,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str, vfio_driver: s
         host = host_for(root)
         if vfio_driver != "auto" and not host.valid_driver_name(vfio_driver):
             fail(f"--vfio-driver {vfio_driver!r} is not a kernel driver name", 2)
-        reports = host.check(_parse(addresses), vfio_driver=vfio_driver)
+        addrs = _parse(addresses)
+        reports = host.check(addrs, vfio_driver=vfio_driver)
+        native = _native_nodes(host, addrs)
         if output == "name":
             from vfio_dp.model.address import name_of
 
@@ -356,6 +377,8 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str, vfio_driver: s
                         "reasons": list(r.reasons),
                         "vfio_driver": r.vfio_driver,
                         "vfioDriver": r.would_bind,
+                        "native_nodes": native[r.address][0],
+                        "not_offered_as_container": native[r.address][1],
                     }
                     for r in reports
                 ],
@@ -369,6 +392,11 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str, vfio_driver: s
                     say(f"  - {why}")
                 if r.would_bind is not None and r.vfio_driver is None:
                     say(f"  would bind {r.would_bind}")
+                nodes, not_offered = native[r.address]
+                if not_offered:
+                    say(f"  {not_offered}")
+                else:  # what a container claim gets (personalities: container)
+                    say(f"  its own device nodes (for a container): {', '.join(nodes or ())}")
         return 0 if all(r.ready for r in reports) else 1
 
     run_guarded(body)

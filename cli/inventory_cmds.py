@@ -193,6 +193,7 @@ def list_cmd(
         names = host.names(inv)
         serving, units = _serving(inv, cfg)
         view = _dra_view(host, inv, units, dra_driver)
+        native = _native(host, inv, units)
         shown = {a: d for a, d in inv.devices.items() if _wanted(d, driver, pci_class, vendor)}
         if output == "name":
             from vfio_dp.model.address import name_of
@@ -210,6 +211,8 @@ def list_cmd(
             {
                 **device_json(d, serving[a], names, choices.get(a)),
                 **_view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
+                "dra_native_device": native.get(a, (None, None))[0],
+                "not_offered_as_container": native.get(a, (None, None))[1],
             }
             for a, d in shown.items()
         ]
@@ -250,9 +253,14 @@ def list_cmd(
                         (
                             serving[a].resource or serving[a].dra_resource,
                             serving[a].served_by,
-                            serving[a].dra_device,
+                            _joined(serving[a].dra_device, native.get(a, (None, None))[0]),
                             _dra_cell(view, d.iommu_group, serving[a].dra_device),
-                            serving[a].not_served,
+                            _joined(
+                                serving[a].not_served,
+                                (why := native.get(a, (None, None))[1])
+                                and f"not offered as container: {why}",
+                                sep="; ",
+                            ),
                         )
                         if serve_cols
                         else ()
@@ -268,7 +276,36 @@ def list_cmd(
     run_guarded(body)
 
 
-def _wanted_drivers(inv: Inventory, cfg: Config, shown: Iterable[PciAddress]) -> dict[PciAddress, str]:
+def _native(
+    host: Host, inv: Inventory, units: list[DraUnit]
+) -> dict[PciAddress, tuple[str | None, str | None]]:
+    """Each function of a published group whose selectors offer ``container``: its group's
+    container entry (``pci-…-native``) or why it is not offered
+    (:func:`vfio_dp.host.devnodes.container_problems`: no device nodes of its own)."""
+    from vfio_dp.model.personality import Personality
+
+    offering = [u for u in units if u.published and Personality.CONTAINER in u.personalities]
+    if not offering:
+        return {}
+    from vfio_dp.host.devnodes import container_problems
+    from vfio_dp.model.naming import dra_native_name
+
+    problems = container_problems(host.fs, inv, offering)
+    out: dict[PciAddress, tuple[str | None, str | None]] = {}
+    for u in offering:
+        why = problems.get(u.name)
+        for a in u.endpoints:
+            out[a] = (None, why) if why else (dra_native_name(u.name), None)
+    return out
+
+
+def _joined(*parts: str | None, sep: str = " ") -> str | None:
+    return sep.join(p for p in parts if p) or None
+
+
+def _wanted_drivers(
+    inv: Inventory, cfg: Config, shown: Iterable[PciAddress]
+) -> dict[PciAddress, str]:
     """Each device's ``vfioDriver`` from the selector that takes it (``auto`` otherwise)."""
     out = {}
     for a in shown:

@@ -48,8 +48,11 @@ from vfio_dp.model.devnodes import (
     NativeNodes,
     dev_path_problem,
     from_json,
+    group_container_problem,
     to_json,
 )
+from vfio_dp.model.personality import Personality
+from vfio_dp.model.serving import DraUnit
 
 #: directories below the function's: nvme/nvme0/nvme0n1/nvme0n1p1 is 4
 MAX_DEPTH = 4
@@ -265,3 +268,25 @@ def wait_for(
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.25)
+
+
+def container_problems(fs: Root, inv: Inventory, units: Sequence[DraUnit]) -> dict[str, str]:
+    """Each unit offering ``container`` whose container entry cannot be offered on this node
+    → why (no device nodes of its own known on its native driver: a NIC); the others are
+    absent. Reads (and records) the nodes of those units' functions only. What publication
+    and ``vfioctl list`` say, from one rule (:func:`vfio_dp.model.devnodes.group_container_problem`)."""
+    offering = [u for u in units if Personality.CONTAINER in u.personalities]
+    if not offering:
+        return {}
+    found = native_nodes(fs, inv, [a for u in offering for a in u.endpoints])
+
+    def describe(a: PciAddress) -> str:
+        dev = inv.devices.get(a)
+        return dev.describe() if dev is not None else str(a)
+
+    out: dict[str, str] = {}
+    for u in offering:
+        why = group_container_problem(u.endpoints, describe, found)
+        if why is not None:
+            out[u.name] = why
+    return out

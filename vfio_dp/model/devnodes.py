@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vfio_dp.model.address import PciAddress
@@ -135,4 +136,19 @@ def container_problem(address: PciAddress, describe: str, found: NativeNodes | N
             f"{describe} has no device nodes of its own on {found.driver} (no dev file below "
             f"/sys/bus/pci/devices/{address}): not offered as container"
         )
+    return None
+
+
+def group_container_problem(
+    endpoints: Sequence[PciAddress],
+    describe: Callable[[PciAddress], str],
+    found: Mapping[PciAddress, NativeNodes | None],
+) -> str | None:
+    """Why an IOMMU group of ``endpoints`` cannot be offered as ``container`` (None: it can):
+    none of its functions has device nodes of its own known on its native driver (each
+    function's reason, :func:`container_problem`). One function with nodes is enough (a
+    GPU's audio function has its own, a USB controller may have none)."""
+    problems = [container_problem(a, describe(a), found.get(a)) for a in endpoints]
+    if all(problems):
+        return "; ".join(p for p in problems if p)
     return None

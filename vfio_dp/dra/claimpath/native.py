@@ -31,7 +31,7 @@ from vfio_dp.host import Host, devnodes
 from vfio_dp.host.state import claim_of
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
-from vfio_dp.model.devnodes import NativeNodes, container_problem
+from vfio_dp.model.devnodes import NativeNodes, group_container_problem
 from vfio_dp.model.dra_metadata import Attribute
 from vfio_dp.model.naming import dra_entry
 from vfio_dp.model.personality import Personality
@@ -106,19 +106,21 @@ def known_nodes(
 ) -> dict[PciAddress, tuple[str, ...]]:
     """The node paths each function of the container groups is known to have on its native
     driver (what Prepare waits for), or :class:`ClaimError` for a group none of whose
-    functions has one (a NIC: never offered as a container)."""
+    functions has one (a NIC: never offered as a container;
+    :func:`vfio_dp.model.devnodes.group_container_problem`)."""
+
+    def describe(a: PciAddress) -> str:
+        dev = inv.devices.get(a)
+        return dev.describe() if dev is not None else str(a)
+
     out: dict[PciAddress, tuple[str, ...]] = {}
     for c in containers(chosen):
-        problems: list[str] = []
+        why = group_container_problem(c.unit.endpoints, describe, found)
+        if why is not None:
+            raise ClaimError(who, why, c.result.device)
         for a in c.unit.endpoints:
             n = found.get(a)
-            dev = inv.devices.get(a)
-            why = container_problem(a, dev.describe() if dev else str(a), n)
-            if why:
-                problems.append(why)
             out[a] = n.paths if n is not None else ()
-        if len(problems) == len(c.unit.endpoints):
-            raise ClaimError(who, "; ".join(problems), c.result.device)
     return out
 
 
