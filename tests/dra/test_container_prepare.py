@@ -67,6 +67,10 @@ def kernel(tree: SysfsTree) -> SimulatedKernel:
 
 @pytest.fixture
 def preparer(tree: SysfsTree, kernel: SimulatedKernel, tmp_path: Path) -> ClaimPreparer:
+    return _preparer(tree, kernel, tmp_path)
+
+
+def _preparer(tree: SysfsTree, kernel: SimulatedKernel, tmp_path: Path) -> ClaimPreparer:
     config = load_config_text(CONFIG, "test")
     return ClaimPreparer(
         host=Host(tree.root, kernel=kernel, runner="dra-plugin"),
@@ -235,3 +239,26 @@ def test_a_selector_offering_vm_alone_refuses_the_container_entry(
     ref = CLAIMS.add("ct", "uid-ct", [result(NVME_CT, request="disk")])
     err = run(p.prepare([ref]))["uid-ct"].error
     assert "not offered as container here (its selector's personalities: [vm])" in err, err
+
+
+def test_a_prepared_container_claim_holds_no_vfio_group_for_health(
+    tree: SysfsTree, preparer: ClaimPreparer
+) -> None:
+    from vfio_dp.dra.observers.health import claim_holds
+
+    ct = CLAIMS.add("ct", "uid-ct", [result(NVME_CT, request="disk")])
+    assert run(preparer.prepare([ct]))["uid-ct"].error == ""
+    # a group on its native driver is not a VFIO group "moved to a host driver": never tainted
+    assert claim_holds(preparer.checkpoint.all().values()).held == {}
+
+
+def test_after_a_reboot_a_container_claim_is_verified_by_its_hardware(
+    tree: SysfsTree, kernel: SimulatedKernel, preparer: ClaimPreparer, tmp_path: Path
+) -> None:
+    ct = CLAIMS.add("ct", "uid-ct", [result(NVME_CT, request="disk")])
+    assert run(preparer.prepare([ct]))["uid-ct"].error == ""
+    _boot(tree, "boot-2")  # and the plugin starts again
+    report = run(_preparer(tree, kernel, tmp_path).reconcile())
+    assert report.reverified == ["default/ct (uid uid-ct)"], report
+    assert report.invalidated == []
+    assert set(_spec_nodes(tmp_path, "uid-ct")) == NODES

@@ -65,23 +65,23 @@ def refusals(
     (``others``: the checkpoint's other claims) as VFIO for a container entry, or as a
     container for a VFIO entry. The scheduler gives out one entry of a group at a time
     (a counter of value 1): this is the node's own check of the same rule."""
-    theirs: dict[int, tuple[str, bool]] = {}  # group -> (claim, prepared as a container)
+    theirs: dict[str, tuple[str, bool]] = {}  # group name -> (claim, as a container)
     for rec in others:
         if rec.uid == uid:
             continue
         for d in rec.devices:
-            if d.iommu_group is not None and not d.admin_access:
-                theirs[d.iommu_group] = (rec.ref, dra_entry(d.device)[1])
+            if not d.admin_access:
+                base, native = dra_entry(d.device)
+                theirs[base] = (rec.ref, native)
     for c in chosen:
         if c.result.admin_access:
             continue
-        group = c.unit.group
-        ref, native = theirs.get(group, ("", c.gets_nodes))
+        ref, native = theirs.get(c.unit.name, ("", c.gets_nodes))
         if native != c.gets_nodes:  # a stale claim of the same kind is taken over as ever
             held_as = "a container (its native driver)" if native else "VFIO"
             raise ClaimError(
                 who,
-                f"IOMMU group {group} is prepared for claim {ref} as {held_as}; one "
+                f"IOMMU group {c.unit.group} is prepared for claim {ref} as {held_as}; one "
                 "personality at a time: it is handed over once that claim is unprepared",
                 c.result.device,
             )

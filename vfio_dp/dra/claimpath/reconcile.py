@@ -166,7 +166,7 @@ class Reconciler:
                     problems.append(f"{addr_text} is gone")
                 elif dev.ids != ids:
                     problems.append(f"{addr_text} is now {dev.ids}, was {ids}")
-                elif not d.admin_access and dev.iommu_group != d.iommu_group:
+                elif d.iommu_group is not None and dev.iommu_group != d.iommu_group:
                     problems.append(
                         f"{addr_text} is in IOMMU group {dev.iommu_group}, was {d.iommu_group}"
                     )

@@ -183,7 +183,8 @@ def device_records(chosen: Sequence[Chosen], inv: Inventory) -> tuple[DeviceReco
             requests=(c.result.request,),
             pool=c.result.pool,
             device=c.result.device,
-            iommu_group=c.unit.group if c.gets_group or c.gets_nodes else None,
+            # a container entry holds no VFIO group: health judges only those
+            iommu_group=c.unit.group if c.gets_group else None,
             addresses=tuple(str(a) for a in c.unit.endpoints),
             ids=tuple(inv.devices[a].ids for a in c.unit.endpoints),
             admin_access=c.result.admin_access,
