@@ -3,7 +3,8 @@
 ``prepare`` (the kubelet's Handler as a recipe: read, resolve, take ownership, write, record),
 ``reconcile`` (Unprepare's release, reconcile, re-verify after a reboot), and the pure or
 file-owning helpers it runs over: ``claims`` (kubelet's claim types, the ResourceClaim as
-read, its checks), ``resolve`` (results → IOMMU groups), ``edits`` (a claim's CDI edits and
+read, its checks), ``resolve`` (results → IOMMU groups), ``native`` (a container claim: the group
+on its native driver, its own device nodes), ``edits`` (a claim's CDI edits and
 metadata), ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 files), ``extended``
 (what a pod's extended-resource claim gets), ``checkpoint`` (the prepared claims, with the
 boot ID: the one reader and writer of that file), ``holds`` (which functions prepared
@@ -20,6 +21,7 @@ __all__ = [
     "extended",
     "holds",
     "metadata",
+    "native",
     "outcome",
     "prepare",
     "reconcile",
