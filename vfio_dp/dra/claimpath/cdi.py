@@ -8,6 +8,9 @@ accepts and enough for deviceNodes and mounts::
       {"name": "<claimUID>-pci-0000-3b-00-0", "containerEdits": {"deviceNodes": [
           {"path": "/dev/vfio/vfio"}, {"path": "/dev/vfio/45"},
           {"path": "/dev/vfio/devices/vfio3"}, {"path": "/dev/iommu"}]}},   # cdev: kernel >= 6.6
+      {"name": "<claimUID>-pci-0000-01-00-0-native", "containerEdits": {"deviceNodes": [
+          {"path": "/dev/nvme0"}, {"path": "/dev/ng0n1"}, {"path": "/dev/nvme0n1"}]}},
+                                # a container claim: the group's own nodes on its native driver
       {"name": "<claimUID>-metadata-nic", "containerEdits": {"mounts": [
           {"hostPath": "/var/lib/kubelet/plugins/<driver>/dra-device-metadata/<claimUID>/nic/<driver>-metadata.json",
            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/nic/<driver>-metadata.json",
