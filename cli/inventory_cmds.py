@@ -303,7 +303,9 @@ def _joined(*parts: str | None, sep: str = " ") -> str | None:
     return sep.join(p for p in parts if p) or None
 
 
-def _wanted_drivers(inv: Inventory, cfg: Config, shown: Iterable[PciAddress]) -> dict[PciAddress, str]:
+def _wanted_drivers(
+    inv: Inventory, cfg: Config, shown: Iterable[PciAddress]
+) -> dict[PciAddress, str]:
     """Each device's ``vfioDriver`` from the selector that takes it (``auto`` otherwise)."""
     out = {}
     for a in shown:

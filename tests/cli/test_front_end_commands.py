@@ -86,8 +86,12 @@ def test_every_default_is_the_options_own(
 @pytest.mark.parametrize("how", ["flag", "env"])
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--wait-for-other", "nan"), ("--wait-for-other", "NaN"), ("--resync", "nan"),
-     ("--resync", "inf")],
+    [
+        ("--wait-for-other", "nan"),
+        ("--wait-for-other", "NaN"),
+        ("--resync", "nan"),
+        ("--resync", "inf"),
+    ],
 )
 def test_non_finite_seconds_are_refused_before_anything_runs(
     cmd: click.Command, how: str, flag: str, value: str, tmp_path: object

@@ -43,7 +43,7 @@ def _sent(tmp_path: Path) -> set[tuple[str, str, str]]:
         k8s.CoreV1Api(client).replace_namespaced_secret(ARGS["secret"], "vfio-dp", secret)
         before = len(api.requests)
         assert ensure(client, **ARGS).secret.startswith("replaced")
-        ours = api.requests[:before - 1] + api.requests[before:]  # not the test's own PUT
+        ours = api.requests[: before - 1] + api.requests[before:]  # not the test's own PUT
     finally:
         api.stop()
     out = set()

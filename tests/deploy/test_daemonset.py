@@ -176,7 +176,9 @@ def test_root_from_the_environment_is_what_list_reads(tmp_path: Path) -> None:
 
     from tests.sysfs_tree import Dev, SysfsTree
 
-    SysfsTree(tmp_path).add(Dev("0000:65:00.0", "8086", "10d3", "020000", driver="vfio-pci", group=7))
+    SysfsTree(tmp_path).add(
+        Dev("0000:65:00.0", "8086", "10d3", "020000", driver="vfio-pci", group=7)
+    )
     env = {**os.environ, "VFIOCTL_ROOT": str(tmp_path)}
     env.pop("VFIOCTL_CONFIG", None)
     out = subprocess.run(

@@ -45,7 +45,6 @@ from tests.sysfs_tree import gpu_host
 pytestmark = pytest.mark.image
 
 
-
 def _tool(name: str, package: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -89,7 +88,9 @@ def archive(tmp_path_factory: pytest.TempPathFactory, timings: dict[str, float])
     assert round(out.stat().st_size / (1 << 20)) == int(size)
     timings["archive_mib"] = float(size)
     gone = subprocess.run(
-        [_tool("buildah", "buildah"), "inspect", "--type", "image", tag], capture_output=True, check=False
+        [_tool("buildah", "buildah"), "inspect", "--type", "image", tag],
+        capture_output=True,
+        check=False,
     )
     assert gone.returncode != 0, "the script leaves only the archive (no --keep)"
     return out

@@ -63,13 +63,21 @@ def test_the_operators_own_overlay_from_the_install_page_sets_every_image(
     import re
 
     text = (DEPLOY.parent / "docs/install.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "my-site/kustomization.yaml" in b]
+    (block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "my-site/kustomization.yaml" in b
+    ]
     fresh_copy(tmp_path / "vfio-dp")
     site = tmp_path / "my-site"
     site.mkdir()
     (site / "kustomization.yaml").write_text(block.replace("REGISTRY", "registry.example.com/team"))
     objs = render(site)
-    specs = [o["spec"]["template"]["spec"] for k in ("DaemonSet", "Deployment", "Job") for o in all_of(objs, k)]
+    specs = [
+        o["spec"]["template"]["spec"]
+        for k in ("DaemonSet", "Deployment", "Job")
+        for o in all_of(objs, k)
+    ]
     specs += [o["spec"]["jobTemplate"]["spec"]["template"]["spec"] for o in all_of(objs, "CronJob")]
-    images = {c["image"] for s in specs for c in s.get("containers", []) + s.get("initContainers", [])}
+    images = {
+        c["image"] for s in specs for c in s.get("containers", []) + s.get("initContainers", [])
+    }
     assert images == {"registry.example.com/team/vfio-dp:0.1.0"}, images

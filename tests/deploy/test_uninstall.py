@@ -83,10 +83,14 @@ def test_its_command_on_a_temp_tree(objs: list[Obj], tmp_path: Path) -> None:
             "from vfio_dp.host.root import Root; "
             "InstanceLock(Root(sys.argv[1]), lock_name('device-plugin')).acquire(0); "
             "print('held', flush=True); time.sleep(60)")  # fmt: skip
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        refused = subprocess.run([*VFIOCTL, *args], capture_output=True, text=True, timeout=60, check=False)
+        refused = subprocess.run(
+            [*VFIOCTL, *args], capture_output=True, text=True, timeout=60, check=False
+        )
         assert refused.returncode == 1 and "runs on this node" in refused.stderr
         assert (state / "0000:65:00.0.json").exists()
     finally:

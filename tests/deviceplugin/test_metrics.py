@@ -66,7 +66,9 @@ def families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     return out
 
 
-def sample(fams: dict[str, list[tuple[str, dict[str, str], float]]], name: str, **labels: str) -> float | None:
+def sample(
+    fams: dict[str, list[tuple[str, dict[str, str], float]]], name: str, **labels: str
+) -> float | None:
     for family in fams.values():
         for n, lab, value in family:
             if n == name and lab == labels:

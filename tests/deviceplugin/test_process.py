@@ -174,14 +174,18 @@ def test_a_second_instance_waits_for_the_first_then_fails_naming_it(
         _, err = second.communicate(timeout=30)
         assert second.returncode == 1, err
         assert "waiting up to 1 s for it to exit" in err and f"(pid {first.pid})" in err
-        assert f"the device plugin (vfioctl plugin) already runs on this node (pid {first.pid})" in err
+        assert (
+            f"the device plugin (vfioctl plugin) already runs on this node (pid {first.pid})" in err
+        )
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=20)
     third = spawn(tree, kdir, "--wait-for-other", "1")
     try:
         wait_until(
-            lambda: lock.read_text().strip() == str(third.pid), timeout=20, what="the next one takes over"
+            lambda: lock.read_text().strip() == str(third.pid),
+            timeout=20,
+            what="the next one takes over",
         )
     finally:
         third.kill()

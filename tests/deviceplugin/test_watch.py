@@ -30,8 +30,10 @@ async def test_an_idle_daemon_looks_at_the_kubelet_dir_only_when_it_changes(
     try:
         await kubelet.wait_for("the NIC listed", lambda k: k.devices(NIC) == {NIC_ID: "Healthy"})
         await wait_until_async(
-            lambda: daemon.endpoints[NIC].registering is not None
-            and daemon.endpoints[NIC].registering.done(),
+            lambda: (
+                daemon.endpoints[NIC].registering is not None
+                and daemon.endpoints[NIC].registering.done()
+            ),
             what="registered",
         )
         await asyncio.sleep(0.5)  # the registration's own changes settle

@@ -35,7 +35,10 @@ def test_each_failure_has_one_kind_and_a_text_naming_the_claim() -> None:
     host = outcome(WHO, HostError("0000:3b:00.0 is gone from the host"))
     assert (host.kind, host.error) == (REFUSED, f"claim {WHO}: 0000:3b:00.0 is gone from the host")
     held = outcome(WHO, Held(WHO, "IOMMU group 45 is held open by qemu (pid 7)"))
-    assert (held.kind, held.error) == (HELD, f"claim {WHO}: IOMMU group 45 is held open by qemu (pid 7)")
+    assert (held.kind, held.error) == (
+        HELD,
+        f"claim {WHO}: IOMMU group 45 is held open by qemu (pid 7)",
+    )
     full = outcome(WHO, OSError(errno.ENOSPC, "No space left on device"), "/var/lib/x.json")
     assert full.kind == IO
     assert full.error == (

@@ -207,7 +207,13 @@ def test_a_resource_name_too_long_for_an_attribute_is_refused_with_the_fix() -> 
 
 @pytest.mark.parametrize(
     "driver",
-    ["d" * 55 + ".example", "d" * 56 + ".example", "x" * 200 + ".com", "9vfio.example.com", "Not_DNS"],
+    [
+        "d" * 55 + ".example",
+        "d" * 56 + ".example",
+        "x" * 200 + ".com",
+        "9vfio.example.com",
+        "Not_DNS",
+    ],
 )
 def test_to_dra_refuses_exactly_the_driver_names_the_plugin_refuses(driver: str) -> None:
     """One rule (vfio_dp.model.naming): a name the DRA plugin cannot run under (64+ characters

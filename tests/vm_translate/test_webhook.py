@@ -272,7 +272,9 @@ async def test_certificate_reloaded_when_files_change(tmp_path: Path, config: Co
 def test_missing_cert_files_named(tmp_path: Path) -> None:
     from vm_translate.tls import server_context
 
-    with pytest.raises(TlsError, match=r"cannot load the TLS certificate: --tls-cert .*nope\.crt: no such file"):
+    with pytest.raises(
+        TlsError, match=r"cannot load the TLS certificate: --tls-cert .*nope\.crt: no such file"
+    ):
         server_context(str(tmp_path / "nope.crt"), str(tmp_path / "nope.key"))
 
 

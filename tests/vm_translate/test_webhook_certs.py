@@ -81,9 +81,10 @@ def _serve_and_verify(secret: dict[str, Any], ca_bundle: str, name: str) -> str:
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    with socket.create_connection(("127.0.0.1", port)) as raw, client_ctx.wrap_socket(
-        raw, server_hostname=name
-    ) as tls:
+    with (
+        socket.create_connection(("127.0.0.1", port)) as raw,
+        client_ctx.wrap_socket(raw, server_hostname=name) as tls,
+    ):
         subject = str(tls.getpeercert()["subjectAltName"])
         tls.send(b"x")
     t.join(5)
@@ -146,7 +147,10 @@ def test_job_replaces_a_secret_whose_key_does_not_match(api: ApiServerStandin) -
     assert _run(api).returncode == 0
     (secret,) = api.objects(SECRETS, "vfio-dp")
     stranger = self_signed(["x.default.svc"])
-    broken = {**secret, "data": {**secret["data"], "tls.key": base64.b64encode(stranger.key).decode()}}
+    broken = {
+        **secret,
+        "data": {**secret["data"], "tls.key": base64.b64encode(stranger.key).decode()},
+    }
     from kubernetes import client as k8s
 
     # someone swaps the key (through the API, as kubectl edit would)

@@ -63,7 +63,11 @@ class Metrics:
             ("health", "resource"),
         ),
         "vfio_dp_group_conflicts": (GAUGE, "IOMMU groups whose endpoints match two resources.", ()),
-        "vfio_dp_allocations_total": (COUNTER, "Allocate calls answered, by resource.", ("resource",)),
+        "vfio_dp_allocations_total": (
+            COUNTER,
+            "Allocate calls answered, by resource.",
+            ("resource",),
+        ),
         "vfio_dp_allocation_errors_total": (
             COUNTER,
             "Allocate/PreStartContainer calls refused, by resource and call.",

@@ -315,7 +315,12 @@ class KubeletFrontEnd:
     async def _prepare(self, claims: Sequence[ClaimRef], version: str) -> dict[str, ClaimResult]:
         with self._timed("vfio_dp_dra_prepare_seconds", version):
             results, errors = await self._answer(
-                claims, version, "prepare", self.handler.prepare, ClaimResult, lambda r: bool(r.error)
+                claims,
+                version,
+                "prepare",
+                self.handler.prepare,
+                ClaimResult,
+                lambda r: bool(r.error),
             )
         return {**{uid: ClaimResult(error=e) for uid, e in errors.items()}, **results}
 
