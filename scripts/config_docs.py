@@ -15,9 +15,10 @@ from pathlib import Path
 
 from vfio_dp.model.config import Config, Selector
 from vfio_dp.model.config_fields import markdown_table, yaml_fields
+from vfio_dp.model.mdev_config import MdevEntry
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-TABLES = {"Config": Config, "Selector": Selector}
+TABLES = {"Config": Config, "Selector": Selector, "MdevEntry": MdevEntry}
 
 
 def rendered(text: str) -> str:

@@ -6,15 +6,28 @@
     <parent dir>/<uuid>/{mdev_type -> ../mdev_supported_types/<type>, iommu_group, driver}
     sys/bus/mdev/devices/<uuid> -> <parent dir>/<uuid>;  dev/vfio/<N>
 
-Named for what it is: a fake tree; it does not react to ``create`` or ``remove`` writes.
+Named for what it is: a fake tree. The tree itself does not react to writes;
+:class:`MdevKernel` (a :class:`tests.kernel_sim.SimulatedKernel`) applies the kernel's
+reaction to ``create`` and ``remove`` as ``drivers/vfio/mdev/mdev_sysfs.c`` does:
+
+- ``<type>/create`` with a UUID: ``EEXIST`` when an instance with that UUID exists,
+  ``EUSERS`` when the type's ``available_instances`` is 0, ``EINVAL`` for a value that is not
+  a UUID; else the instance appears (``sys/bus/mdev/devices/<uuid>``, a new IOMMU group and
+  its ``/dev/vfio/<N>``) and ``available_instances`` goes down by one.
+- ``<uuid>/remove`` with ``1``: the instance goes (its group and node too) and
+  ``available_instances`` goes up by one.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 
+from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
+from vfio_dp.model.mdev import is_uuid
 
 
 def _link(link: Path, target: Path) -> None:
@@ -74,3 +87,55 @@ def add_instance(tree: SysfsTree, parent: str, type_id: str, uuid: str, group: i
         _link(types_dir / uuid, inst)
     (tree.root / "dev/vfio" / str(group)).write_text("")
     return inst
+
+
+def _available(type_dir: Path, delta: int) -> int:
+    f = type_dir / "available_instances"
+    now = int(f.read_text().strip())
+    f.write_text(f"{now + delta}\n")
+    return now
+
+
+def remove_instance(tree: SysfsTree, uuid: str) -> None:
+    """Take the instance away as the kernel does (its group and node go with it)."""
+    link = tree.sys("bus/mdev/devices", uuid)
+    inst = Path(os.path.realpath(link))
+    type_dir = Path(os.path.realpath(inst / "mdev_type"))
+    group = Path(os.path.realpath(inst / "iommu_group"))
+    link.unlink()
+    (type_dir / "devices" / uuid).unlink(missing_ok=True)
+    shutil.rmtree(inst)
+    shutil.rmtree(group)
+    (tree.root / "dev/vfio" / group.name).unlink(missing_ok=True)
+    _available(type_dir, +1)
+
+
+class MdevKernel(SimulatedKernel):
+    """The kernel simulator plus the mdev core's ``create`` and ``remove`` (module
+    docstring); every other write goes to :class:`SimulatedKernel`."""
+
+    def _react(self, path: str, data: str) -> None:
+        parts = self._rel(path)
+        value = data.strip()
+        if parts[:3] == ["sys", "class", "mdev_bus"] and parts[-1] == "create" and len(parts) == 7:
+            parent, type_id = parts[3], parts[5]
+            if not is_uuid(value):
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+            if os.path.lexists(self.tree.sys("bus/mdev/devices", value)):
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+            type_dir = parent_dir(self.tree, parent) / "mdev_supported_types" / type_id
+            if _available(type_dir, 0) <= 0:
+                raise OSError(errno.EUSERS, os.strerror(errno.EUSERS), path)
+            groups = self.tree.sys("kernel/iommu_groups")
+            used = [int(g.name) for g in groups.iterdir()] if groups.is_dir() else []
+            add_instance(self.tree, parent, type_id, value, group=max(used, default=0) + 1)
+            _available(type_dir, -1)
+            return
+        if parts[:4] == ["sys", "bus", "mdev", "devices"] and parts[-1] == "remove":
+            if value != "1":
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+            if not os.path.lexists(self.tree.sys("bus/mdev/devices", parts[4])):
+                raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            remove_instance(self.tree, parts[4])
+            return
+        super()._react(path, data)

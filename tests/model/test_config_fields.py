@@ -16,6 +16,7 @@ from vfio_dp.errors import ConfigError
 from vfio_dp.model import config_check
 from vfio_dp.model.config import Config, Selector, load_config_text, parse_config
 from vfio_dp.model.config_fields import ACTION, MATCH, Kind, markdown_table, yaml_field, yaml_fields
+from vfio_dp.model.mdev_config import MdevEntry
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
@@ -44,7 +45,7 @@ def test_every_yaml_key_is_a_declared_field_and_nothing_else() -> None:
     keys = [f.key for f in yaml_fields(Selector)]
     assert len(keys) == len(set(keys))
     assert set(keys) == config_check._SELECTOR_KEYS
-    assert {"resourceDomain", "selectors"} == config_check._TOP_KEYS
+    assert {"resourceDomain", "selectors", "mdev"} == config_check._TOP_KEYS
     # every dataclass field is set from the file except the one bind: onPrepare sets
     plain = {f.name for f in dataclasses.fields(Selector)} - {f.attr for f in yaml_fields(Selector)}
     assert plain == {"bind_on_prepare"}
@@ -92,7 +93,7 @@ def test_the_docs_table_is_the_declaration() -> None:
     script = _docs_script()
     assert script.rendered(text) == text, "run: python scripts/config_docs.py"
     documented = re.findall(r"^\| `(\w+)` \|", text, re.MULTILINE)
-    declared = [f.key for f in yaml_fields(Config) + yaml_fields(Selector)]
+    declared = [f.key for f in yaml_fields(Config) + yaml_fields(Selector) + yaml_fields(MdevEntry)]
     assert documented == declared
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from vfio_dp.core.config_file import ConfigFile
+from vfio_dp.core.mdev_reconcile import MdevPass
 from vfio_dp.core.metrics import Metrics, serve_http
 from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound, vfio_drivers_wanted
@@ -118,6 +119,8 @@ class NodeCore:
         self.sriov_pass = SriovPass(self.host, by=options.front_end, path=options.path)
         #: front-ends' holds on VFs (a prepared claim, a pod's allocation): address -> who
         self.vf_holds = self.sriov_pass.vf_holds
+        #: the config's mdev: section (vfio_dp.core.mdev_reconcile), before every scan
+        self.mdev = MdevPass(self.host, options.front_end, options.path)
         self._scan_lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._dirty_reason = "resync"
@@ -230,6 +233,8 @@ class NodeCore:
         ``bind: true`` devices, tell the observers."""
         async with self._scan_lock:
             made: list[PciAddress] = []
+            if self.mdev.needed(self.config):
+                await self.mdev.reconcile(self.config, self.run, self.vf_holds)
             if self.sriov_pass.needed(self.config):
                 made = await self.sriov_pass.reconcile(self.config, self.run)
             inv = await self._scan(trigger, full)
@@ -271,6 +276,7 @@ class NodeCore:
             or self._fingerprint is None
             or time.monotonic() - self._last_full_scan >= FULL_SCAN_INTERVAL
             or self.sriov_pass.needed(self.config)  # SR-IOV: reconciled at every resync
+            or self.mdev.needed(self.config)  # mdev: reconciled at every resync too
         ):
             await self.rescan("resync")
             return

@@ -45,7 +45,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from vfio_dp.errors import (
@@ -359,15 +359,18 @@ class StateStore:
 
     # -- locks ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def locked(self, addresses: list[PciAddress], timeout: float = 10.0) -> Iterator[None]:
-        """Hold the per-device locks of ``addresses`` (taken in sorted order: no deadlock)."""
+    def locked(
+        self, addresses: Sequence[PciAddress] | Sequence[str], timeout: float = 10.0
+    ) -> Iterator[None]:
+        """Hold the per-device locks of ``addresses`` (taken in sorted order: no deadlock);
+        an mdev parent's lock is named by the parent (``mtty.lock``)."""
         fds: list[int] = []
         try:
             dfd = self.root.open_dir(*LOCK_DIR, create=True)
         except OSError as e:
             raise StateWriteError(write_failure(self.lock_dir, e)) from e
         try:
-            for addr in sorted(set(addresses)):
+            for addr in sorted({str(a) for a in addresses}):
                 try:
                     fd = os.open(
                         f"{addr}.lock",

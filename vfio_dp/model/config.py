@@ -96,6 +96,7 @@ from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
 from vfio_dp.model.device import VFIO_PCI, PciDevice
+from vfio_dp.model.mdev_config import MDEV_ENTRIES, MdevEntry
 from vfio_dp.model.personality import Personality
 
 #: The two node processes a selector can give its devices to.
@@ -315,6 +316,14 @@ class Config:
         "what is served, and how",
         default_text="without it: every device already on vfio-pci, served by whichever "
         "process runs",
+    )
+    mdev: tuple[MdevEntry, ...] = yaml_field(
+        (),
+        "mdev",
+        MDEV_ENTRIES,
+        ACTION,
+        "mediated-device instances to make, one type per parent",
+        default_text="none",
     )
     #: True without a config (or without ``selectors``): every path serves what is selected
     any_path: bool = False

@@ -35,6 +35,7 @@ from vfio_dp.model.config import (
 )
 from vfio_dp.model.config_fields import MATCH, Kind, yaml_fields
 from vfio_dp.model.device import VFIO_PCI
+from vfio_dp.model.mdev_config import parse_mdev
 from vfio_dp.model.personality import Personality
 
 _HEX_PREFIX = re.compile(r"(?:0x)?([0-9a-fA-F]{2}|[0-9a-fA-F]{4}|[0-9a-fA-F]{6})")
@@ -130,10 +131,14 @@ def parse_config(data: object, source: str = "<config>") -> Config:
             sel = _parse_selector(raw, f"selectors[{i}]", domain, problems)
             if sel is not None:
                 selectors.append(sel)
+    mdev = parse_mdev(data.get("mdev"), domain, problems, _parse_selector)
     if problems:
         raise ConfigError(source, problems)
     return Config(
-        resource_domain=domain, selectors=tuple(selectors), any_path=raw_selectors is None
+        resource_domain=domain,
+        selectors=tuple(selectors),
+        mdev=mdev,
+        any_path=raw_selectors is None,
     )
 
 

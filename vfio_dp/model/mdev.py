@@ -83,3 +83,43 @@ class MdevInventory:
     def parent_addresses(self) -> frozenset[PciAddress]:
         """The PCI functions that are mdev parents: never units themselves."""
         return frozenset(p.address for p in self.parents if p.address is not None)
+
+
+#: who made an instance, in its record (``<root>/var/lib/vfio_dp/mdev/<uuid>.json``):
+#: ``operator`` (``vfioctl mdev create``), a front-end (``device-plugin``, ``dra-plugin``:
+#: the config's ``mdev:`` section), or ``claim:<uid>`` (made at a DRA claim's Prepare)
+CREATE = "create"
+REMOVE = "remove"
+
+
+@dataclass(frozen=True, slots=True)
+class MdevRecord:
+    """An instance vfio_dp made and answers for: re-made with this UUID while the record is
+    kept (instances vanish at reboot), removed only by who ``by`` names or with ``--force``."""
+
+    uuid: str
+    parent: str
+    type_id: str
+    by: str
+
+
+@dataclass(slots=True)
+class MdevOp:
+    """The journal of one create or remove, written before its sysfs write: ``previous``
+    is the record before it (kept by an undo), ``record`` the one a create writes."""
+
+    action: str  # CREATE | REMOVE
+    uuid: str
+    parent: str
+    type_id: str
+    runner: str
+    pid: int
+    started: float
+    previous: MdevRecord | None = None
+    record: MdevRecord | None = None
+
+    def describe(self) -> str:
+        return (
+            f"mdev {self.action} of {self.uuid} ({self.type_id} on {self.parent}) by "
+            f"{self.runner} (pid {self.pid})"
+        )
