@@ -1,4 +1,4 @@
-"""``vfioctl mdev``: mediated-device parents, their types and instances (read-only).
+"""``vfioctl mdev``: mediated-device parents, their types and instances; ``create``, ``remove``.
 
 Thin: :func:`vfio_dp.host.mdev.read_mdevs` reads; this prints. ``-o json`` gives one object
 per parent::
@@ -7,11 +7,13 @@ per parent::
      "types": [{"type": "mtty-2", "name": "Dual port serial", "available": 11,
                 "deviceApi": "vfio-pci", "description": "…"}],
      "instances": [{"uuid": "83b8f4f2-…", "type": "mtty-2", "iommuGroup": 7,
-                    "vfioNode": "/dev/vfio/7", "driver": "vfio_mdev"}]}
+                    "vfioNode": "/dev/vfio/7", "driver": "vfio_mdev", "madeBy": "operator"}]}
 
 The table has one row per type with its instances; ``-o wide`` adds each instance's IOMMU
 group; ``-o name`` prints ``mdev/<uuid>`` per instance. Problems met while reading (a parent
-that vanished, an instance of a type its parent does not list) go to stderr.
+that vanished, an instance of a type its parent does not list), recorded instances that are
+gone and interrupted operations go to stderr. ``madeBy`` is who made the instance by its
+record (``operator``, ``device-plugin``, ``dra-plugin``, ``claim:<uid>``; null: not vfio_dp).
 
 ``vfioctl mdev create PARENT TYPE`` and ``vfioctl mdev remove UUID…`` make and remove
 instances through :class:`vfio_dp.host.mdev_ops.Mdevs` (journalled; ``--dry-run`` prints the
@@ -51,11 +53,25 @@ def mdev(ctx: click.Context, root: str, output: str) -> None:
 
     def body() -> int:
         from vfio_dp.host.mdev import read_mdevs
+        from vfio_dp.host.mdev_store import MdevStore
         from vfio_dp.host.root import Root
 
-        inv = read_mdevs(Root(root))
-        for problem in inv.problems:
+        fs = Root(root)
+        inv = read_mdevs(fs)
+        store = MdevStore(fs)
+        records, bad = store.records()
+        made_by = {r.uuid: r.by for r in records}
+        present = {i.uuid for i in inv.instances}
+        for problem in [*inv.problems, *bad]:
             click.echo(f"vfioctl: {problem}", err=True)
+        for r in records:
+            if r.uuid not in present:
+                click.echo(f"vfioctl: mdev {r.uuid} ({r.type_id} on {r.parent}, made by {r.by}) "
+                           "is recorded but gone: its maker makes it again, or vfioctl mdev "
+                           "remove drops the record", err=True)  # fmt: skip
+        for u in store.journaled():
+            click.echo(f"vfioctl: INTERRUPTED mdev operation on {u}: the next vfioctl mdev "
+                       "create/remove on its parent finishes or undoes it", err=True)  # fmt: skip
         if output in ("json", "yaml"):
             print_json(
                 [
@@ -70,7 +86,8 @@ def mdev(ctx: click.Context, root: str, output: str) -> None:
                         ],
                         "instances": [
                             {"uuid": i.uuid, "type": i.type_id, "iommuGroup": i.iommu_group,
-                             "vfioNode": i.vfio_node, "driver": i.driver}
+                             "vfioNode": i.vfio_node, "driver": i.driver,
+                             "madeBy": made_by.get(i.uuid)}
                             for i in p.instances
                         ],
                     }

@@ -40,6 +40,7 @@ ATOMIC_USERS = {
 STORES = {
     "vfio_dp.host.state": "bind records original/<bdf>.json and journals ops/<id>.json",
     "vfio_dp.host.sriov_store": "SR-IOV records sriov/<pf>.json and journals sriov/ops/<pf>.json",
+    "vfio_dp.host.mdev_store": "mdev records mdev/<uuid>.json and journals mdev/ops/<uuid>.json",
     "vfio_dp.host.persist": "persistent binds persist.json (and its udev rule)",
     "vfio_dp.dra.claimpath.checkpoint": "the DRA checkpoint dra-<driver>.checkpoint.json",
     "vfio_dp.deviceplugin.allocation_store": "the device plugin's allocations.json",
