@@ -231,3 +231,16 @@ def test_recovery_leaves_a_running_operation_alone(t: SysfsTree) -> None:
     with m.host.state.locked(["mtty"]):
         assert m.recover() == []
     assert state(t) == ([], [U2])
+
+
+def test_a_claims_unprepare_removes_the_instance_its_prepare_made(t: SysfsTree) -> None:
+    """The DRA path's calls (item 4): made for claim 5d1e, held against everyone else,
+    removed by that claim's Unprepare."""
+    m = mdevs(t, by="dra-plugin")
+    m.create("mtty", "mtty-2", [U2], by="claim:5d1e")
+    with pytest.raises(RefusedError, match=f"mdev {U2} is held: claim 5d1e"):
+        m.remove([U2], force=True)
+    with pytest.raises(RefusedError, match=f"mdev {U2} is held: claim 5d1e"):
+        m.remove([U2], for_claim="other")
+    assert m.remove([U2], for_claim="5d1e").uuids == [U2]
+    assert U2 not in uuids(t) and state(t) == ([], [])

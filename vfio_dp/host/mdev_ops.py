@@ -36,7 +36,7 @@ from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
 from vfio_dp.host.mdev import MDEV_BUS, MDEV_DEVICES, read_mdevs
 from vfio_dp.host.mdev_store import RECORD_DIR, MdevStore
-from vfio_dp.host.state import BOUND_BY_OPERATOR, claim_of, recovers
+from vfio_dp.host.state import BOUND_BY_OPERATOR, bound_by_claim, claim_of, recovers
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.mdev import (
     CREATE,
@@ -140,10 +140,10 @@ class Mdevs:
         return t
 
     def holders(
-        self, insts: Sequence[MdevInstance], extra: Held | None = None
+        self, insts: Sequence[MdevInstance], extra: Held | None = None, owner: str | None = None
     ) -> dict[str, list[str]]:
         """For each of ``insts`` that something holds: who (an open ``/dev/vfio/<N>``, a
-        ``claim:<uid>`` record, ``extra``)."""
+        ``claim:<uid>`` record other than ``owner``, ``extra``)."""
         out: dict[str, list[str]] = {}
         extra = extra or {}
         nodes = {i.vfio_node: i.uuid for i in insts if i.vfio_node}
@@ -153,7 +153,7 @@ class Mdevs:
             if scan is not None and i.vfio_node and scan.held(i.vfio_node) is not False:
                 who.append(scan.describe(i.vfio_node))
             rec = self.store.get(i.uuid)
-            if rec is not None and (uid := claim_of(rec.by)) is not None:
+            if rec is not None and rec.by != owner and (uid := claim_of(rec.by)) is not None:
                 who.append(f"claim {uid} (its record {self.store.shown(RECORD_DIR, i.uuid)})")
             if who:
                 out[i.uuid] = who
@@ -228,11 +228,15 @@ class Mdevs:
         force: bool = False,
         dry_run: bool = False,
         extra: Held | None = None,
+        for_claim: str | None = None,
     ) -> MdevResult:
         """Remove each instance in ``uuids``. Refuses (:class:`RefusedError`, nothing
         changed) a bad UUID, an instance that does not exist, a held one (always), and one
         that is not this caller's (made by someone else, or by a node process's config)
-        unless ``force``. A recorded instance that is already gone loses its record."""
+        unless ``force``. A recorded instance that is already gone loses its record.
+        ``for_claim``: a DRA claim's Unprepare removes the instance its Prepare made (its
+        ``claim:<uid>`` record is then the caller's, not a hold)."""
+        owner = bound_by_claim(for_claim) if for_claim is not None else self.by
         result = MdevResult(dry_run=dry_run)
         problems = [f"{u!r} is not an mdev UUID: give {UUID_FIX}" for u in uuids if not is_uuid(u)]
         if problems:
@@ -256,13 +260,13 @@ class Mdevs:
                     f"mdev {u} was not made by vfio_dp (no record): left alone; add --force "
                     "to remove it anyway"
                 )
-            elif rec is not None and rec.by != self.by and claim_of(rec.by) is None and not force:
+            elif rec is not None and rec.by != owner and claim_of(rec.by) is None and not force:
                 problems.append(
                     f"mdev {u} was made by {rec.by} (its config's mdev: section makes it again "
                     "while it asks for it): change that config, or add --force"
                 )
             insts.append(present[u])
-        for u, who in self.holders(insts, extra).items():
+        for u, who in self.holders(insts, extra, owner).items():
             problems.append(f"mdev {u} is held: {'; '.join(who)}; stop its user first")
         if problems:
             raise RefusedError(problems)
