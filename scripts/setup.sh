@@ -75,6 +75,9 @@ if [ "$FOR" = all ]; then
   fi
   if [ -n "$GUEST_RELEASE" ]; then
     APT_PACKAGES+=("linux-headers-$GUEST_RELEASE")
+    # the kernel's sample mdev driver mtty (samples/vfio-mdev/mtty.c) comes from the source
+    # of that kernel series; the rig builds it like our own modules (tests/guest/mdev_rig.py)
+    APT_PACKAGES+=("linux-source-$(echo "$GUEST_RELEASE" | cut -d. -f1,2)")
   else
     echo "setup: cannot tell the guest kernel's release (apt-cache depends linux-image-amd64):" \
       "the guest tests that build kernel modules will fail" >&2
