@@ -3,7 +3,8 @@
 Thin: reads the config (the same ConfigMap file the node processes read), calls
 :func:`vfio_dp.dra.deviceclasses.device_classes`, prints YAML (``kubectl apply -f -``) or
 JSON. One class per resource a ``path: dra`` selector produces, with
-``extendedResourceName`` = the name KubeVirt asks for (KEP-5004).
+``extendedResourceName`` = the name KubeVirt asks for (KEP-5004), then the class of the
+container entries (``native.<driver>``).
 """
 
 from __future__ import annotations
@@ -51,16 +52,17 @@ def deviceclasses(
 ) -> None:
     """Print a DeviceClass per resource the config's `path: dra` selectors produce.
 
-    Each class's CEL selects exactly the driver's devices published under that resource;
-    its extendedResourceName is the resource name, so a pod (a VM's virt-launcher) asking
-    for it on a node where no device plugin advertises it gets a DRA claim instead.
+    Each class's CEL selects exactly the driver's VFIO devices published under that
+    resource; its extendedResourceName is the resource name, so a pod (a VM's virt-launcher)
+    asking for it on a node where no device plugin advertises it gets a DRA claim instead.
+    Last, native.<driver>: the class of the container entries (personalities: [vm, container]).
     """
 
     def body() -> int:
         import json
         import re
 
-        from vfio_dp.dra.deviceclasses import device_classes
+        from vfio_dp.dra.deviceclasses import device_classes, native_device_class
         from vfio_dp.model import naming
         from vm_translate.errors import InputError
         from vm_translate.inputs import load_config
@@ -74,6 +76,7 @@ def deviceclasses(
             ids.append((m.group(1), m.group(2)))
         config = load_config(config_path)
         classes = device_classes(config, driver_name, ids, config_path or "<default config>")
+        classes.append(native_device_class(driver_name))  # the container entries' class
         if output == "json":
             sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
             sys.stdout.write("\n")

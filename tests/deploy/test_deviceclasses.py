@@ -55,6 +55,7 @@ def test_the_shipped_classes_are_what_the_command_prints(monkeypatch: pytest.Mon
     assert [extended_resource_name(c) for c in shipped] == [
         "devices.kubevirt.io/10de_1eb8",
         "devices.kubevirt.io/144d_a808",
+        f"{IMPLICIT_PREFIX}native.{DRIVER}",  # the container entries' class
     ]
 
 
@@ -64,7 +65,12 @@ def test_the_dra_overlays_ship_them_beside_the_driver_class(
     for target in ("overlays/dra", "overlays/cert-manager-dra"):
         classes = list(all_of(rendered[target], "DeviceClass"))
         names = {c["metadata"]["name"] for c in classes}
-        assert {"10de-1eb8.devices.kubevirt.io", "144d-a808.devices.kubevirt.io", DRIVER} == names
+        assert {
+            "10de-1eb8.devices.kubevirt.io",
+            "144d-a808.devices.kubevirt.io",
+            DRIVER,
+            f"native.{DRIVER}",
+        } == names
         assert all("namespace" not in c["metadata"] for c in classes)  # cluster-scoped
     # the other overlays send nothing to DRA: no class with an extended resource name
     for target in ("base", "overlays/self-signed", "overlays/vagrant", "overlays/cert-manager"):
@@ -87,6 +93,7 @@ def test_shipped_classes_select_exactly_their_published_devices(tmp_path: Path) 
     assert _by_resource(shipped, devices) == {
         "devices.kubevirt.io/10de_1eb8": {"pci-0000-3b-00-0"},  # GPU + audio: one group
         "devices.kubevirt.io/144d_a808": {"pci-0000-07-00-0"},  # two NVMe: one group
+        f"{IMPLICIT_PREFIX}native.{DRIVER}": set(),  # no group offered for containers here
     }
     other = {**devices[0], "driver": "gpu.nvidia.com"}  # another driver's device
     expr = shipped[0]["spec"]["selectors"][0]["cel"]["expression"]
@@ -153,5 +160,6 @@ def test_command_errors_name_the_value() -> None:
     assert bad.exit_code == 2 and "Not_DNS" in bad.stderr
     ok = CliRunner().invoke(vfioctl, ["deviceclasses", "--device", "8086:10d3", "-o", "json"])
     assert ok.exit_code == 0, ok.stderr
-    (item,) = yaml.safe_load(ok.stdout)["items"]  # no config: the default selector, any path
+    item, native = yaml.safe_load(ok.stdout)["items"]  # no config: the default selector
     assert item["spec"]["extendedResourceName"] == "devices.kubevirt.io/8086_10d3"
+    assert native["metadata"]["name"] == f"native.{DRIVER}"

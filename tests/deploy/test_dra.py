@@ -24,7 +24,9 @@ from tests.deploy.helpers import (
 )
 from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.deploy.test_daemonset import ROOT_MOUNTS
+from tests.dra.cel_view import cel
 from tests.dra.topologies import dra_host
+from vfio_dp.dra.deviceclasses import kind_guard
 from vfio_dp.dra.slices import published_devices
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
@@ -161,7 +163,8 @@ def test_device_classes_select_exactly_the_intended_devices(
         return {d["name"] for d in devices if all(c(d) for c in checks)}
 
     main = find(objs, "DeviceClass", driver)  # named after the driver
-    assert main["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
+    guard = f'device.driver == "{driver}" && {kind_guard(driver)}'
+    assert main["spec"]["selectors"] == [{"cel": {"expression": guard}}]
     assert "namespace" not in main["metadata"]  # cluster-scoped
     assert selected(main) == {d["name"] for d in devices}
     other = {**devices[0], "driver": "gpu.nvidia.com"}  # another driver's device
@@ -175,6 +178,15 @@ def test_device_classes_select_exactly_the_intended_devices(
         "vfio-mellanox-cx5-vf.vfio.dra.vfio-dp.io": {"pci-0000-af-00-1", "pci-0000-af-00-2"},
         "vfio-samsung-nvme.vfio.dra.vfio-dp.io": {"pci-0000-07-00-0"},
     }
+    # a group's container entry (kind: native, no vendorID) is selected by none of them, and
+    # evaluating them on it is no CEL error (the guard comes first)
+    native = {
+        "driver": driver,
+        "name": "pci-0000-07-00-0-native",
+        "attributes": {driver: {"kind": "native", "iommuGroup": 9}},
+    }
+    for dc in [main, *(dc for dc in examples if dc["kind"] == "DeviceClass")]:
+        assert not cel(dc["spec"]["selectors"][0]["cel"]["expression"])(native)  # no error
 
 
 def test_examples_are_valid_and_the_template_names_an_example_class(examples: list[Obj]) -> None:

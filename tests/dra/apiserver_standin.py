@@ -76,7 +76,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -118,6 +118,10 @@ MAX_POOL_NAME = 253
 MAX_VALUE = 64
 MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets (per slice)
 MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
+#: the ResourceSlice fields of DRAPartitionableDevices and of DRADeviceBindingConditions
+PARTITIONABLE_FIELDS = frozenset({"sharedCounters", "consumesCounters"})
+BINDING_FIELDS = frozenset({"bindingConditions", "bindingFailureConditions", "bindsToNode"})
+MAX_BINDING_CONDITIONS = 4  # BindingConditionsMaxSize, BindingFailureConditionsMaxSize
 MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 MAX_COUNTERS_PER_CONSUMPTION = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
 ATTRIBUTE_VALUE_FIELDS = (
@@ -537,31 +541,75 @@ def _counters_problems(counters: Any, limit: int, path: str) -> list[tuple[str, 
     return causes
 
 
-def pool_counter_problems(slices: list[dict[str, Any]]) -> list[str]:
-    """What the scheduler's allocator would trip on in one pool's slices (not API validation:
-    the API accepts each slice alone): a device consuming a counter set or counter the pool
-    does not define, or the pool's devices together consuming more than a counter holds."""
-    defined: dict[str, dict[str, float]] = {}
+Counters = dict[str, dict[str, float]]
+
+
+def pool_counters(slices: list[dict[str, Any]]) -> tuple[Counters, dict[str, Counters]]:
+    """One pool's counter sets (name -> counter -> value) and what each device consumes
+    (device name -> counter set -> counter -> value)."""
+    defined: Counters = {}
+    consumes: dict[str, Counters] = {}
     for s in slices:
         for cs in s["spec"].get("sharedCounters") or []:
-            defined[cs["name"]] = {k: float(v["value"]) for k, v in cs["counters"].items()}
-    used: dict[tuple[str, str], float] = {}
-    problems: list[str] = []
-    for s in slices:
+            defined[cs["name"]] = {k: parse_quantity(v["value"]) for k, v in cs["counters"].items()}
         for d in s["spec"].get("devices") or []:
+            mine = consumes.setdefault(d["name"], {})
             for c in d.get("consumesCounters") or []:
                 for k, v in c["counters"].items():
-                    if k not in defined.get(c["counterSet"], {}):
-                        problems.append(
-                            f"device {d['name']} consumes {c['counterSet']}/{k}, not defined"
-                        )
-                    used[(c["counterSet"], k)] = used.get((c["counterSet"], k), 0) + float(
-                        v["value"]
-                    )
-    for (cs, k), n in sorted(used.items()):
-        if cs in defined and k in defined[cs] and n > defined[cs][k]:
-            problems.append(f"{cs}/{k}: {n:g} consumed, {defined[cs][k]:g} available")
-    return problems
+                    mine.setdefault(c["counterSet"], {})[k] = parse_quantity(v["value"])
+    return defined, consumes
+
+
+def over_consumed(
+    defined: Counters, consumes: dict[str, Counters], devices: Collection[str]
+) -> list[str]:
+    """Each counter the ``devices`` together consume more of than it holds (upstream's
+    allocator rule: the sum over ALLOCATED devices never exceeds a counter's value)."""
+    used: dict[tuple[str, str], float] = {}
+    for name in devices:
+        for cs, counters in consumes.get(name, {}).items():
+            for k, v in counters.items():
+                used[(cs, k)] = used.get((cs, k), 0) + v
+    return [
+        f"{cs}/{k}: {n:g} consumed, {defined[cs][k]:g} available"
+        for (cs, k), n in sorted(used.items())
+        if cs in defined and k in defined[cs] and n > defined[cs][k]
+    ]
+
+
+def pool_counter_problems(
+    slices: list[dict[str, Any]], allocated: Collection[str] = ()
+) -> list[str]:
+    """What the scheduler's allocator would trip on in one pool's slices (not API validation:
+    the API accepts each slice alone): a device consuming a counter set or counter the pool
+    does not define, or the ``allocated`` devices (names) together consuming more than a
+    counter holds. Upstream's rule (KEP-4815): only what ALLOCATED devices consume counts,
+    so two published devices that each consume 1 of a counter of value 1 are fine until both
+    are allocated -- which the allocator never does."""
+    defined, consumes = pool_counters(slices)
+    problems = [
+        f"device {name} consumes {cs}/{k}, not defined"
+        for name, sets in consumes.items()
+        for cs, counters in sets.items()
+        for k in counters
+        if k not in defined.get(cs, {})
+    ]
+    return problems + over_consumed(defined, consumes, allocated)
+
+
+_SUFFIX = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}  # fmt: skip
+
+
+def parse_quantity(text: str) -> float:
+    """A Kubernetes quantity's value (``"2"``, ``"1Ki"``, ``"500m"``, ``"1e3"``)."""
+    m = re.fullmatch(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([a-zA-Z]*|[eE][+-]?\d+)", text)
+    if m is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    number, suffix = m.groups()
+    if suffix[:1] in ("e", "E"):
+        return float(number + suffix)
+    return float(number) * _SUFFIX[suffix]
 
 
 def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]:
@@ -621,6 +669,13 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
             )
     causes.extend(_taint_problems(device.get("taints") or [], f"{path}.taints"))
     causes.extend(
+        binding_problems(
+            device.get("bindingConditions") or [],
+            device.get("bindingFailureConditions") or [],
+            path,
+        )
+    )
+    causes.extend(
         _counter_list_problems(
             device.get("consumesCounters") or [],
             f"{path}.consumesCounters",
@@ -629,6 +684,53 @@ def _device_problems(device: dict[str, Any], path: str) -> list[tuple[str, str]]
             counters_limit=MAX_COUNTERS_PER_CONSUMPTION,
         )
     )
+    return causes
+
+
+def binding_problems(ready: list[Any], failed: list[Any], path: str) -> list[tuple[str, str]]:
+    """``bindingConditions`` / ``bindingFailureConditions`` as upstream's
+    validateDeviceBindingParameters: at most 4 each, qualified names, no duplicates, no
+    overlap, and both or neither."""
+    causes: list[tuple[str, str]] = []
+    for f, items in (("bindingConditions", ready), ("bindingFailureConditions", failed)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            causes.append(
+                (
+                    f"{path}.{f}",
+                    f"Too many: {len(items)}: must have at most {MAX_BINDING_CONDITIONS} items",
+                )
+            )
+        seen: set[str] = set()
+        for i, c in enumerate(items):
+            causes.extend(
+                (f"{path}.{f}[{i}]", f"Invalid value: {str(c)[:80]!r}: {w}")
+                for w in _label_name_problems(str(c))
+            )
+            if c in seen:
+                causes.append((f"{path}.{f}[{i}]", f"Duplicate value: {c!r}"))
+            seen.add(c)
+    for i, c in enumerate(failed):
+        if c in ready:
+            causes.append(
+                (
+                    f"{path}.bindingFailureConditions[{i}]",
+                    f"Invalid value: {c!r}: bindingFailureConditions must not overlap with bindingConditions",
+                )
+            )
+    if failed and not ready:
+        causes.append(
+            (
+                f"{path}.bindingConditions",
+                "Invalid value: bindingConditions are required to use bindingFailureConditions",
+            )
+        )
+    if ready and not failed:
+        causes.append(
+            (
+                f"{path}.bindingFailureConditions",
+                "Invalid value: bindingFailureConditions are required to use bindingConditions",
+            )
+        )
     return causes
 
 
@@ -1040,6 +1142,10 @@ class ApiServerStandin:
         from tests.dra.standin_exec import local_runner
 
         self.exec_runner = local_runner
+        #: ResourceSlice fields of features this "cluster" has off, dropped on every write as
+        #: kube-apiserver's strategy drops the fields of a disabled feature gate (no error):
+        #: :data:`PARTITIONABLE_FIELDS`, :data:`BINDING_FIELDS`
+        self.disabled_fields: set[str] = set()
         #: watches open now (tests wait on it), and what ends them
         self.open_watches = 0
         self._watch_epoch = 0
@@ -1188,6 +1294,26 @@ class ApiServerStandin:
                 )
         return _clone(body)
 
+    def _drop_disabled(self, kind: Kind, obj: dict[str, Any]) -> None:
+        if kind is not SLICES or not self.disabled_fields:
+            return
+        spec = obj.get("spec") or {}
+        for f in self.disabled_fields:
+            spec.pop(f, None)
+            for d in spec.get("devices") or []:
+                d.pop(f, None)
+
+    def slice_writes(self, since: int = 0) -> list[Request]:
+        """The ResourceSlice creates and updates answered 2xx (after request ``since``)."""
+        with self.lock:
+            return [
+                r
+                for r in self.requests[since:]
+                if r.method in ("POST", "PUT", "PATCH")
+                and "/resourceslices" in r.path
+                and 200 <= r.code < 300
+            ]
+
     def _validate(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         causes = VALIDATORS[kind.plural](obj, old)
         if causes:
@@ -1216,6 +1342,7 @@ class ApiServerStandin:
         if kind.has_status and not keep_status:
             obj.pop("status", None)
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        self._drop_disabled(kind, obj)
         self._validate(kind, obj, None)
         key = self._key(kind, ns, meta["name"])
         if key in self.store.objects:
@@ -1316,6 +1443,7 @@ class ApiServerStandin:
             else:
                 new["metadata"].pop(server_owned, None)
         new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+        self._drop_disabled(kind, new)
         self._validate(kind, new, old)
         if new == old:
             return _clone(old)  # a no-op update does not bump resourceVersion

@@ -46,6 +46,7 @@ def test_exactly_the_right_devices_with_exactly_the_attributes(tmp_path: Path) -
         "functions": {"int": 2},
         "groupFunctions": {"string": "0000:3b:00.1"},
         "iommuGroup": {"int": 45},
+        "kind": {"string": "vfio"},
         "numaNode": {"int": 0},
         "resource.kubernetes.io/numaNode": {"int": 0},
         "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},

@@ -139,6 +139,10 @@ def test_pool_check_sees_a_vf_without_its_counter_set(tmp_path: Path) -> None:
         "device pci-0000-10-00-2 consumes pf-0000-10-00-0/vfs, not defined",
     ]
     counters["spec"]["sharedCounters"][0]["counters"]["vfs"]["value"] = "1"
-    assert pool_counter_problems([devs, counters]) == [
+    both = {"pci-0000-10-00-1", "pci-0000-10-00-2"}
+    assert pool_counter_problems([devs, counters], allocated=both) == [
         "pf-0000-10-00-0/vfs: 2 consumed, 1 available"
     ]
+    # upstream's rule: what is published may exceed a counter, what is allocated may not
+    assert pool_counter_problems([devs, counters]) == []
+    assert pool_counter_problems([devs, counters], allocated={"pci-0000-10-00-1"}) == []

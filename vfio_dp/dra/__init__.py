@@ -10,7 +10,8 @@ One room per job (docs/architecture.md, "The DRA plugin's rooms"):
 - ``claimpath`` — Prepare, Unprepare and reconcile as recipes over pure helpers, with the files
   a claim leaves (CDI spec, device metadata) and the checkpoint. Loads no gRPC.
 - ``observers`` — what the node's state means for the pool: the health model by group state.
-- ``slices``, ``deviceclasses`` (pure builders), ``options`` (the command's options).
+- ``slices``, ``personalities``, ``deviceclasses`` (pure builders), ``options`` (the
+  command's options).
 
 Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this ``__init__``
 imports nothing.
@@ -25,6 +26,7 @@ __all__ = [
     "kubeletapi",
     "observers",
     "options",
+    "personalities",
     "plugin",
     "slices",
 ]

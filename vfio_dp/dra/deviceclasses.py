@@ -14,9 +14,17 @@ is the name KubeVirt asks for (:mod:`vfio_dp.model.naming`, the device plugin's 
       extendedResourceName: devices.kubevirt.io/10de_1eb8
       selectors:
       - cel:
-          expression: device.driver == "vfio.dra.vfio-dp.io" && "resourceName" in
-            device.attributes["vfio.dra.vfio-dp.io"] &&
+          expression: device.driver == "vfio.dra.vfio-dp.io" && (!("kind" in
+            device.attributes["vfio.dra.vfio-dp.io"]) || device.attributes["vfio.dra.vfio-dp.io"].kind
+            == "vfio") && "resourceName" in device.attributes["vfio.dra.vfio-dp.io"] &&
             device.attributes["vfio.dra.vfio-dp.io"].resourceName == "devices.kubevirt.io/10de_1eb8"
+
+The ``kind`` guard keeps a VM's claim off every other entry of the pool (a group's container
+entry, ``kind: native``: :mod:`vfio_dp.dra.personalities`; mdev slots); a device without
+``kind`` is one an older plugin published, always a VFIO one (a rolling upgrade keeps
+selecting it). The container entries have a class of their own, :func:`native_device_class`
+(``native.<driver>``, no ``extendedResourceName``), which ``vfioctl deviceclasses`` prints
+after the resources' classes.
 
 Which names a selector produces: its ``resourceName``; else ``<domain>/<vendor>_<device>``
 for each vendor × device it names; a selector that names no device IDs (``vendor: "10de"``,
@@ -164,13 +172,53 @@ def class_name(resource: str) -> str:
     return name
 
 
-def selector_expression(driver: str, resource: str) -> str:
-    """CEL selecting exactly ``driver``'s devices published under ``resource``."""
+def kind_guard(driver: str, kind: str = "vfio") -> str:
+    """CEL true for ``driver``'s devices of ``kind`` (for ``vfio``: also a device without
+    the attribute, published before it existed)."""
     attr = f'device.attributes["{driver}"]'
+    if kind == "vfio":
+        return f'(!("kind" in {attr}) || {attr}.kind == "vfio")'
+    return f'"kind" in {attr} && {attr}.kind == "{kind}"'
+
+
+def selector_expression(driver: str, resource: str, *, guarded: bool = True) -> str:
+    """CEL selecting exactly ``driver``'s VFIO devices published under ``resource``
+    (``guarded=False``: the expression before the ``kind`` guard, still recognised by
+    :func:`ours` in classes applied by an older release)."""
+    attr = f'device.attributes["{driver}"]'
+    guard = f"{kind_guard(driver)} && " if guarded else ""
     return (
-        f'device.driver == "{driver}" && "resourceName" in {attr} && '
+        f'device.driver == "{driver}" && {guard}"resourceName" in {attr} && '
         f'{attr}.resourceName == "{resource}"'
     )
+
+
+def native_class_name(driver: str) -> str:
+    """``native.<driver>``: the DeviceClass of the container entries."""
+    return f"native.{driver}"
+
+
+def native_device_class(driver: str) -> dict[str, Any]:
+    """The DeviceClass selecting every container entry (``kind: native``) of ``driver``: a
+    claim asks for ``native.<driver>`` and narrows with CEL on ``pciBusID``, ``numaNode`` or
+    ``nativeDriver``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": native_class_name(driver),
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1], PART_OF[0]: PART_OF[1]},
+        },
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "{driver}" && {kind_guard(driver, "native")}'
+                    }
+                }
+            ]
+        },
+    }
 
 
 def ours(device_class: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -187,7 +235,10 @@ def ours(device_class: Mapping[str, Any]) -> tuple[str, str] | None:
     cel = selectors[0].get("cel") if isinstance(selectors[0], Mapping) else None
     expression = cel.get("expression") if isinstance(cel, Mapping) else None
     m = _DRIVER_IN.match(expression) if isinstance(expression, str) else None
-    if m is None or expression != selector_expression(m.group(1), resource):
+    if m is None or expression not in (
+        selector_expression(m.group(1), resource),
+        selector_expression(m.group(1), resource, guarded=False),
+    ):
         return None
     return m.group(1), resource
 

@@ -22,7 +22,7 @@ slices themselves are plain dicts in the API's JSON form (``resource.k8s.io/v1``
                   "subsystemDeviceID": {"string": "12a2"}, "iommuGroup": {"int": 45},
                   "numaNode": {"int": 0}, "resourceName": {"string": "devices.kubevirt.io/10de_1eb8"},
                   "functions": {"int": 2}, "groupFunctions": {"string": "0000:3b:00.1"},
-                  "vfioDriver": {"string": "vfio-pci"}}}]}}
+                  "vfioDriver": {"string": "vfio-pci"}, "kind": {"string": "vfio"}}}]}}
 
 An SR-IOV VF also carries its PF's address, ``"pfPciBusID": {"string": "0000:af:00.0"}``
 (with ``pcieRoot``, claims can ask for VFs of one PF or spread them across PFs), and consumes
@@ -39,8 +39,21 @@ this pool publishes::
     "spec": {..., "pool": {..., "resourceSliceCount": 2},
              "sharedCounters": [{"name": "pf-0000-af-00-0", "counters": {"vfs": {"value": "2"}}}]}
 
-A cluster without ``DRAPartitionableDevices`` (beta, on by default since 1.36) drops both
-fields when the slice is written: the VFs are then published as plain devices.
+Every device carries ``"kind": {"string": "vfio"}``; a group offered for containers too
+gets a second entry (:mod:`vfio_dp.dra.personalities`), both consuming 1 of the group's
+counter (:func:`group_counter`: ``g<N>`` in set ``groups-<N // 32>``, stable across
+republishes and restarts; the sets :data:`MAX_COUNTER_SETS` to a slice, so 4,096 groups need
+16 counter slices). A VF offered twice consumes its PF's ``vfs`` and its group's counter.
+
+A cluster without ``DRAPartitionableDevices`` (beta, on by default since 1.36) drops the
+counter fields when the slice is written, one without ``DRADeviceBindingConditions`` the
+binding fields: :func:`fit_api` then leaves them out, and without counters publishes only
+the first of a group's personalities (the publisher finds out from the server's answers).
+
+Placement is stable (:class:`Layout`): a device stays in its slice and a counter set in its
+slice across republishes; new ones fill the lowest slice with room. So one device changing
+rewrites one slice, and the publisher keeps the pool's generation for a single write, as
+upstream's ResourceSlice controller does.
 
 Driver attributes are bare identifiers, i.e. in the driver's own domain (CEL:
 ``device.attributes["<driver>"].vendorID``), as upstream's example driver publishes them. Invariants (tested against the API-server
@@ -52,7 +65,7 @@ are left out, never cut), an empty pool is one slice without devices.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vfio_dp.model.address import PciAddress
@@ -69,6 +82,14 @@ MAX_DEVICES_WITH_TAINTS = 64
 MAX_COUNTER_SETS = 8
 #: the counter each VF consumes one of, in its PF's counter set
 VF_COUNTER = "vfs"
+#: group counters per counter set (``ResourceSliceMaxCountersPerCounterSet``)
+GROUP_COUNTERS_PER_SET = 32
+#: the attribute saying which personality a device is, and its values
+KIND = "kind"
+KIND_VFIO = "vfio"
+KIND_NATIVE = "native"
+#: the container entry's name: ``<the VFIO entry's name>-native``
+NATIVE_SUFFIX = "-native"
 MAX_STRING = 64
 MAX_NAME = 253
 STANDARD = "resource.kubernetes.io"
@@ -83,6 +104,15 @@ Slice = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Consumption:
+    """``value`` of counter ``counter`` in counter set ``counter_set`` a device consumes."""
+
+    counter_set: str
+    counter: str
+    value: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One ResourceSlice device: a published IOMMU group (``pci-0000-3b-00-0``) and its
     attributes by name, sorted (see the module docstring)."""
@@ -92,9 +122,15 @@ class Device:
     #: ``[{"key": "<driver>/unhealthy", "value": ..., "effect": "NoSchedule", "timeAdded":
     #: ...}]`` while the group is unhealthy and prepared (:mod:`vfio_dp.dra.observers.health`)
     taints: tuple[Mapping[str, str], ...] = ()
-    #: the counter set (its PF's, :func:`counter_set_name`) an SR-IOV VF consumes one
-    #: :data:`VF_COUNTER` of; None for anything else
-    counter_set: str | None = None
+    #: the counters it consumes: a VF one :data:`VF_COUNTER` of its PF's set
+    #: (:func:`counter_set_name`), each entry of a group offered twice its group's counter
+    consumes: tuple[Consumption, ...] = ()
+    #: KEP-5007 (:func:`with_personalities`): the scheduler binds the pod only once these
+    #: conditions are True in the claim's ``status.devices``, and gives up on a failure one
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    #: not its group's first personality: left out where the API has no counters
+    alternative: bool = False
 
     @property
     def iommu_group(self) -> int | None:
@@ -111,10 +147,16 @@ class Device:
         }
         if self.taints:
             out["taints"] = [dict(t) for t in self.taints]
-        if self.counter_set is not None:
+        if self.consumes:
+            sets: dict[str, dict[str, Any]] = {}
+            for c in self.consumes:
+                sets.setdefault(c.counter_set, {})[c.counter] = {"value": str(c.value)}
             out["consumesCounters"] = [
-                {"counterSet": self.counter_set, "counters": {VF_COUNTER: {"value": "1"}}}
+                {"counterSet": name, "counters": counters} for name, counters in sets.items()
             ]
+        if self.binding_conditions:
+            out["bindingConditions"] = list(self.binding_conditions)
+            out["bindingFailureConditions"] = list(self.binding_failure_conditions)
         return out
 
 
@@ -122,6 +164,11 @@ def counter_set_name(pf: PciAddress) -> str:
     """``pf-0000-af-00-0``: the counter set of the PF at ``pf`` (a DNS label, as the API
     wants counter set names)."""
     return "pf-" + str(pf).replace(":", "-").replace(".", "-")
+
+
+def group_counter(group: int) -> Consumption:
+    """The counter of IOMMU group ``group``: ``g<N>`` in set ``groups-<N // 32>`` (DNS labels)."""
+    return Consumption(f"groups-{group // GROUP_COUNTERS_PER_SET}", f"g{group}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +202,7 @@ def device_for(
         "subsystemDeviceID": Attribute("string", dev.subsystem_device),
         IOMMU_GROUP: Attribute("int", unit.group),
         "functions": Attribute("int", len(unit.endpoints)),
+        KIND: Attribute("string", KIND_VFIO),
     }
     root = pcie_roots.get(unit.primary)
     if root is not None and (value := _string(root)) is not None:
@@ -164,10 +212,10 @@ def device_for(
         # KEP-6072's standard name, for matchAttribute across drivers (a NIC of the SR-IOV
         # driver, a GPU of NVIDIA's); the driver-domain one stays for existing selectors
         attrs[f"{STANDARD}/numaNode"] = Attribute("int", dev.numa_node)
-    counter_set = None
+    consumes: tuple[Consumption, ...] = ()
     if dev.physfn is not None:  # an SR-IOV VF: claims can ask for VFs of one PF, or spread
         attrs["pfPciBusID"] = Attribute("string", str(dev.physfn))
-        counter_set = counter_set_name(dev.physfn)
+        consumes = (Consumption(counter_set_name(dev.physfn), VF_COUNTER),)
     if (value := _string(unit.resource_name)) is not None:
         attrs["resourceName"] = value
     driver = dev.vfio_driver or vfio_driver
@@ -176,7 +224,7 @@ def device_for(
     others = ",".join(str(a) for a in unit.endpoints if a != unit.primary)
     if others and (value := _string(others)) is not None:
         attrs["groupFunctions"] = value
-    return Device(unit.name, dict(sorted(attrs.items())), counter_set=counter_set)
+    return Device(unit.name, dict(sorted(attrs.items())), consumes=consumes)
 
 
 def published_devices(
@@ -196,9 +244,10 @@ def devices_for(
     )
 
 
-def slice_name(node: str, driver: str, index: int) -> str:
+def slice_name(node: str, driver: str, index: int | str) -> str:
     """``<node>-<driver>-<index>``: a DNS subdomain (both parts are); a hash keeps it at most
-    253 characters when the node and driver names are long."""
+    253 characters when the node and driver names are long. Counter slices have the index
+    ``counters-<k>``."""
     name = f"{node}-{driver}-{index}"
     if len(name) <= MAX_NAME:
         return name
@@ -208,6 +257,92 @@ def slice_name(node: str, driver: str, index: int) -> str:
     return f"{node[: MAX_NAME - len(digest) - 24].rstrip('.-')}-{digest}-{index}"
 
 
+def _place(keys: Sequence[str], capacity: int, previous: Mapping[str, int]) -> dict[str, int]:
+    """Each key's bin: the one ``previous`` gave it while that bin has room, else the lowest
+    bin with room (in ``keys``' order)."""
+    out: dict[str, int] = {}
+    fill: dict[int, int] = {}
+    for k in keys:
+        b = previous.get(k)
+        if b is not None and fill.get(b, 0) < capacity:
+            out[k] = b
+            fill[b] = fill.get(b, 0) + 1
+    b = 0
+    for k in keys:
+        if k not in out:
+            while fill.get(b, 0) >= capacity:
+                b += 1
+            out[k] = b
+            fill[b] = fill.get(b, 0) + 1
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each device and counter set is published: device name -> device slice index,
+    counter set name -> counter slice index, at ``size`` devices per slice at most.
+    :func:`layout` keeps what it is given (module docstring)."""
+
+    size: int = MAX_DEVICES_PER_SLICE
+    devices: Mapping[str, int] = field(default_factory=dict)
+    counter_sets: Mapping[str, int] = field(default_factory=dict)
+
+
+def _size(devices: Sequence[Device]) -> int:
+    if any(d.taints or d.consumes for d in devices):
+        return MAX_DEVICES_WITH_TAINTS
+    return MAX_DEVICES_PER_SLICE
+
+
+def shared_counters(devices: Sequence[Device]) -> dict[str, dict[str, int]]:
+    """The counter sets the pool defines for ``devices``, by name: a PF's :data:`VF_COUNTER`
+    holds one per VF (not per entry: a VF offered twice is one VF), a group's counter 1."""
+    sets: dict[str, dict[str, int]] = {}
+    for d in devices:
+        for c in d.consumes:
+            counters = sets.setdefault(c.counter_set, {})
+            if c.counter == VF_COUNTER:  # a VF's second entry is the same VF again
+                counters[c.counter] = counters.get(c.counter, 0) + (0 if d.alternative else c.value)
+            else:
+                counters[c.counter] = 1
+    return sets
+
+
+def layout(devices: Sequence[Device], previous: Layout | None = None) -> Layout:
+    """Where ``devices`` go, keeping ``previous`` placements (dropped whole when the slice
+    size changes: a first taint or counter in a pool of 128-device slices)."""
+    size = _size(devices)
+    if previous is None or previous.size != size:
+        previous = Layout(size)
+    sets = sorted(shared_counters(devices))
+    return Layout(
+        size,
+        _place([d.name for d in devices], size, previous.devices),
+        _place(sets, MAX_COUNTER_SETS, previous.counter_sets),
+    )
+
+
+def layout_of(slices: Sequence[Slice], node: str, driver: str) -> Layout:
+    """The :class:`Layout` of slices we wrote (as found on the server, e.g. at a restart);
+    slices not named by :func:`slice_name` are left out."""
+    names = {slice_name(node, driver, i): i for i in range(len(slices) + 1)}
+    counter_names = {slice_name(node, driver, f"counters-{i}"): i for i in range(len(slices) + 1)}
+    devices: dict[str, int] = {}
+    sets: dict[str, int] = {}
+    size = MAX_DEVICES_PER_SLICE
+    for s in slices:
+        name, spec = s["metadata"]["name"], s.get("spec") or {}
+        for d in spec.get("devices") or []:
+            if name in names:
+                devices[d["name"]] = names[name]
+            if d.get("taints") or d.get("consumesCounters"):
+                size = MAX_DEVICES_WITH_TAINTS
+        for cs in spec.get("sharedCounters") or []:
+            if name in counter_names:
+                sets[cs["name"]] = counter_names[name]
+    return Layout(size, devices, sets)
+
+
 def build_slices(
     devices: Sequence[Device],
     *,
@@ -215,35 +350,36 @@ def build_slices(
     node: NodeRef,
     generation: int,
     encode: Callable[[Device], dict[str, Any]] = Device.to_json,
+    placement: Layout | None = None,
 ) -> list[Slice]:
-    """The slices of this node's pool at ``generation`` (one without devices when empty);
-    :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted or
-    consumes counters; after the devices' slices, the PFs' counter sets in slices of their own
-    (see the module docstring). ``encode`` gives a device's JSON (a caller may reuse what it
-    encoded before for the same device: the result is only read)."""
-    size = MAX_DEVICES_PER_SLICE
-    if any(d.taints or d.counter_set is not None for d in devices):
-        size = MAX_DEVICES_WITH_TAINTS
-    chunks: list[dict[str, Any]] = [
-        {"devices": [encode(d) for d in devices[i : i + size]]}
-        for i in range(0, len(devices), size)
-    ] or [{"devices": []}]
-    consumed: dict[str, int] = {}
+    """The slices of this node's pool at ``generation`` (one without devices when empty):
+    the devices' slices as ``placement`` puts them (:func:`layout`; without one, packed in
+    order), :data:`MAX_DEVICES_WITH_TAINTS` per slice while any device of the pool is tainted
+    or consumes counters; after them, the counter sets in slices of their own (see the
+    module docstring). ``encode`` gives a device's JSON (a caller may reuse what it encoded
+    before for the same device: the result is only read)."""
+    where = placement if placement is not None else layout(devices)
+    chunks: dict[int | str, dict[str, Any]] = {}
     for d in devices:
-        if d.counter_set is not None:
-            consumed[d.counter_set] = consumed.get(d.counter_set, 0) + 1
-    sets = [
-        {"name": name, "counters": {VF_COUNTER: {"value": str(n)}}}
-        for name, n in sorted(consumed.items())
-    ]
-    chunks += [
-        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]}
-        for i in range(0, len(sets), MAX_COUNTER_SETS)
-    ]
+        chunks.setdefault(where.devices[d.name], {"devices": []})["devices"].append(encode(d))
+    if not chunks:
+        chunks[0] = {"devices": []}
+    by_index = dict(sorted(chunks.items(), key=lambda kv: int(kv[0])))
+    counted = shared_counters(devices)
+    sets: dict[int, list[dict[str, Any]]] = {}
+    for name in sorted(counted):
+        sets.setdefault(where.counter_sets[name], []).append(
+            {
+                "name": name,
+                "counters": {k: {"value": str(v)} for k, v in sorted(counted[name].items())},
+            }
+        )
+    for k, items in sorted(sets.items()):
+        by_index[f"counters-{k}"] = {"sharedCounters": items}
     out: list[Slice] = []
-    for i, chunk in enumerate(chunks):
+    for index, chunk in by_index.items():
         meta: dict[str, Any] = {
-            "name": slice_name(node.name, driver, i),
+            "name": slice_name(node.name, driver, index),
             "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
         }
         if node.uid:
@@ -267,7 +403,7 @@ def build_slices(
                     "pool": {
                         "name": node.name,
                         "generation": generation,
-                        "resourceSliceCount": len(chunks),
+                        "resourceSliceCount": len(by_index),
                     },
                     **chunk,
                 },

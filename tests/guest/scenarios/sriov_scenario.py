@@ -181,7 +181,7 @@ async def main():
         slices = ours()
         out["slices"] = slices
         out["slice_problems"] = [validate_slice(s, None) for s in slices]
-        out["pool_problems"] = pool_counter_problems(slices)
+        out["pool_problems"] = pool_counter_problems(slices, allocated={d["name"] for s in slices for d in s["spec"].get("devices") or []})
         devices = sorted((d for s in slices for d in s["spec"].get("devices") or []),
                          key=lambda d: d["name"])
         dev = devices[0]
