@@ -39,6 +39,15 @@ from vfio_dp.dra.options import DraOptions
     default=None,
     help="kubeconfig for the API server; absent: $KUBECONFIG, then ~/.kube/config, then the pod's service account (kubectl's order).",
 )
+@option(
+    "--binding-conditions",
+    type=bool,
+    default=default_of(DraOptions, "binding_conditions"),
+    show_default=True,
+    help="Publish bindingConditions <driver>/ready and bindingFailureConditions <driver>/failed "
+    "on devices offered in two personalities (KEP-5007: the driver switch is done before the "
+    "pod is bound). Left out anyway where the API server drops them; false: never.",
+)
 @dir_option(
     "--kubelet-registry-dir",
     DraOptions,
@@ -73,6 +82,7 @@ def dra_plugin(
     driver_name: str,
     node_name: str | None,
     kubeconfig: str | None,
+    binding_conditions: bool,
     kubelet_registry_dir: str,
     kubelet_plugins_dir: str,
     cdi_dir: str,
@@ -113,6 +123,7 @@ def dra_plugin(
             registry_dir=kubelet_registry_dir,
             plugins_dir=kubelet_plugins_dir,
             cdi_dir=cdi_dir,
+            binding_conditions=binding_conditions,
             config_path=config_path,
             root=root,
             resync=resync,

@@ -60,6 +60,7 @@ def test_both_commands_take_the_core_flags_the_same_way() -> None:
             DraOptions,
             {
                 "--driver-name": "driver_name",
+                "--binding-conditions": "binding_conditions",
                 "--kubelet-registry-dir": "registry_dir",
                 "--kubelet-plugins-dir": "plugins_dir",
                 "--cdi-dir": "cdi_dir",

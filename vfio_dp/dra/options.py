@@ -30,3 +30,5 @@ class DraOptions(FrontEndOptions):
     plugins_dir: str = "/var/lib/kubelet/plugins"
     cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
     metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
+    #: publish binding conditions where the API keeps them (``--binding-conditions``)
+    binding_conditions: bool = True

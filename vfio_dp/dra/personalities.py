@@ -1,6 +1,6 @@
 """A group offered as a VM device and as itself, for containers, in one pool: pure.
 
-design.md ("What a passthrough unit is"): a unit may be offered in two personalities on the
+design.md, "What a passthrough unit is": a unit may be offered in two personalities on the
 DRA path. A selector's ``personalities`` (``[vm]`` by default, ``[vm, container]``,
 ``[container]``) and the host's discovery of the device nodes its native driver makes give
 each published group an :class:`Offer`; :func:`with_personalities` turns the group's VFIO
@@ -32,18 +32,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from vfio_dp.dra.slices import (
     IOMMU_GROUP,
     KIND,
     KIND_NATIVE,
-    NATIVE_SUFFIX,
     PCI_BUS_ID,
     STANDARD,
     Device,
     group_counter,
 )
 from vfio_dp.model.dra_metadata import Attribute
+from vfio_dp.model.naming import native_device_name
 from vfio_dp.model.personality import Personality
 
 MAX_STRING = 64
@@ -83,7 +84,7 @@ def with_personalities(
         if offer.native_driver and len(offer.native_driver) <= MAX_STRING:
             native_attrs["nativeDriver"] = Attribute("string", offer.native_driver)
         native = Device(
-            d.name + NATIVE_SUFFIX, dict(sorted(native_attrs.items())), d.taints, d.consumes
+            native_device_name(d.name), dict(sorted(native_attrs.items())), d.taints, d.consumes
         )
         entries = {Personality.VM: d, Personality.CONTAINER: native}
         wanted = [entries[p] for p in dict.fromkeys(offer.personalities) if p in entries]
@@ -123,3 +124,14 @@ def fit_api(devices: Sequence[Device], *, counters: bool, binding: bool) -> list
             )
         out.append(d)
     return out
+
+
+def dropped(sent: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(counter fields dropped, binding fields dropped): what the server's answer ``got``
+    lacks of the slice spec ``sent`` (a feature gate off drops them without an error)."""
+    pairs = list(zip(sent.get("devices") or [], got.get("devices") or [], strict=False))
+    counters = ("sharedCounters" in sent and "sharedCounters" not in got) or any(
+        "consumesCounters" in d and "consumesCounters" not in g for d, g in pairs
+    )
+    binding = any("bindingConditions" in d and "bindingConditions" not in g for d, g in pairs)
+    return counters, binding

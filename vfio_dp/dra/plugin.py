@@ -60,6 +60,7 @@ from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
+from vfio_dp.model.naming import dra_unit_name
 
 log = logging.getLogger("vfio_dp.dra")
 
@@ -98,7 +99,11 @@ class DraPlugin(FrontEnd):
         # a VF a prepared claim holds is never destroyed by an SR-IOV count change
         self.core.vf_holds.append(lambda: checkpoint_holds(self.core.host.fs, options.driver_name))
         self.publisher = SlicePublisher(
-            client, options.driver_name, options.node_name, metrics=self.metrics
+            client,
+            options.driver_name,
+            options.node_name,
+            metrics=self.metrics,
+            binding_conditions=options.binding_conditions,
         )
         self.publisher.on_published.append(self._published)
         #: the claim path's API calls, each kind on threads and a connection pool of its own
@@ -226,9 +231,9 @@ class DraPlugin(FrontEnd):
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in update.devices:
-            h = self.feed.health.states[d.name]
-            self.metrics.set("vfio_dp_dra_device_health", 1, device=h.device, health=h.health)
-            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=h.device)
+            h = self.feed.health.states[dra_unit_name(d.name)]  # a container entry: its group's
+            self.metrics.set("vfio_dp_dra_device_health", 1, device=d.name, health=h.health)
+            self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=d.name)
 
     def _publish_health(self, devices: Sequence[Device]) -> None:
         """The health stream's next list (built only when a kubelet stream wants it)."""

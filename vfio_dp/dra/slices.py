@@ -88,8 +88,6 @@ GROUP_COUNTERS_PER_SET = 32
 KIND = "kind"
 KIND_VFIO = "vfio"
 KIND_NATIVE = "native"
-#: the container entry's name: ``<the VFIO entry's name>-native``
-NATIVE_SUFFIX = "-native"
 MAX_STRING = 64
 MAX_NAME = 253
 STANDARD = "resource.kubernetes.io"

@@ -19,7 +19,7 @@ Invariants:
 
 - ``pool.generation`` only grows: every reconcile that writes starts from the highest
   generation seen on the server for this node and driver (so after a restart it continues
-  from what the previous process published) and adds one;
+  from what the previous process published) and adds one (a single-slice update keeps it);
 - what we wrote is remembered by ``resourceVersion``, and the :class:`~.watch.SliceWatch`
   keeps the server's names and resourceVersions current: a slice deleted or changed by anyone
   else (kubelet deletes a node's slices at its start and 30 s after the driver goes away)
@@ -28,6 +28,12 @@ Invariants:
   failing) each check is a full list, as before;
 - at start, slices already on the server that are exactly what we would publish are adopted
   without a write (a restart does not churn the scheduler);
+- a device stays in its slice (:func:`~vfio_dp.dra.slices.layout`, seeded from the server at
+  start); one slice changed since our last write is one update at the same generation (one
+  write is atomic), as upstream's ResourceSlice controller does; more bump it and write all;
+- an answer lacking the counter or binding fields we sent (a feature gate off) is said once
+  in the log, and the pool shaped by :func:`~vfio_dp.dra.personalities.fit_api` from then on;
+  ``binding_conditions=False`` (``--binding-conditions=false``) leaves the binding fields out;
 - calls block, so they run on a lane of their own (:class:`~.client.Lane`, one thread),
   never on the event loop and never on the core's host-I/O threads; each call ends by its
   deadline (10 s, however the server trickles), a whole reconcile by :data:`RECONCILE_DEADLINE`;
@@ -54,7 +60,8 @@ from vfio_dp.dra.apiserver.client import (
 )
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
 from vfio_dp.dra.apiserver.watch import SliceWatch
-from vfio_dp.dra.slices import Device, NodeRef, Slice, build_slices
+from vfio_dp.dra.personalities import dropped, fit_api
+from vfio_dp.dra.slices import Device, Layout, NodeRef, Slice, build_slices, layout, layout_of
 from vfio_dp.errors import ApiCallError
 
 if TYPE_CHECKING:
@@ -91,9 +98,16 @@ class SlicePublisher:
         *,
         watch: bool = True,
         metrics: Metrics | None = None,
+        binding_conditions: bool = True,
     ) -> None:
-        """``metrics``: where each pool write's time goes (``vfio_dp_dra_publish_seconds``)."""
+        """``metrics``: where each pool write's time goes (``vfio_dp_dra_publish_seconds``);
+        ``binding_conditions``: publish the devices' binding conditions where the API keeps
+        them (module docstring)."""
         self.metrics = metrics
+        #: does the server keep the counter fields / the binding fields (and do we want the
+        #: latter)? Set False when an answer shows them dropped
+        self.counters_kept = True
+        self.binding_kept = binding_conditions
         #: the slice lane: one thread and a connection pool of its own
         self.lane = Lane(client, "slices", 1, RECONCILE_DEADLINE)
         self.client = self.lane.client
@@ -106,7 +120,12 @@ class SlicePublisher:
         self.wanted: list[Device] | None = None
         self.written_devices: list[Device] | None = None
         self.written: dict[str, str] = {}  # slice name -> resourceVersion after our write
+        #: slice name -> the spec we wrote (or adopted): what a change is compared with
+        self.written_specs: dict[str, Any] = {}
+        #: where each device and counter set is published (kept across republishes)
+        self.layout: Layout | None = None
         self.writes = 0  # reconciles that wrote (tests, metrics)
+        self.slice_writes = 0  # slices created or updated (tests: one change, one write)
         self.checks = 0  # reconciles done, whether they wrote or not (tests)
         self.lists = 0  # full lists of the pool (tests: an idle check lists nothing)
         self.problem: str | None = None  # the last error, None once a reconcile succeeds
@@ -235,19 +254,33 @@ class SlicePublisher:
         return self._list()
 
     def reconcile(self, devices: list[Device]) -> bool:
-        """Make the server hold exactly ``devices`` for this node; True when it wrote.
+        """Make the server hold exactly ``devices`` (as :func:`fit_api` shapes them for what
+        the server keeps) for this node; True when it wrote.
 
         New devices after a write of ours are written straight away over what we wrote
         (one round trip less on the path from a device change to the new slices); if anyone
         else touched the pool meanwhile (409 Conflict, 404), the pool is listed and rewritten.
         An unchanged device list is checked against a fresh list (deleted or changed slices).
+        A write that shows a field dropped publishes the pool again without it.
         """
         self.checks += 1
         if self.node.uid is None:
             self._read_node_uid()
+        wrote = False
+        for _ in range(3):  # each feature is found off at most once
+            kept = (self.counters_kept, self.binding_kept)
+            wrote = self._reconcile(self._fit(devices)) or wrote
+            if kept == (self.counters_kept, self.binding_kept):
+                break
+        return wrote
+
+    def _fit(self, devices: list[Device]) -> list[Device]:
+        return fit_api(devices, counters=self.counters_kept, binding=self.binding_kept)
+
+    def _reconcile(self, devices: list[Device]) -> bool:
         if self.written and self.written_devices is not None and devices != self.written_devices:
             try:
-                self._publish(devices, dict(self.written), self.generation)
+                self._publish(devices, dict(self.written), self.generation, incremental=True)
                 return True
             except PublishError as e:
                 if e.status not in (409, 404):
@@ -267,16 +300,26 @@ class SlicePublisher:
         versions = {n: s["metadata"].get("resourceVersion", "") for n, s in current.items()}
         if devices == self.written_devices and versions == self.written:
             return False
+        if self.layout is None:  # a restart: keep each device where the server has it
+            self.layout = layout_of(list(current.values()), self.node.name, self.driver)
         if self.written_devices is None and self._adopt(devices, current, highest):
             return False
         self._publish(devices, versions, highest)
         return True
 
-    def _publish(self, devices: list[Device], versions: dict[str, str], highest: int) -> None:
-        """Write ``devices`` at ``highest + 1`` over the slices named in ``versions``
-        (name -> resourceVersion on the server), deleting the ones no longer needed."""
+    def _publish(
+        self,
+        devices: list[Device],
+        versions: dict[str, str],
+        highest: int,
+        *,
+        incremental: bool = False,
+    ) -> None:
+        """Write ``devices`` over the slices named in ``versions`` (name -> resourceVersion
+        on the server), deleting the ones no longer needed: at ``highest + 1``, or -- when
+        ``incremental`` (the server holds what we wrote at ``highest``) and at most one
+        slice's content changed -- only that slice, at ``highest``."""
         started = time.perf_counter()
-        generation = highest + 1
         before, self._encoded = self._encoded, {}
 
         def encode(d: Device) -> dict[str, Any]:
@@ -286,28 +329,45 @@ class SlicePublisher:
             self._encoded[id(d)] = hit
             return hit[1]
 
+        placement = layout(devices, self.layout)
         wanted = build_slices(
-            devices, driver=self.driver, node=self.node, generation=generation, encode=encode
+            devices,
+            driver=self.driver,
+            node=self.node,
+            generation=highest,
+            encode=encode,
+            placement=placement,
         )
         names = {s["metadata"]["name"] for s in wanted}
+        changed = [s for s in wanted if self.written_specs.get(s["metadata"]["name"]) != s["spec"]]
+        keep = incremental and names == set(versions) == set(self.written_specs)
+        generation = highest if keep and len(changed) <= 1 else highest + 1
+        if generation != highest:
+            for s in wanted:
+                s["spec"]["pool"]["generation"] = generation
+            changed = wanted
         self.written_devices = None  # half-written until the end: a failure lists again
         for name in sorted(set(versions) - names):  # a smaller pool: fewer slices
             self._delete(name)
             self.written.pop(name, None)
-        written: dict[str, str] = {}
-        for s in wanted:
+            self.written_specs.pop(name, None)
+        written = {n: rv for n, rv in versions.items() if n in names}
+        for s in changed:
             name = s["metadata"]["name"]
             written[name] = self._write(s, versions.get(name))
+            self.written_specs[name] = s["spec"]
         self.generation = generation
         self.written = written
         self.written_devices = devices
+        self.layout = placement
         self.writes += 1
         if self.metrics is not None:
             self.metrics.observe("vfio_dp_dra_publish_seconds", time.perf_counter() - started)
         log.info(
-            "published %d device(s) in %d ResourceSlice(s), pool %s generation %d",
+            "published %d device(s) in %d ResourceSlice(s) (%d written), pool %s generation %d",
             len(devices),
             len(wanted),
+            len(changed),
             self.node.name,
             generation,
         )
@@ -318,7 +378,13 @@ class SlicePublisher:
         """At start: are the slices on the server exactly ours at ``generation``? Keep them."""
         if not current:
             return False
-        wanted = build_slices(devices, driver=self.driver, node=self.node, generation=generation)
+        wanted = build_slices(
+            devices,
+            driver=self.driver,
+            node=self.node,
+            generation=generation,
+            placement=layout(devices, self.layout),
+        )
         if set(current) != {s["metadata"]["name"] for s in wanted}:
             return False
         for s in wanted:
@@ -328,7 +394,9 @@ class SlicePublisher:
             ].get("ownerReferences"):
                 return False
         self.written = {n: s["metadata"].get("resourceVersion", "") for n, s in current.items()}
+        self.written_specs = {n: s["spec"] for n, s in current.items()}
         self.written_devices = devices
+        self.layout = layout(devices, self.layout)
         log.info(
             "the %d ResourceSlice(s) on the server are current (generation %d)",
             len(current),
@@ -351,7 +419,27 @@ class SlicePublisher:
             )
         rv: str = answer.get("metadata", {}).get("resourceVersion", "")
         self._ours[name] = rv
+        self.slice_writes += 1
+        self._notice_dropped(body["spec"], answer.get("spec") or {})
         return rv
+
+    def _notice_dropped(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
+        """Did the server drop the counter or binding fields we sent (a feature gate off)?
+        Said once in the log; the next publication leaves them out (:func:`fit_api`)."""
+        counters, binding = dropped(sent, got)
+        if counters and self.counters_kept:
+            self.counters_kept = False
+            log.warning(
+                "the API server drops ResourceSlice counters (DRAPartitionableDevices is off): "
+                "each group is published in its first personality only, and VFs without their "
+                "PF's counter"
+            )
+        if binding and self.binding_kept:
+            self.binding_kept = False
+            log.warning(
+                "the API server drops binding conditions (DRADeviceBindingConditions is off): "
+                "a claim's driver switch is done at Prepare"
+            )
 
     def _delete(self, name: str) -> None:
         self._deleting.add(name)

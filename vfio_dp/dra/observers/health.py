@@ -33,6 +33,7 @@ from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, RELEASING, Cla
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 from vfio_dp.model.device import Inventory, IommuGroup
+from vfio_dp.model.naming import dra_unit_name
 from vfio_dp.model.serving import DraUnit
 
 if TYPE_CHECKING:  # `vfioctl list` shows the node's view without loading the slices' format
@@ -152,13 +153,14 @@ def reports(
     default: the state's own)."""
     out: list[Report] = []
     for name in sorted(set(published)):
-        h = states.get(name)
+        unit = dra_unit_name(name)  # a group's container entry has the group's health
+        h = states.get(unit)
         if h is None:
             continue
         message = h.message
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
-        out.append(Report(name, h.health, message, int(checked(name) if checked else h.checked)))
+        out.append(Report(name, h.health, message, int(checked(unit) if checked else h.checked)))
     return out
 
 

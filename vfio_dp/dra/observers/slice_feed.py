@@ -37,6 +37,7 @@ from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.dra.claimpath import resolve
 from vfio_dp.dra.claimpath.checkpoint import ClaimRecord
 from vfio_dp.dra.observers import health
+from vfio_dp.dra.personalities import Offer, with_personalities
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.topology import pcie_roots
@@ -84,6 +85,10 @@ class SliceFeed:
         self._held_nodes: tuple[int, frozenset[int | None], dict[str, int]] | None = None
         #: what the last update's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
+        #: how each published group is offered (device name -> Offer) after a scan; None:
+        #: every group as ``vm`` only (:mod:`vfio_dp.dra.personalities`)
+        self.offers: Callable[[Snapshot], Mapping[str, Offer]] | None = None
+        self._offers: Mapping[str, Offer] = {}
 
     async def update(self, snapshot: Snapshot) -> PoolUpdate:
         """The pool after ``snapshot`` (see the module docstring)."""
@@ -91,8 +96,9 @@ class SliceFeed:
         records = self.records().values()
         withheld, units = await self._withdraw_held(snapshot, records)
         holds = health.claim_holds(records)
+        offers = self.offers(snapshot) if self.offers is not None else {}
         key = (snapshot.generation, withheld, holds)
-        if key == self._idle_key and not self.health.waiting:
+        if key == self._idle_key and offers == self._offers and not self.health.waiting:
             # an idle resync: the same scan, claims and held groups give the same verdicts
             # and devices -- and the same devnodes: the core keeps its generation only while
             # its cheap look (vfio_dp.host.changes.fingerprint, which lists /dev/vfio) is
@@ -128,6 +134,9 @@ class SliceFeed:
             self.driver,
             previous={d.name: d.taints for d in self.devices} or self.on_server,
         )
+        if offers:  # a group offered to containers too: two entries
+            devices = with_personalities(devices, offers, self.driver)
+        self._offers = offers
         self.on_server = {}
         self._log_changes(snapshot, units, devices, update.changed)
         same = not update.changed and devices == self.devices
