@@ -370,9 +370,12 @@ async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sock
         assert os.path.exists(reg_sock)  # a stale socket, as a crash leaves it
         tree.set_driver("0000:af:00.1", "mlx5_core")  # changed while the plugin was down
         proc = spawn(tree, config, apiserver, kdirs)
-        await until(
+        await until(  # every slice written (the devices' slice is written before the counters')
             "republished after restart",
-            lambda: pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-1"},
+            lambda: (
+                pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-1"}
+                and len({s["spec"]["pool"]["generation"] for s in pool(apiserver)[2]}) == 1
+            ),
             30,
         )
         gen, _, slices = pool(apiserver)
