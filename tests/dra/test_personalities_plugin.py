@@ -127,3 +127,66 @@ async def test_a_server_dropping_the_fields_gets_the_first_personality(
         and f"{NVME}-native" not in pool(apiserver)[1]
         and not any("sharedCounters" in s["spec"] for s in pool(apiserver)[2]),
     )  # fmt: skip
+
+
+CONFIG_BOTH = """
+selectors:
+  - class: "0108"
+    path: dra
+    bind: onPrepare
+    personalities: [vm, container]
+  - vendor: "8086"
+    path: dra
+    bind: onPrepare
+    personalities: [vm, container]
+"""
+
+
+async def test_the_configs_personalities_and_the_device_nodes_decide(
+    apiserver: ApiServerStandin, kdirs: tuple[str, str], tmp_path: Path
+) -> None:
+    """No offers given: the feed reads them from the units' ``personalities`` and the
+    functions' device nodes -- the NVMe (nodes of its own on ``nvme``) is offered twice, the
+    NIC (none) as ``vm`` only, as ``vfioctl list`` says."""
+    from tests.host.test_devnodes import NIC, NVME_NODES
+    from tests.host.test_devnodes import NVME as NVME_BDF
+    from tests.kernel_sim import SimulatedKernel
+    from tests.sysfs_tree import Dev, SysfsTree
+
+    t = SysfsTree(tmp_path / "root")
+    t.add(Dev(NVME_BDF, "1b36", "0010", "010802", driver="nvme", group=3))
+    t.add(Dev(NIC, "8086", "10d3", "020000", driver="e1000e", group=4))
+    t.add_net(NIC, "eth0", up=False)
+    k = SimulatedKernel(t)
+    k.native_nodes[NVME_BDF] = list(NVME_NODES)
+    k.make_nodes(NVME_BDF)
+    (tmp_path / "config.yaml").write_text(CONFIG_BOTH)
+    registry, plugins = kdirs
+    p = DraPlugin(
+        DraOptions(
+            node_name=NODE,
+            driver_name=DRIVER,
+            registry_dir=registry,
+            plugins_dir=plugins,
+            config_path=str(tmp_path / "config.yaml"),
+            root=str(t.root),
+            resync=0.2,
+            metrics_port=0,
+            uevents=False,
+        ),
+        apiserver.client(),
+        host=Host(t.root, kernel=k),
+    )
+    await p.start()
+    try:
+        want = {"pci-0000-01-00-0", "pci-0000-01-00-0-native", "pci-0000-02-00-0"}
+        await until("both NVMe entries and the NIC's", lambda: pool(apiserver)[1] == want)
+        await until("the pool whole", lambda: p.publisher.writes >= 1)
+        devices = {d["name"]: d for s in pool(apiserver)[2] for d in s["spec"].get("devices") or []}
+        native = devices["pci-0000-01-00-0-native"]
+        assert native["attributes"]["nativeDriver"] == {"string": "nvme"}
+        assert native["attributes"]["kind"] == {"string": "native"}
+        assert native["consumesCounters"] == devices["pci-0000-01-00-0"]["consumesCounters"]
+        assert "consumesCounters" not in devices["pci-0000-02-00-0"]  # offered once: no counter
+    finally:
+        await p.stop()

@@ -44,7 +44,7 @@ from vfio_dp.dra.slices import (
     group_counter,
 )
 from vfio_dp.model.dra_metadata import Attribute
-from vfio_dp.model.naming import native_device_name
+from vfio_dp.model.naming import dra_native_name
 from vfio_dp.model.personality import Personality
 
 MAX_STRING = 64
@@ -72,19 +72,23 @@ def with_personalities(
     """``devices`` (each a group's VFIO entry, by name) as the groups are offered
     (``offers`` by device name; a group without one is offered as ``vm``): a group offered
     as ``container`` only is its native entry; one offered in both is both entries, each
-    consuming its group's counter and carrying the binding conditions (module docstring)."""
+    consuming its group's counter and carrying the binding conditions (module docstring);
+    one offered in no personality (``container`` only, without device nodes) is left out."""
     out: list[Device] = []
     for d in devices:
         offer = offers.get(d.name)
-        if offer is None or Personality.CONTAINER not in offer.personalities:
+        if offer is None or offer.personalities == (Personality.VM,):
             out.append(d)
+            continue
+        if Personality.CONTAINER not in offer.personalities:  # ``[]``: nothing to offer
+            out.extend([d] if Personality.VM in offer.personalities else [])
             continue
         native_attrs = {k: d.attributes[k] for k in _NATIVE_SHARED if k in d.attributes}
         native_attrs[KIND] = Attribute("string", KIND_NATIVE)
         if offer.native_driver and len(offer.native_driver) <= MAX_STRING:
             native_attrs["nativeDriver"] = Attribute("string", offer.native_driver)
         native = Device(
-            native_device_name(d.name), dict(sorted(native_attrs.items())), d.taints, d.consumes
+            dra_native_name(d.name), dict(sorted(native_attrs.items())), d.taints, d.consumes
         )
         entries = {Personality.VM: d, Personality.CONTAINER: native}
         wanted = [entries[p] for p in dict.fromkeys(offer.personalities) if p in entries]

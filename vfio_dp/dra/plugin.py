@@ -60,7 +60,7 @@ from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import UsageError
 from vfio_dp.host import Host
-from vfio_dp.model.naming import dra_unit_name
+from vfio_dp.model.naming import dra_entry
 
 log = logging.getLogger("vfio_dp.dra")
 
@@ -231,7 +231,7 @@ class DraPlugin(FrontEnd):
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in update.devices:
-            h = self.feed.health.states[dra_unit_name(d.name)]  # a container entry: its group's
+            h = self.feed.health.states[dra_entry(d.name)[0]]  # a container entry: its group's
             self.metrics.set("vfio_dp_dra_device_health", 1, device=d.name, health=h.health)
             self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=d.name)
 

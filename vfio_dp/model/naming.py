@@ -195,21 +195,6 @@ def dra_device_name(address: PciAddress) -> str:
     return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
 
 
-#: a group's container entry is named ``<its VFIO entry's name>-native`` (issue 36)
-NATIVE_SUFFIX = "-native"
-
-
-def native_device_name(name: str) -> str:
-    """The DRA device name of the container entry of the group published as ``name``
-    (``pci-0000-07-00-0`` → ``pci-0000-07-00-0-native``: a DNS label, 23 characters)."""
-    return name + NATIVE_SUFFIX
-
-
-def dra_unit_name(device: str) -> str:
-    """The group's VFIO entry name (its unit: health, holds) for any of its entries."""
-    return device.removesuffix(NATIVE_SUFFIX)
-
-
 def dra_device_address(name: str) -> PciAddress | None:
     """The address a DRA device name stands for (inverse of :func:`dra_device_name`), or None
     when ``name`` is not one of ours."""

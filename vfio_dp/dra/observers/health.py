@@ -33,7 +33,7 @@ from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, RELEASING, Cla
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 from vfio_dp.model.device import Inventory, IommuGroup
-from vfio_dp.model.naming import dra_unit_name
+from vfio_dp.model.naming import dra_entry
 from vfio_dp.model.serving import DraUnit
 
 if TYPE_CHECKING:  # `vfioctl list` shows the node's view without loading the slices' format
@@ -153,7 +153,7 @@ def reports(
     default: the state's own)."""
     out: list[Report] = []
     for name in sorted(set(published)):
-        unit = dra_unit_name(name)  # a group's container entry has the group's health
+        unit = dra_entry(name)[0]  # a group's container entry has the group's health
         h = states.get(unit)
         if h is None:
             continue

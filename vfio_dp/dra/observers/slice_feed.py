@@ -39,11 +39,14 @@ from vfio_dp.dra.claimpath.checkpoint import ClaimRecord
 from vfio_dp.dra.observers import health
 from vfio_dp.dra.personalities import Offer, with_personalities
 from vfio_dp.dra.slices import Device, device_for
+from vfio_dp.host.devnodes import native_nodes
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.topology import pcie_roots
 from vfio_dp.host.vfio import group_nodes_present
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory, PciDevice
+from vfio_dp.model.devnodes import group_container_problem
+from vfio_dp.model.personality import Personality
 from vfio_dp.model.serving import DraUnit, dra_units, withdraw_held
 
 log = logging.getLogger("vfio_dp.dra")
@@ -86,7 +89,7 @@ class SliceFeed:
         #: what the last update's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
         #: how each published group is offered (device name -> Offer) after a scan; None:
-        #: every group as ``vm`` only (:mod:`vfio_dp.dra.personalities`)
+        #: from its selectors' ``personalities`` and its device nodes (:meth:`_offers_of`)
         self.offers: Callable[[Snapshot], Mapping[str, Offer]] | None = None
         self._offers: Mapping[str, Offer] = {}
 
@@ -96,7 +99,7 @@ class SliceFeed:
         records = self.records().values()
         withheld, units = await self._withdraw_held(snapshot, records)
         holds = health.claim_holds(records)
-        offers = self.offers(snapshot) if self.offers is not None else {}
+        offers = await self._offers_of(snapshot, units)
         key = (snapshot.generation, withheld, holds)
         if key == self._idle_key and offers == self._offers and not self.health.waiting:
             # an idle resync: the same scan, claims and held groups give the same verdicts
@@ -177,6 +180,29 @@ class SliceFeed:
             fresh[u.name] = hit
         self._built = fresh
         return {n: d for n, (_, _, d) in fresh.items()}
+
+    async def _offers_of(self, snapshot: Snapshot, units: Sequence[DraUnit]) -> Mapping[str, Offer]:
+        """How each group offered in more than ``vm`` is offered now: ``container`` only
+        while one of its functions has device nodes of its own on its native driver (found
+        now, or recorded: :func:`vfio_dp.host.devnodes.native_nodes`; the one rule:
+        :func:`vfio_dp.model.devnodes.group_container_problem`)."""
+        if self.offers is not None:
+            return self.offers(snapshot)
+        offering = [u for u in units if u.published and u.personalities != (Personality.VM,)]
+        if not offering:
+            return {}
+        inv = snapshot.inventory
+        addresses = [a for u in offering for a in u.endpoints]
+        found = await self.core.run(native_nodes, self.core.host.fs, inv, addresses)
+        out: dict[str, Offer] = {}
+        for u in offering:
+            if group_container_problem(u.endpoints, str, found) is None:
+                drivers = [n.driver for a in u.endpoints if (n := found.get(a)) and n.nodes]
+                out[u.name] = Offer(u.personalities, drivers[0] if drivers else None)
+            else:  # said by `vfioctl list` / `check` (container_problems), not offered here
+                kept = tuple(p for p in u.personalities if p is not Personality.CONTAINER)
+                out[u.name] = Offer(kept)
+        return out
 
     def _vfio_driver(self, unit: DraUnit, dev: PciDevice, inv: Inventory) -> str | None:
         """The VFIO driver a ``bind: onPrepare`` Prepare will bind ``unit``'s primary to
