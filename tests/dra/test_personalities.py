@@ -24,6 +24,7 @@ from vfio_dp.dra.personalities import Offer, fit_api, with_personalities
 from vfio_dp.dra.slices import (
     GROUP_COUNTERS_PER_SET,
     MAX_COUNTER_SETS,
+    Consumption,
     Device,
     NodeRef,
     build_slices,
@@ -235,3 +236,22 @@ def test_standin_refuses_broken_binding_conditions(
     d = next(d for d in s["spec"]["devices"] if d["name"] == NVME)
     d[field] = value
     assert any(cause in f"{p} {m}" for p, m in validate_slice(s, None))
+
+
+def test_a_counter_whose_consumers_say_its_total() -> None:
+    """What mdev slots reuse (issue 35): a parent's counter of its capacity, each slot
+    consuming its cost; allocating past the capacity is refused by the pool check."""
+    slots = [
+        Device(f"mdev-slot-{i}", {"kind": Attribute("string", "mdev")},
+               consumes=(Consumption("parent-mtty", "ports", cost, total=24),))
+        for i, cost in enumerate([2] * 12 + [1])
+    ]  # fmt: skip
+    slices = build_slices(slots, driver=DRIVER, node=NodeRef("n"), generation=1)
+    assert all(validate_slice(s, None) == [] for s in slices)
+    sets = [cs for s in slices for cs in s["spec"].get("sharedCounters") or []]
+    assert sets == [{"name": "parent-mtty", "counters": {"ports": {"value": "24"}}}]
+    twelve = {f"mdev-slot-{i}" for i in range(12)}
+    assert pool_counter_problems(slices, allocated=twelve) == []
+    assert pool_counter_problems(slices, allocated={*twelve, "mdev-slot-12"}) == [
+        "parent-mtty/ports: 25 consumed, 24 available"
+    ]

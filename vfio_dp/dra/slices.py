@@ -108,6 +108,9 @@ class Consumption:
     counter_set: str
     counter: str
     value: int = 1
+    #: the counter's value in its set when the consumer knows it (an mdev parent's
+    #: capacity); None: one per VF for :data:`VF_COUNTER`, else 1 (a group's counter)
+    total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,12 +297,16 @@ def _size(devices: Sequence[Device]) -> int:
 
 def shared_counters(devices: Sequence[Device]) -> dict[str, dict[str, int]]:
     """The counter sets the pool defines for ``devices``, by name: a PF's :data:`VF_COUNTER`
-    holds one per VF (not per entry: a VF offered twice is one VF), a group's counter 1."""
+    holds one per VF (not per entry: a VF offered twice is one VF), a group's counter 1, a
+    counter whose consumers say its ``total`` that (issue 35's mdev slots: the parent's
+    capacity, each slot consuming its cost)."""
     sets: dict[str, dict[str, int]] = {}
     for d in devices:
         for c in d.consumes:
             counters = sets.setdefault(c.counter_set, {})
-            if c.counter == VF_COUNTER:  # a VF's second entry is the same VF again
+            if c.total is not None:
+                counters[c.counter] = c.total
+            elif c.counter == VF_COUNTER:  # a VF's second entry is the same VF again
                 counters[c.counter] = counters.get(c.counter, 0) + (0 if d.alternative else c.value)
             else:
                 counters[c.counter] = 1
