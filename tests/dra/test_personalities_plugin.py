@@ -59,6 +59,7 @@ async def plugin(
             resync=0.2,
             metrics_port=0,
             uevents=False,
+            binding_conditions=True,  # off by default until the claim watch writes them
         ),
         apiserver.client(),
         host=Host(tree.root),

@@ -19,6 +19,7 @@ __all__ = [
     "frontend",
     "health",
     "logs",
+    "mdev_reconcile",
     "metrics",
     "node",
     "options",

@@ -14,6 +14,7 @@ __all__ = [
     "dra_metadata",
     "json_depth",
     "mdev",
+    "mdev_config",
     "naming",
     "persist",
     "personality",
