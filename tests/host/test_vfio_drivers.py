@@ -318,6 +318,20 @@ def test_mdev_parent_is_never_a_unit(tmp_path: Path) -> None:
     assert not report.ready and report.would_bind is None
 
 
+def test_mdev_parents_are_read_inside_the_root_only(tmp_path: Path) -> None:
+    """Parent marking reads ``sys/class/mdev_bus`` as the mdev inventory does (one reader,
+    :func:`vfio_dp.host.mdev.parent_names`): a bus directory that is a link out of the root
+    names no parent, so a device is not taken for one by what lies outside."""
+    t = SysfsTree(tmp_path / "host")
+    t.add(Dev("0000:00:02.0", "8086", "3e92", "030000", driver="i915", group=2))
+    outside = tmp_path / "outside"
+    (outside / "0000:00:02.0").mkdir(parents=True)
+    t.sys("class").mkdir(parents=True, exist_ok=True)
+    t.sys("class/mdev_bus").symlink_to(outside)
+    inv = Host(t.root).scan()
+    assert not inv.devices[A("0000:00:02.0")].mdev_parent
+
+
 def test_check_says_which_variant_a_bind_would_choose(tmp_path: Path) -> None:
     t = _tree(tmp_path)
     (report,) = Host(t.root).check([A(VF)])

@@ -134,6 +134,14 @@ def _read_instance(root: Root, uuid: str) -> tuple[str | None, MdevInstance | No
     )
 
 
+def parent_names(root: Root) -> frozenset[str]:
+    """The names under ``<root>/sys/class/mdev_bus`` -- the mdev parents (a PCI parent by its
+    address, ``0000:00:02.0``), read inside the root; empty when the directory is absent (no
+    mdev-capable driver loaded). The one reader of the bus: :func:`read_mdevs` and the
+    parent marking of :func:`vfio_dp.host.vfio_drivers.mark_on_vfio` both use it."""
+    return frozenset(_listdir(root, *MDEV_BUS))
+
+
 def read_mdevs(root: Root) -> MdevInventory:
     """Every parent under ``<root>/sys/class/mdev_bus`` with its types and instances."""
     problems: list[str] = []
@@ -148,7 +156,7 @@ def read_mdevs(root: Root) -> MdevInventory:
             continue
         by_parent.setdefault(parent, []).append(inst)
     parents: list[MdevParent] = []
-    for name in _listdir(root, *MDEV_BUS):
+    for name in sorted(parent_names(root)):
         if _link(root, *MDEV_BUS, name) is None and not _exists(root, *MDEV_BUS, name):
             problems.append(f"mdev parent {name}: gone while read; left out")
             continue

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterable, Mapping
 
 from vfio_dp.errors import AddressError, PathEscapeError
-from vfio_dp.host.mdev import MDEV_BUS
+from vfio_dp.host.mdev import parent_names
 from vfio_dp.host.root import Root, read_text, safe_component
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, Inventory, PciDevice
@@ -225,7 +225,7 @@ def mark_on_vfio(root: Root, devices: dict[PciAddress, PciDevice]) -> None:
     are. One pass over the devices (a big host has thousands), then work only for the few
     bound to a driver that is neither vfio-pci nor DMA-safe in a group with a node."""
     nodes = _listdir(root, "dev", "vfio")
-    parents = _listdir(root, *MDEV_BUS)
+    parents = parent_names(root)
     cdevs = "devices" in nodes  # the kernel has VFIO cdev: /dev/vfio/devices/vfioN
     explained: set[int] = set()  # groups a member on VFIO otherwise accounts for
     candidates: list[PciDevice] = []

@@ -11,8 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from typing import Any
+
+sys.path.insert(0, os.getcwd())  # run from the checkout: tests.guest is importable
+
+from tests.guest import qemu_holder
 
 OUT = os.environ.get("GUEST_RIG_OUT", "/tmp")
 LONE, LONE2 = "0000:01:00.0", "0000:02:00.0"
@@ -95,52 +98,14 @@ snapshot("s2_group_bound")
 step("check_lone", "check", "-o", "json", LONE)
 
 # the real consumer: QEMU opens the group vfioctl bound
-qemu = subprocess.Popen(
-    [
-        "qemu-system-x86_64",
-        "-accel",
-        "tcg",
-        "-machine",
-        "q35",
-        "-m",
-        "64",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-serial",
-        "none",
-        "-monitor",
-        "none",
-        "-S",
-        "-device",
-        f"vfio-pci,host={LONE}",
-    ],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-)
-fds: list[str] = []
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline and qemu.poll() is None:
-    try:
-        fds = [os.readlink(f"/proc/{qemu.pid}/fd/{n}") for n in os.listdir(f"/proc/{qemu.pid}/fd")]
-    except OSError:
-        fds = []
-    if any(f.startswith("anon_inode:[vfio-device]") for f in fds):
-        break
-    time.sleep(0.5)  # the poll period (QEMU under TCG takes seconds to open the device)
+qemu = qemu_holder.start(LONE)
+fds = qemu_holder.wait_for_vfio_fds(qemu, 60)
 results["qemu_running"] = qemu.poll() is None
 results["qemu_fds"] = fds
 snapshot("s3_qemu_holds_lone")
 step("unbind_while_qemu", "unbind", LONE)
 step("check_while_qemu", "check", "-o", "json", LONE)
-qemu.terminate()
-try:
-    _, qerr = qemu.communicate(timeout=30)
-except subprocess.TimeoutExpired:
-    qemu.kill()
-    _, qerr = qemu.communicate()
-results["qemu_stderr"] = qerr[-2000:]
+results["qemu_stderr"] = qemu_holder.stop(qemu)
 
 # SHARED_A went to vfio-pci by a raw write (no record): it is given back by address
 step("unbind_lone", "unbind", "-o", "json", LONE, SHARED_A)

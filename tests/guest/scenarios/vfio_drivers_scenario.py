@@ -20,8 +20,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from typing import Any
+
+sys.path.insert(0, os.getcwd())  # run from the checkout: tests.guest is importable
+
+from tests.guest import qemu_holder
 
 OUT = os.environ.get("GUEST_RIG_OUT", "/tmp")
 KO_DIR = os.environ["VFIO_DP_KO_DIR"]
@@ -94,31 +97,11 @@ step("list_after_bind", "list", "-o", "json")
 step("bind_again", "bind", LONE)
 
 # the real consumer: QEMU opens the group of the device on the variant
-qemu = subprocess.Popen(
-    ["qemu-system-x86_64", "-accel", "tcg", "-machine", "q35", "-m", "64", "-nodefaults",
-     "-display", "none", "-serial", "none", "-monitor", "none", "-S",
-     "-device", f"vfio-pci,host={LONE}"],
-    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-)  # fmt: skip
-fds: list[str] = []
-deadline = time.monotonic() + 90
-while time.monotonic() < deadline and qemu.poll() is None:
-    try:
-        fds = [os.readlink(f"/proc/{qemu.pid}/fd/{n}") for n in os.listdir(f"/proc/{qemu.pid}/fd")]
-    except OSError:
-        fds = []
-    if any(f.startswith("anon_inode:[vfio-device]") for f in fds):
-        break
-    time.sleep(0.5)  # the poll period (QEMU under TCG takes seconds to open the device)
+qemu = qemu_holder.start(LONE)
+fds = qemu_holder.wait_for_vfio_fds(qemu, 90)
 results["qemu_running"] = qemu.poll() is None
-results["qemu_vfio_device"] = any(f.startswith("anon_inode:[vfio-device]") for f in fds)
-qemu.terminate()
-try:
-    _, qerr = qemu.communicate(timeout=30)
-except subprocess.TimeoutExpired:
-    qemu.kill()
-    _, qerr = qemu.communicate()
-results["qemu_stderr"] = qerr[-2000:]
+results["qemu_vfio_device"] = qemu_holder.has_vfio_device(fds)
+results["qemu_stderr"] = qemu_holder.stop(qemu)
 
 step("unbind_variant", "unbind", "-o", "json", LONE)
 results["override_after_unbind"] = read(f"/sys/bus/pci/devices/{LONE}/driver_override")
