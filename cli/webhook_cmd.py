@@ -168,7 +168,8 @@ def webhook(
 
         from vm_translate.config_watch import ConfigWatch
         from vm_translate.errors import TranslateUsageError
-        from vm_translate.webhook import WebhookSettings, run
+        from vm_translate.webhook import run
+        from vm_translate.webhook_limits import WebhookSettings
 
         config = ConfigWatch(config_path)  # a bad config at start: exit 2
         if self_signed == bool(tls_cert or tls_key):

@@ -4,7 +4,8 @@
   :mod:`vm_translate.translate` (pure): VM specs and annotated Pods → typed entries and resource names, JSONPatch and the
   mutated object.
 - :mod:`vm_translate.review` (pure): AdmissionReview ``admission.k8s.io/v1`` in and out.
-- :mod:`vm_translate.webhook`: the aiohttp HTTPS shell around it (:mod:`vm_translate.tls` for
+- :mod:`vm_translate.webhook`: the aiohttp HTTPS shell around it (its bounds and their memory
+  cost: :mod:`vm_translate.webhook_limits`; :mod:`vm_translate.tls` for
   certificates, :mod:`vm_translate.nodes` / :mod:`vm_translate.kube_adapter` for the optional
   node-capacity check).
 - :mod:`vm_translate.allocation` (pure): ``PCI_RESOURCE_*`` addresses → typed hostdevs;
@@ -41,5 +42,6 @@ __all__ = [
     "translate",
     "webhook",
     "webhook_certs",
+    "webhook_limits",
     "webhook_metrics",
 ]

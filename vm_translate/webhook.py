@@ -17,8 +17,8 @@ connections and TLS handshake time (:mod:`vm_translate.listener`); headers and i
 keep-alive (``idle_timeout``: aiohttp's keep-alive timer, started at the handshake and after
 each response, closes a connection whose next request's headers are not complete by then);
 request body size and time; bytes of large bodies (over 32 KiB) received at once; JSON
-nesting depth (:mod:`vm_translate.review`). :func:`worst_case_rss_bytes` adds these up; the
-Deployment's memory limit is checked against it (``tests/deploy``).
+nesting depth (:mod:`vm_translate.review`). The settings and what they cost in memory at
+worst are :mod:`vm_translate.webhook_limits`.
 
 The certificate is re-read when its files change (see :mod:`vm_translate.tls`) and
 ``--config`` when its file identity changes (:mod:`vm_translate.config_watch`), both as soon
@@ -47,63 +47,27 @@ from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
-from vm_translate.listener import (
-    CONNECTION_RSS,
-    INCOMING_HIGH_WATER,
-    Listener,
-    ListenerLimits,
-)
+from vm_translate.listener import Listener, ListenerLimits
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
 from vm_translate.tls import ReloadingContext
+from vm_translate.webhook_limits import (
+    MAX_FIELD_SIZE,
+    MAX_HEADERS,
+    READ_BUFSIZE,
+    SMALL_BODY,
+    WebhookSettings,
+)
 from vm_translate.webhook_metrics import WebhookMetrics, review_result
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
-#: Bodies up to this size are received without drawing on ``body_budget_bytes`` (an
-#: AdmissionReview of a VM is a few KiB), so small reviews are never refused for want of it.
-SMALL_BODY = 32 * 1024
 #: Connections the kernel queues before they are accepted.
 BACKLOG = 1024
 #: Connections asyncio accepts in one go (its ``backlog`` argument). At the connection cap each
 #: accept evicts one connection; accepting hundreds at once would evict connections whose
 #: ClientHello is waiting unread. Small batches let the loop read between them.
 ACCEPT_BATCH = 16
-#: The HTTP parser's read buffer per connection (aiohttp's default is 64 KiB, paused at 2x).
-READ_BUFSIZE = 16 * 1024
-#: Request headers: how many, and the longest request line, header name or value (longer:
-#: HTTP 400). What a client holds while its headers are incomplete is bounded by these.
-MAX_HEADERS = 24
-MAX_FIELD_SIZE = 1024
-#: RSS of the started webhook with no connection (measured 49 MB with Python 3.11, rounded up).
-BASELINE_RSS = 64 * MIB
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookSettings:
-    cert_file: str
-    key_file: str
-    host: str = "0.0.0.0"
-    port: int = 8443
-    max_body_bytes: int = MIB
-    read_timeout: float = 10.0
-    handshake_timeout: float = 5.0
-    idle_timeout: float = 10.0
-    max_connections: int = 384
-    silent_grace: float = 0.25  # see vm_translate.listener
-    body_budget_bytes: int = 16 * MIB
-    reload_interval: float = 5.0
-    check_nodes: bool = False
-    node_cache_seconds: float = 30.0
-    #: a review waits this long for the node list, then is answered unchecked (with a
-    #: warning); well inside the API server's timeoutSeconds (5)
-    node_wait: float = 2.0
-    #: after SIGTERM keep answering this long with /healthz failing (a rolling update: the
-    #: Service drops a terminating pod's endpoint a moment after the kubelet's SIGTERM, and
-    #: reviews sent meanwhile must not be refused); SIGINT stops at once
-    shutdown_delay: float = 0.0
-
 
 NodeFetch = Callable[[], Awaitable[list[NodeResources]]]
 
@@ -138,21 +102,6 @@ class _State:
 
 
 _STATE: web.AppKey[_State] = web.AppKey("vfio_dp_webhook", _State)
-
-
-def worst_case_rss_bytes(settings: WebhookSettings) -> int:
-    """An upper bound of the webhook's RSS under any mix of clients, from its limits: each open
-    connection at most its measured cost (with a full header block), undecrypted input,
-    parser buffer and a small body being received; plus every large body the budget admits, each parsed once (JSON objects
-    take several times their text; one review is parsed at a time)."""
-    per_connection = CONNECTION_RSS + INCOMING_HIGH_WATER + 2 * READ_BUFSIZE + SMALL_BODY
-    parsed = 10 * settings.max_body_bytes
-    return (
-        BASELINE_RSS
-        + settings.max_connections * per_connection
-        + settings.body_budget_bytes
-        + parsed
-    )
 
 
 def _error(status: int, reason: str) -> web.Response:

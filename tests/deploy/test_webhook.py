@@ -302,7 +302,7 @@ def test_memory_limit_covers_the_webhooks_worst_case(
 ) -> None:
     """The container's memory limit holds the webhook at its connection and body limits (as
     given by its flags, else their defaults), so a flood of clients cannot get it OOM-killed."""
-    from vm_translate.webhook import WebhookSettings, worst_case_rss_bytes
+    from vm_translate.webhook_limits import WebhookSettings, worst_case_rss_bytes
 
     _, _, ctr = _webhook(rendered[target])
     given = _args(ctr, webhook_cmd)

@@ -24,7 +24,8 @@ from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, TlsError
 from vm_translate.nodes import NodeResources
 from vm_translate.tls import CertBundle, self_signed
-from vm_translate.webhook import Webhook, WebhookSettings
+from vm_translate.webhook import Webhook
+from vm_translate.webhook_limits import WebhookSettings
 
 GPU = "devices.kubevirt.io/10de_1eb8"
 

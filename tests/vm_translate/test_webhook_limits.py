@@ -29,7 +29,7 @@ from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError, ReviewError
 from vm_translate.nodes import NodeResources
 from vm_translate.review import MAX_DEPTH, decide, parse_review
-from vm_translate.webhook import MAX_FIELD_SIZE, MAX_HEADERS
+from vm_translate.webhook_limits import MAX_FIELD_SIZE, MAX_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
 

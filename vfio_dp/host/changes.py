@@ -32,8 +32,8 @@ import dataclasses
 import os
 
 from vfio_dp.errors import HostError, PathEscapeError
+from vfio_dp.host.iommu_groups import read_groups
 from vfio_dp.host.root import Root
-from vfio_dp.host.sysfs import read_groups
 from vfio_dp.model.device import Inventory
 
 #: what :func:`fingerprint` returns: compare two with ``==``, nothing else

@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from vfio_dp.errors import BindError, HostError, NoIommuError, PathEscapeError
-from vfio_dp.host import sysfs
+from vfio_dp.host import iommu_groups, sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root, read_text, safe_component
@@ -109,7 +109,7 @@ class Host:
         devices = sysfs.read_devices(self.fs, workers=self.scan_processes)
         mark_on_vfio(self.fs, devices)
         self._annotate(devices, usage)
-        groups = sysfs.read_groups(self.fs, devices)
+        groups = iommu_groups.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
     def scan_groups(self, addresses: Iterable[PciAddress], *, usage: bool = True) -> Inventory:
@@ -128,7 +128,7 @@ class Host:
             for a in given
             if (d := devices.get(a)) is not None and (g := d.iommu_group) is not None
         }
-        groups = sysfs.read_groups(self.fs, devices, numbers)
+        groups = iommu_groups.read_groups(self.fs, devices, numbers)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
     def _annotate(self, devices: dict[PciAddress, PciDevice], usage: bool) -> None:
@@ -174,7 +174,7 @@ class Host:
                 dev = dataclasses.replace(dev, original_driver=orig, in_use=())
             devices[addr] = dev
         mark_on_vfio(self.fs, devices)
-        groups = sysfs.read_groups(self.fs, devices)
+        groups = iommu_groups.read_groups(self.fs, devices)
         return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
 
     def reread(self, inv: Inventory, addresses: Iterable[PciAddress]) -> Inventory:

@@ -9,8 +9,9 @@ Per device (``<root>/sys/bus/pci/devices/<bdf>/``)::
     iommu_group ->       ../../../kernel/iommu_groups/<N>
     physfn -> / sriov_numvfs / boot_vga / vfio-dev/vfioN
 
-Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` and ``.../<N>/name``
-(``vfio-noiommu`` for no-IOMMU groups). Device directories are opened inside the root (see
+Per group: ``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>`` (the members of the groups
+of given devices: :func:`read_group_devices`); the groups themselves and their verdict are
+:mod:`vfio_dp.host.iommu_groups`. Device directories are opened inside the root (see
 :class:`_DevicesDir`); otherwise only link *names* are read (the basename of a ``readlink``).
 """
 
@@ -22,14 +23,14 @@ import posixpath
 from collections.abc import Callable, Iterable
 
 from vfio_dp.errors import AddressError, PathEscapeError, SysfsValueError
-from vfio_dp.host.root import Root, read_text
+from vfio_dp.host.root import Root
 from vfio_dp.host.sysfs_values import Garbage as _Garbage
 from vfio_dp.host.sysfs_values import hex_value as _hex
 from vfio_dp.host.sysfs_values import int_value as _int
 from vfio_dp.host.sysfs_values import name_value as _name
 from vfio_dp.host.sysfs_values import override_value as _override
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.device import VFIO_PCI, IommuGroup, PciDevice, analyse_group
+from vfio_dp.model.device import VFIO_PCI, PciDevice
 
 _SAID: set[str] = set()  # skip reasons already logged by this process (bounded below)
 
@@ -401,17 +402,11 @@ def _read_each(
     return out
 
 
-def noiommu_enabled(root: Root) -> bool:
-    """``<root>/sys/module/vfio/parameters/enable_unsafe_noiommu_mode`` is ``Y``."""
-    flag = read_text(root.path("sys", "module", "vfio", "parameters", "enable_unsafe_noiommu_mode"))
-    return flag == "Y"
-
-
 def read_group_devices(root: Root, addresses: Iterable[PciAddress]) -> dict[PciAddress, PciDevice]:
     """The devices of the IOMMU groups of ``addresses``, read in full, and no other: each
     address's device, then the members its group lists
     (``<root>/sys/kernel/iommu_groups/<N>/devices/<bdf>``), in address order. A gone address
-    is left out; one without a group comes alone. Judge them with :func:`read_groups`
+    is left out; one without a group comes alone. Judge them with :func:`vfio_dp.host.iommu_groups.read_groups`
     (``numbers``): what a full scan says of those groups, at the cost of a few devices (a
     claim's groups on a host of thousands)."""
     devices = read_devices(root, addresses)
@@ -433,34 +428,3 @@ def read_group_devices(root: Root, addresses: Iterable[PciAddress]) -> dict[PciA
                 listed[name] = addr
     devices.update(_read_each(root, listed, _read_device_at))
     return dict(sorted(devices.items()))  # address order, as a full scan's
-
-
-def read_groups(
-    root: Root, devices: dict[PciAddress, PciDevice], numbers: Iterable[int] | None = None
-) -> dict[int, IommuGroup]:
-    """Groups from ``<root>/sys/kernel/iommu_groups/<N>`` and each device's ``iommu_group``
-    link (the kernel keeps both in step), with the viability verdict.
-
-    Group numbers come from the directory listing (so an empty group still shows), or are
-    ``numbers`` (the groups of :func:`read_group_devices`: not listed);
-    membership from the devices' links (one readlink per device was already done, instead
-    of one listdir per group). ``<N>/name`` (``vfio-noiommu``) is read only when the vfio
-    module's unsafe no-IOMMU mode is on.
-    """
-    base = root.path("sys", "kernel", "iommu_groups")
-    if numbers is None:
-        try:
-            names = os.listdir(base)
-        except OSError:
-            return {}
-        numbers = (int(n) for n in names if n.isascii() and n.isdigit() and len(n) < 10)
-    members: dict[int, list[PciDevice]] = {n: [] for n in numbers}
-    for dev in devices.values():
-        if dev.iommu_group is not None and dev.iommu_group in members:
-            members[dev.iommu_group].append(dev)
-    noiommu = noiommu_enabled(root)
-    groups: dict[int, IommuGroup] = {}
-    for number in sorted(members):
-        is_noiommu = noiommu and read_text(f"{base}/{number}/name") == "vfio-noiommu"
-        groups[number] = analyse_group(number, members[number], noiommu=is_noiommu)
-    return groups
