@@ -335,6 +335,20 @@ async def test_config_reload_moves_devices_between_paths(
 
 
 # -- the real command --------------------------------------------------------------------
+async def whole_pool(api: ApiServerStandin, what: str, names: set[str]) -> None:
+    """Wait until this node's pool, every slice of it at its newest generation, lists
+    ``names``. The stand-in wakes the wait on each write (no polling: the plugin processes
+    are what this machine's CPU is for), and the slices are written one by one, so a pool
+    whose newest generation already lists ``names`` may still have a slice at the previous
+    one for a moment."""
+
+    def whole(a: ApiServerStandin) -> bool:
+        gen, found, slices = pool(a)
+        return found == names and all(s["spec"]["pool"]["generation"] == gen for s in slices)
+
+    await asyncio.to_thread(api.wait_for, what, whole, 30)
+
+
 def spawn(
     tree: SysfsTree, config: Path, api: ApiServerStandin, kdirs: tuple[str, str]
 ) -> subprocess.Popen[str]:
@@ -362,7 +376,7 @@ async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sock
     await kubelet.start()
     proc = spawn(tree, config, apiserver, kdirs)
     try:
-        await until("published", lambda: pool(apiserver)[1] == set(PUBLISHED), 30)
+        await whole_pool(apiserver, "published", set(PUBLISHED))
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins, 30)
         first = pool(apiserver)[0]
         proc.send_signal(signal.SIGKILL)
@@ -370,13 +384,8 @@ async def test_generation_continues_across_sigkill_and_sigterm_removes_both_sock
         assert os.path.exists(reg_sock)  # a stale socket, as a crash leaves it
         tree.set_driver("0000:af:00.1", "mlx5_core")  # changed while the plugin was down
         proc = spawn(tree, config, apiserver, kdirs)
-        await until(  # every slice written (the devices' slice is written before the counters')
-            "republished after restart",
-            lambda: (
-                pool(apiserver)[1] == set(PUBLISHED) - {"pci-0000-af-00-1"}
-                and len({s["spec"]["pool"]["generation"] for s in pool(apiserver)[2]}) == 1
-            ),
-            30,
+        await whole_pool(
+            apiserver, "republished after restart", set(PUBLISHED) - {"pci-0000-af-00-1"}
         )
         gen, _, slices = pool(apiserver)
         assert gen == first + 1  # continued from what the killed process published
