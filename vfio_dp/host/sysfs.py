@@ -1,4 +1,4 @@
-"""Discovery: read PCI devices and IOMMU groups from sysfs under a :class:`Root`.
+"""Discovery: read PCI devices (and the members of given devices' IOMMU groups) from sysfs.
 
 Per device (``<root>/sys/bus/pci/devices/<bdf>/``)::
 
