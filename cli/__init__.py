@@ -12,6 +12,7 @@ __all__ = [
     "fake_node_cmd",
     "host_cmds",
     "inventory_cmds",
+    "inventory_views",
     "kubectl_vfio",
     "main",
     "mdev_cmd",
