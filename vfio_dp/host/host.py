@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import BindError, HostError, NoIommuError, PathEscapeError
+from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
 from vfio_dp.host import iommu_groups, sysfs
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
@@ -374,25 +374,7 @@ class Host:
         an empty result."""
         from vfio_dp.host import operations
 
-        unreadable = self.state.unreadable()
-        head = (
-            f"{len(unreadable)} bind record(s) cannot be read; their devices are left as they "
-            "are (maybe still on vfio-pci)"
-        )
-        try:
-            result = operations.unbind(
-                self, sorted(self.ledger.records()), force=force, dry_run=dry_run, every=True
-            )
-        except HostError as e:
-            if not unreadable:
-                raise
-            raise BindError("\n".join([head, *unreadable, str(e)])) from e
-        if unreadable and dry_run:
-            result.warnings.extend(w for w in unreadable if w not in result.warnings)
-        elif unreadable:
-            done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
-            raise BindError("\n".join([head, *unreadable, *done]))
-        return result
+        return operations.unbind_all(self, force=force, dry_run=dry_run)
 
     # -- holding -----------------------------------------------------------------------
     def record_holders(self) -> dict[PciAddress, str]:

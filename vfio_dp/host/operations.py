@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from vfio_dp.errors import (
     BindError,
+    HostError,
     RefusedError,
     StateWriteError,
     VfioError,
@@ -323,6 +324,30 @@ def unbind(
                 f"{len(gone)} of the recorded devices could not be restored\n"
                 + "\n".join(gone + done)
             )
+    return result
+
+
+def unbind_all(host: Host, *, force: bool, dry_run: bool) -> BindResult:
+    """:meth:`vfio_dp.host.Host.unbind_all` (see there): :func:`unbind` of every recorded
+    device, with the records that cannot be read named after the others are restored."""
+    unreadable = host.state.unreadable()
+    head = (
+        f"{len(unreadable)} bind record(s) cannot be read; their devices are left as they "
+        "are (maybe still on vfio-pci)"
+    )
+    try:
+        result = unbind(
+            host, sorted(host.ledger.records()), force=force, dry_run=dry_run, every=True
+        )
+    except HostError as e:
+        if not unreadable:
+            raise
+        raise BindError("\n".join([head, *unreadable, str(e)])) from e
+    if unreadable and dry_run:
+        result.warnings.extend(w for w in unreadable if w not in result.warnings)
+    elif unreadable:
+        done = [f"{a}: restored to {d or 'no driver'}" for a, d in result.restored]
+        raise BindError("\n".join([head, *unreadable, *done]))
     return result
 
 
