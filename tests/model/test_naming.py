@@ -126,3 +126,24 @@ def test_cdi_name_problem(part: str, value: str, ok: bool) -> None:
     assert (got is None) == ok, got
     if not ok:
         assert got is not None and f"CDI {part} {value!r}" in got
+
+
+@pytest.mark.parametrize(
+    ("type_name", "type_id", "resource"),
+    [
+        ("GRID T4-1Q", "nvidia-222", "devices.kubevirt.io/GRID_T4-1Q"),  # KubeVirt's space -> _
+        ("GRID  T4-1Q", "nvidia-222", "devices.kubevirt.io/GRID__T4-1Q"),  # each space, as KubeVirt
+        ("Intel GVT-g/1 (low)", "i915-GVTg_V5_4", "devices.kubevirt.io/Intel_GVT-g_1__low"),
+        ("  Dual port serial\n", "mtty-2", "devices.kubevirt.io/Dual_port_serial"),
+        (None, "nvidia-222", "devices.kubevirt.io/nvidia-222"),  # unreadable name: the type id
+        ("///", "mtty-1", "devices.kubevirt.io/mtty-1"),  # nothing usable: the type id
+        ("x" * 80, "t", "devices.kubevirt.io/" + "x" * 63),  # cut to 63
+    ],
+)
+def test_default_mdev_resource_name(type_name: str | None, type_id: str, resource: str) -> None:
+    name = naming.default_mdev_resource_name(type_name, type_id)
+    assert name == resource
+    assert naming.resource_name_problem(name) is None
+    assert naming.default_mdev_resource_name("GRID T4-1Q", "x", "nvidia.com") == (
+        "nvidia.com/GRID_T4-1Q"
+    )

@@ -137,10 +137,11 @@ class MdevPass:
         )
 
     async def reconcile(self, config: Config, run: Run, holds: Holds) -> None:
-        """One pass on the host-I/O executor; a message repeated pass after pass (a held
-        instance) is logged once."""
+        """One pass on the host-I/O executor, the front-ends' holds asked there too (a
+        blocking gRPC call to the kubelet: never on the event loop); a message repeated pass
+        after pass (a held instance) is logged once."""
         try:
-            said: list[str] = await run(self.reconcile_sync, config, mdev_holds(holds))
+            said: list[str] = await run(lambda: self.reconcile_sync(config, mdev_holds(holds)))
         except HostError as e:
             said = [f"mdev: {e}"]
         for msg in said:

@@ -21,6 +21,7 @@ __all__ = [
     "app",
     "cdi",
     "listing",
+    "mdevs",
     "options",
     "podresources",
     "servicer",

@@ -44,6 +44,7 @@ import os
 from collections.abc import Sequence
 
 from vfio_dp.core.frontend import FrontEnd, serve
+from vfio_dp.core.mdev_reconcile import wanted
 from vfio_dp.core.metrics import Metrics
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import DirWatch, SocketServer, make_socket_dir
@@ -58,21 +59,28 @@ from vfio_dp.deviceplugin.allocation import (
 )
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
-from vfio_dp.deviceplugin.listing import Listing, Unit, changes, compute_listing
+from vfio_dp.deviceplugin.listing import Listing, changes, compute_listing
+from vfio_dp.deviceplugin.mdevs import (
+    MdevUnits,
+    allocate_mdev,
+    mdev_units,
+    preferred_mdev,
+    verify_mdev_prestart,
+)
 from vfio_dp.deviceplugin.options import Options
 from vfio_dp.errors import DevicePluginError, SocketPathError
 from vfio_dp.host import Host
 from vfio_dp.host.files import FileId, file_id
 from vfio_dp.model import cdi, naming
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config import Config
+from vfio_dp.model.config import DEVICE_PLUGIN, Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
 KUBELET_SOCKET = "kubelet.sock"
 
 
-def _wire(units: tuple[Unit, ...]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+def _wire(units: servicer.Units) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """What the kubelet sees of a list: (ID, health, NUMA nodes)."""
     return tuple((str(u.id), u.health, u.numa_nodes) for u in units)
 
@@ -105,6 +113,7 @@ class Daemon(FrontEnd):
         self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
         self._kubelet_dir = DirWatch(options.kubelet_dir)
         self.listing: Listing | None = None
+        self.mdev: MdevUnits = {}  # resource -> its mdev instances (vfio_dp.deviceplugin.mdevs)
         self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.fs)
         self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
@@ -163,11 +172,22 @@ class Daemon(FrontEnd):
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         """Recompute every resource's list from the core's new view and publish changes."""
         listing = compute_listing(snapshot.inventory, snapshot.config, self.listing)
+        if any(e.path == DEVICE_PLUGIN for e in snapshot.config.mdev) or self.mdev:
+            self.mdev = await self.core.run(self._read_mdev, snapshot.config)
         if snapshot.trigger == "config" and not self._stopping:
-            keep = set(listing.resources) | set(snapshot.config.resource_names)
+            keep = set(listing.resources) | set(snapshot.config.resource_names) | set(self.mdev)
             for name in sorted(set(self.endpoints) - keep):
                 await self._withdraw_resource(name)
         await self._apply(listing)
+
+    def _read_mdev(self, config: Config) -> MdevUnits:
+        """The mdev instances this front-end serves (two directory listings without mdevs)."""
+        mdevs = self.core.mdev.mdevs
+        inv = mdevs.read()
+        wants, _ = wanted(self.host, config, inv, DEVICE_PLUGIN)
+        records, _ = mdevs.store.records()
+        served = [(w.parent, w.entry) for w in wants]
+        return mdev_units(inv, served, records, mdevs.by, config.resource_domain)
 
     async def rescan(self, trigger: str) -> Listing:
         """Have the core scan now; the listing this front-end computed from it."""
@@ -186,20 +206,21 @@ class Daemon(FrontEnd):
                 log.warning("IOMMU group %d is claimed by several resources: %s", g, names)
         self.listing = listing
         self.metrics.clear("vfio_dp_devices")
-        for name, units in listing.resources.items():
-            healthy = sum(u.healthy for u in units)
+        served: dict[str, servicer.Units] = {**listing.resources, **self.mdev}
+        for name, listed in served.items():
+            healthy = sum(u.healthy for u in listed)
             self.metrics.set("vfio_dp_devices", healthy, resource=name, health="Healthy")
             self.metrics.set(
-                "vfio_dp_devices", len(units) - healthy, resource=name, health="Unhealthy"
+                "vfio_dp_devices", len(listed) - healthy, resource=name, health="Unhealthy"
             )
         self.metrics.set("vfio_dp_group_conflicts", len(listing.conflicts))
         if self._stopping:
             return
         if self.cdi is not None:
             await self.core.run(self._sync_cdi, listing)
-        wanted = set(self.endpoints) | set(listing.resources) | set(self.config.resource_names)
-        for name in sorted(wanted):
-            units = listing.units(name)
+        wanted_names = set(self.endpoints) | set(served) | set(self.config.resource_names)
+        for name in sorted(wanted_names):
+            units = served.get(name, ())
             ep = self.endpoints.get(name)
             if ep is None:
                 try:
@@ -361,14 +382,17 @@ class Daemon(FrontEnd):
     async def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation:
         listing = self._current()
         try:
-            alloc = allocate(
-                listing,
-                resource,
-                ids,
-                self.host.device_nodes,
-                cdi_vendor=self.cdi.vendor if self.cdi is not None else None,
-            )
-            if self.cdi is not None:
+            if resource in self.mdev:
+                alloc = allocate_mdev(self.mdev[resource], resource, ids)
+            else:
+                alloc = allocate(
+                    listing,
+                    resource,
+                    ids,
+                    self.host.device_nodes,
+                    cdi_vendor=self.cdi.vendor if self.cdi is not None else None,
+                )
+            if self.cdi is not None and resource not in self.mdev:
                 await self.core.run(self._ensure_cdi, listing, resource, ids)
         except DevicePluginError as e:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")
@@ -383,7 +407,7 @@ class Daemon(FrontEnd):
             "%s: Allocate %s → %s, devices %s",
             resource,
             list(ids),
-            alloc.envs.get(naming.kubevirt_env_var(resource)),
+            alloc.envs,
             [d.host_path for d in alloc.devices],
             extra={"resource": resource, "device": ",".join(ids)},
         )
@@ -392,12 +416,17 @@ class Daemon(FrontEnd):
     def preferred(
         self, resource: str, available: Sequence[str], must: Sequence[str], size: int
     ) -> list[str]:
+        if resource in self.mdev:
+            return preferred_mdev(self.mdev[resource], available, must, size)
         return preferred_allocation(self._current(), resource, available, must, size)
 
     async def prestart(self, resource: str, ids: Sequence[str]) -> None:
         listing = await self.rescan("prestart")  # verify against sysfs as it is now
         try:
-            verify_prestart(listing, resource, ids, self.store.record, self.host.device_nodes)
+            if resource in self.mdev:
+                verify_mdev_prestart(self.mdev[resource], resource, ids, self.store.record)
+            else:
+                verify_prestart(listing, resource, ids, self.store.record, self.host.device_nodes)
         except DevicePluginError as e:
             self.metrics.inc(
                 "vfio_dp_allocation_errors_total", resource=resource, call="PreStartContainer"

@@ -20,6 +20,7 @@ import os
 
 from vfio_dp.errors import AddressError, DevicePluginError
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.mdev import is_uuid
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -63,8 +64,9 @@ def allocated(socket: str, timeout: float = 2.0) -> dict[str, list[str]]:
 
 
 def holds(socket: str, timeout: float = 2.0) -> dict[PciAddress | str, list[str]]:
-    """:func:`allocated`, by PCI address (IDs that are not PCI addresses are other plugins'
-    devices); no socket: nothing; no answer: ``"*"`` (holds every device: refuse, retry)."""
+    """:func:`allocated`, by PCI address, and mdev instances by UUID (the node core's mdev
+    pass never removes one a pod holds); other IDs are other plugins' devices. No socket:
+    nothing; no answer: ``"*"`` (holds every device: refuse, retry)."""
     try:
         found = allocated(socket, timeout)
     except FileNotFoundError:
@@ -76,5 +78,6 @@ def holds(socket: str, timeout: float = 2.0) -> dict[PciAddress | str, list[str]
         try:
             out.setdefault(PciAddress.parse(dev_id), []).extend(who)
         except AddressError:
-            continue
+            if is_uuid(dev_id):
+                out.setdefault(dev_id, []).extend(who)
     return out

@@ -20,6 +20,7 @@ from vfio_dp.core.sockets import SocketServer
 from vfio_dp.deviceplugin._pb.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vfio_dp.deviceplugin.allocation import ContainerAllocation
 from vfio_dp.deviceplugin.listing import Unit
+from vfio_dp.deviceplugin.mdevs import MdevUnit
 from vfio_dp.errors import DevicePluginError, PluginRequestError, UnknownDeviceError
 
 if TYPE_CHECKING:
@@ -32,16 +33,20 @@ OPTIONS = api_pb2.DevicePluginOptions(
 )
 
 
+#: what one resource lists: IOMMU-group units, or mdev instances (:mod:`vfio_dp.deviceplugin.mdevs`)
+Units = tuple[Unit, ...] | tuple[MdevUnit, ...]
+
+
 class Feed:
     """The latest device list of one resource and a way to wait for the next one."""
 
     def __init__(self) -> None:
-        self.units: tuple[Unit, ...] = ()
+        self.units: Units = ()
         self.version = 0
         self.closing = False
         self.changed = asyncio.Condition()
 
-    async def publish(self, units: tuple[Unit, ...], *, closing: bool = False) -> None:
+    async def publish(self, units: Units, *, closing: bool = False) -> None:
         async with self.changed:
             self.units = units
             self.closing = closing
@@ -59,7 +64,7 @@ class Core(Protocol):
     async def prestart(self, resource: str, ids: Sequence[str]) -> None: ...
 
 
-def to_device(u: Unit) -> Any:
+def to_device(u: Unit | MdevUnit) -> Any:
     topology = (
         api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in u.numa_nodes])
         if u.numa_nodes

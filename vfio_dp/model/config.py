@@ -422,8 +422,11 @@ class Config:
 
     @property
     def resource_names(self) -> list[str]:
-        """Explicitly configured resource names (default-named ones depend on devices)."""
-        return [s.resource_name for s in self.selectors if s.resource_name]
+        """Explicitly configured resource names (default-named ones depend on devices): the
+        selectors' ``resourceName``s, then the device plugin's ``mdev:`` entries'."""
+        names = [s.resource_name for s in self.selectors if s.resource_name]
+        mdev = [e.resource_name for e in self.mdev if e.resource_name and e.path == DEVICE_PLUGIN]
+        return names + [n for n in dict.fromkeys(mdev) if n not in names]
 
 
 DEFAULT_CONFIG = Config(any_path=True)

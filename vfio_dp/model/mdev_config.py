@@ -91,6 +91,14 @@ class MdevEntry:
     def describe(self) -> str:
         return f"{self.type_id} on {self.parent or 'the PCI parents its selector takes'}"
 
+    def resource_for(self, type_name: str | None, domain: str) -> str:
+        """The resource a ``path: devicePlugin`` entry's instances are advertised under: its
+        ``resourceName``, else the default made from the type's ``name`` file
+        (:func:`vfio_dp.model.naming.default_mdev_resource_name`)."""
+        if self.resource_name:
+            return self.resource_name
+        return naming.default_mdev_resource_name(type_name, self.type_id, domain)
+
 
 SelectorParser = Callable[[object, str, str, list[tuple[str, object, str]]], "Selector | None"]
 

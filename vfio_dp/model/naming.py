@@ -3,6 +3,12 @@ builds or accepts is checked here, once, with one limit.
 
 - Default resource name: ``devices.kubevirt.io/<vendor>_<device>``, lowercase 4-hex IDs
   (``devices.kubevirt.io/10de_1eb8``) — the original KubeVirt VFIO plugin's lineage.
+- Default mdev resource name (an ``mdev:`` entry without ``resourceName``): the type's
+  ``name`` file as KubeVirt's ``mdevNameSelector`` compares it, spaces made ``_``
+  (``GRID T4-1Q`` -> ``GRID_T4-1Q``), and every other character a resource name cannot hold
+  (``/``, ``(``...) made ``_`` too, ends trimmed to alphanumerics, cut to 63, under the
+  resource domain: ``devices.kubevirt.io/GRID_T4-1Q``; a type without a usable name gets its
+  type id (``devices.kubevirt.io/nvidia-222``).
 - KubeVirt's env var: ``PCI_RESOURCE_`` + the resource name upper-cased with ``/`` and ``.``
   replaced by ``_`` (``-`` is kept): ``nvidia.com/TU104GL_Tesla_T4`` →
   ``PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4``.
@@ -244,6 +250,29 @@ def qualify(name: str, domain: str = DEFAULT_DOMAIN) -> str:
 def default_resource_name(vendor: str, device: str, domain: str = DEFAULT_DOMAIN) -> str:
     """``devices.kubevirt.io/10de_1eb8`` for vendor 10de device 1eb8."""
     return qualify(default_short_name(vendor, device), domain)
+
+
+_NOT_NAME_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
+def _mdev_short(text: str) -> str:
+    return _EDGE.sub("", _EDGE.sub("", _NOT_NAME_CHAR.sub("_", text.strip()))[:63])
+
+
+def default_mdev_short_name(type_name: str | None, type_id: str) -> str:
+    """The name part of an mdev type's default resource name (module docstring):
+    ``GRID T4-1Q`` -> ``GRID_T4-1Q``, ``A/B (2)`` -> ``A_B__2``; no usable name: the type id
+    made the same way (``nvidia-222``)."""
+    return _mdev_short(type_name or "") or _mdev_short(type_id) or "mdev"
+
+
+def default_mdev_resource_name(
+    type_name: str | None, type_id: str, domain: str = DEFAULT_DOMAIN
+) -> str:
+    """``devices.kubevirt.io/GRID_T4-1Q`` for the type named ``GRID T4-1Q``: what an ``mdev:``
+    entry without ``resourceName`` is advertised as by the device plugin."""
+    return qualify(default_mdev_short_name(type_name, type_id), domain)
 
 
 def _env_suffix(resource_name: str) -> str:

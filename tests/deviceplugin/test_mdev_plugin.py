@@ -1,0 +1,184 @@
+"""Mediated devices on the device-plugin path: the daemon over its real unix sockets, the
+kubelet stand-in (and its PodResources stand-in), and a fake tree whose ``create``/``remove``
+react as the kernel's (tests/mdev_tree.py). The config's ``mdev:`` entries are made by the
+node core's mdev pass, then listed one kubelet device per instance (ID = UUID)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.deviceplugin.kubelet_standin import KubeletStandin
+from tests.deviceplugin.podresources_standin import Pod, PodResourcesStandin
+from tests.mdev_tree import MdevKernel, add_instance, add_parent, remove_instance
+from tests.sysfs_tree import SysfsTree
+from tests.waiting import wait_until_async
+from vfio_dp.deviceplugin.app import Daemon, Options
+from vfio_dp.deviceplugin.mdevs import allocate_mdev, mdev_units
+from vfio_dp.errors import UnhealthyDeviceError
+from vfio_dp.host import Host
+from vfio_dp.host.mdev import read_mdevs
+from vfio_dp.model.config import load_config_text
+from vfio_dp.model.mdev import MdevRecord
+
+GPU = "0000:3b:00.0"
+OTHER = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001"  # made by the operator, by hand
+SERIAL = "example.com/serial"
+#: the default name of "GRID T4-2Q/B (8 slices)": spaces and the slash made "_"
+GRID = "devices.kubevirt.io/GRID_T4-2Q_B__8_slices"
+CONFIG = (
+    "mdev:\n"
+    "- {parent: mtty, type: mtty-2, count: %d, resourceName: example.com/serial}\n"
+    '- {parent: "0000:3b:00.0", type: nvidia-223, count: 1}\n'
+)
+
+
+def mdev_tree(t: SysfsTree) -> None:
+    add_parent(t, "mtty", {"mtty-1": ("Single port serial", 24, "vfio-pci"),
+                           "mtty-2": ("Dual port serial", 4, "vfio-pci")}, driver="mtty")  # fmt: skip
+    add_instance(t, "mtty", "mtty-2", OTHER, group=70)
+    add_parent(t, GPU, {"nvidia-222": ("GRID T4-1Q", 0, "vfio-pci"),
+                        "nvidia-223": ("GRID T4-2Q/B (8 slices)", 2, "vfio-pci")})  # fmt: skip
+
+
+def made(t: SysfsTree) -> list[str]:
+    """The mtty-2 instances the daemon made (its records), sorted."""
+    inv = read_mdevs(Host(t.root).fs)
+    return sorted(i.uuid for i in inv.instances if i.type_id == "mtty-2" and i.uuid != OTHER)
+
+
+def group_of(t: SysfsTree, uuid: str) -> int:
+    return int(os.path.basename(os.readlink(t.sys("bus/mdev/devices", uuid, "iommu_group"))))
+
+
+async def daemon(
+    t: SysfsTree, kdir: str, config: Path, pod_resources: str | None = None
+) -> Daemon:
+    extra = {"pod_resources_socket": pod_resources} if pod_resources else {}
+    d = Daemon(
+        Options(root=str(t.root), kubelet_dir=kdir, config_path=str(config), resync=0.1,
+                metrics_port=0, uevents=False, **extra),  # type: ignore[arg-type]
+        host=Host(t.root, kernel=MdevKernel(t), runner="device-plugin"),
+    )  # fmt: skip
+    await d.start()
+    return d
+
+
+async def test_listed_allocated_and_verified(
+    tree: SysfsTree, kubelet: KubeletStandin, kdir: str, tmp_path: Path
+) -> None:
+    mdev_tree(tree)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG % 2)
+    d = await daemon(tree, kdir, cfg)
+    try:
+        mine = made(tree)
+        assert len(mine) == 2
+        every = sorted([*mine, OTHER])  # the operator's instance of the type is listed too
+        await kubelet.wait_for("3 serial instances", lambda k: len(k.devices(SERIAL)) == 3)
+        assert kubelet.devices(SERIAL) == dict.fromkeys(every, "Healthy")
+        await kubelet.wait_for("the GRID instance", lambda k: len(k.devices(GRID)) == 1)
+
+        ids = [mine[1], mine[0]]  # the kubelet's order is kept in the env
+        assert await kubelet.preferred(SERIAL, every, [mine[1]], 2) == [mine[1], every[0]]
+        resp = await kubelet.allocate(SERIAL, ids)
+        assert dict(resp.envs) == {"MDEV_PCI_RESOURCE_EXAMPLE_COM_SERIAL": ",".join(ids)}
+        nodes = ["/dev/vfio/vfio", *(f"/dev/vfio/{group_of(tree, u)}" for u in ids)]
+        assert [(x.host_path, x.container_path, x.permissions) for x in resp.devices] == [
+            (n, n, "mrw") for n in nodes
+        ]
+        await kubelet.prestart(SERIAL, ids)
+        (grid,) = kubelet.devices(GRID)
+        resp = await kubelet.allocate(GRID, [grid])
+        assert dict(resp.envs) == {
+            "MDEV_PCI_RESOURCE_DEVICES_KUBEVIRT_IO_GRID_T4-2Q_B__8_SLICES": grid
+        }
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await kubelet.allocate(SERIAL, ["83b8f4f2-509f-382f-3c1e-e6bfe0fa9999"])
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await d.stop()
+
+
+async def test_list_and_watch_follows_the_instances(
+    tree: SysfsTree, kubelet: KubeletStandin, kdir: str, tmp_path: Path
+) -> None:
+    mdev_tree(tree)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG % 1)
+    d = await daemon(tree, kdir, cfg)
+    try:
+        (mine,) = made(tree)
+        await kubelet.wait_for("2 listed", lambda k: len(k.devices(SERIAL)) == 2)
+        node = tree.root / "dev/vfio" / str(group_of(tree, mine))
+        node.unlink()  # its group's node is gone: Unhealthy, and Allocate refuses it
+        await kubelet.wait_for("Unhealthy", lambda k: k.devices(SERIAL).get(mine) == "Unhealthy")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await kubelet.allocate(SERIAL, [mine])
+        assert "is missing" in (e.value.details() or "")
+        node.write_text("")
+        await kubelet.wait_for("Healthy again", lambda k: k.devices(SERIAL).get(mine) == "Healthy")
+
+        remove_instance(tree, OTHER)  # the operator's instance disappears: withdrawn
+        await kubelet.wait_for("withdrawn", lambda k: k.devices(SERIAL) == {mine: "Healthy"})
+
+        before = group_of(tree, mine)
+        remove_instance(tree, mine)  # ours vanishes (a reboot): made again, same UUID
+        await wait_until_async(lambda: made(tree) == [mine], what="re-made with its UUID")
+        await kubelet.wait_for("listed again", lambda k: k.devices(SERIAL) == {mine: "Healthy"})
+        assert group_of(tree, mine) != before
+
+        cfg.write_text("selectors: []\n")  # the entry is gone: instance removed, resource too
+        await kubelet.wait_for("withdrawn", lambda k: k.devices(SERIAL) == {}, timeout=10)
+        await wait_until_async(lambda: made(tree) == [], what="our instance removed")
+    finally:
+        await d.stop()
+
+
+async def test_an_instance_a_pod_holds_is_never_removed(
+    tree: SysfsTree, kubelet: KubeletStandin, kdir: str, tmp_path: Path
+) -> None:
+    """PodResources names the UUID: the core's mdev pass keeps the instance although the
+    config asks for none (and removes it once the pod is gone)."""
+    mdev_tree(tree)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG % 1)
+    pr = PodResourcesStandin(os.path.join(kdir, "pr.sock"))
+    await pr.start()
+    d = await daemon(tree, kdir, cfg, pr.socket)
+    try:
+        (mine,) = made(tree)
+        await kubelet.wait_for("listed", lambda k: mine in k.devices(SERIAL))
+        await kubelet.allocate(SERIAL, [mine])
+        pr.pods = [Pod("default", "vm-a", "compute", SERIAL, [mine])]
+        calls = pr.calls
+        cfg.write_text(CONFIG % 0)
+        await wait_until_async(lambda: pr.calls >= calls + 3, what="passes that asked the kubelet")
+        assert made(tree) == [mine]
+        pr.pods = []
+        await wait_until_async(lambda: made(tree) == [], what="removed once the pod is gone")
+    finally:
+        await d.stop()
+        await pr.stop()
+
+
+def test_a_recorded_instance_that_is_gone_is_listed_unhealthy(tmp_path: Path) -> None:
+    """Pure: a gone instance this process recorded stays listed Unhealthy (the pass makes it
+    again; the kubelet's replayed env names it); one nobody recorded is withdrawn."""
+    from tests.sysfs_tree import gpu_host
+
+    t = gpu_host(tmp_path / "root")
+    mdev_tree(t)
+    inv = read_mdevs(Host(t.root).fs)
+    (entry,) = load_config_text(CONFIG % 1, "t").mdev[:1]
+    gone = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1002"
+    records = [MdevRecord(gone, "mtty", "mtty-2", "device-plugin"),
+               MdevRecord("83b8f4f2-509f-382f-3c1e-e6bfe0fa1003", "mtty", "mtty-2", "operator")]  # fmt: skip
+    units = mdev_units(inv, [("mtty", entry)], records, "device-plugin", "devices.kubevirt.io")
+    assert [(u.id, u.health) for u in units[SERIAL]] == [(OTHER, "Healthy"), (gone, "Unhealthy")]
+    assert "gone from /sys/bus/mdev/devices" in units[SERIAL][1].reasons[0]
+    with pytest.raises(UnhealthyDeviceError):
+        allocate_mdev(units[SERIAL], SERIAL, [gone])
