@@ -13,6 +13,15 @@ names of other domains (``nvidia.com/...``) pass untouched::
     10DE:1eb8                        -> devices.kubevirt.io/10de_1eb8 (or the configured name)
     devices.kubevirt.io/10DE_1EB8    -> devices.kubevirt.io/10de_1eb8
     nvidia.com/TU104GL_Tesla_T4      -> nvidia.com/TU104GL_Tesla_T4
+
+Mediated devices (the config's ``mdev:`` entries with ``path: devicePlugin``) are named like
+any resource: an entry's ``resourceName`` is a known name. An entry without one is advertised
+under the default made from its type's ``name`` file on the node
+(:func:`vfio_dp.model.naming.default_mdev_resource_name`), which the webhook cannot read: while
+such an entry exists, any well-formed name in the configured domain is let through, and so is
+the type's name as KubeVirt's ``mdevNameSelector`` spells it (``GRID T4-1Q`` ->
+``devices.kubevirt.io/GRID_T4-1Q``); the node check (``--check-nodes``) then refuses a name no
+node advertises. Give such entries a ``resourceName`` to have every name checked here.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vfio_dp.model import naming
-from vfio_dp.model.config import Config
+from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vm_translate.alias import Kind, alias_for, dra_alias_for
 from vm_translate.errors import Problem, Unresolvable
 
@@ -102,6 +111,8 @@ def resolve_device_name(value: object, config: Config) -> str:
     if "/" not in value:
         qualified = naming.qualify(value, domain)
         canonical = _known_name(qualified, config)
+        if canonical is None and _default_named_mdev(config):
+            canonical = naming.default_mdev_resource_name(value, value, domain)
         if canonical is None:
             raise Unresolvable(f"is neither {example}; resource names carry a domain")
         return canonical
@@ -111,6 +122,8 @@ def resolve_device_name(value: object, config: Config) -> str:
     if value.partition("/")[0] != domain:
         return value  # another provider's resource (nvidia.com/...): not ours to judge
     canonical = _known_name(value, config)
+    if canonical is None and _default_named_mdev(config):
+        return value  # maybe a type's default name: the node check judges it
     if canonical is None:
         known = ", ".join(config.resource_names) or "none by explicit name"
         raise Unresolvable(
@@ -137,6 +150,11 @@ def resolve_ids(vendor: str, device: str, config: Config) -> str:
             "name one of them instead of the pair"
         )
     return candidates[0]
+
+
+def _default_named_mdev(config: Config) -> bool:
+    """Does a device-plugin ``mdev:`` entry go by its type's default name (module docstring)?"""
+    return any(e.path == DEVICE_PLUGIN and not e.resource_name for e in config.mdev)
 
 
 def _known_name(name: str, config: Config) -> str | None:
