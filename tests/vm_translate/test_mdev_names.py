@@ -73,3 +73,24 @@ def test_a_default_name_is_judged_by_the_nodes() -> None:
     assert ok["response"]["allowed"] is True
     with pytest.raises(SpecError):  # without a default-named entry, the config refuses it
         translate(raw, cfg(NAMED))
+
+
+def test_the_docs_cr_and_config_agree() -> None:
+    """docs/kubevirt.md "Mediated devices": each ``mediatedDevices`` entry of the CR names the
+    resource our config gives the type whose name file is its ``mdevNameSelector``."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parents[2] / "docs/kubevirt.md").read_text()
+    section = text.split("## Mediated devices", 1)[1].split("\n## ", 1)[0]
+    cr_block, config_block = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    permitted = yaml.safe_load(cr_block)["permittedHostDevices"]["mediatedDevices"]
+    assert all(e["externalResourceProvider"] is True for e in permitted)
+    config = cfg(config_block)
+    names = {"nvidia-222": "GRID T4-1Q", "mtty-2": "Dual port serial"}  # their name files
+    given = {e.resource_for(names[e.type_id], config.resource_domain) for e in config.mdev}
+    assert {e["resourceName"] for e in permitted} == given
+    for e in permitted:  # and the webhook lets a VM name each
+        translate(vmi([e["resourceName"]]), config)
