@@ -17,7 +17,7 @@ from tests.mdev_tree import MdevKernel, add_instance, add_parent, remove_instanc
 from tests.sysfs_tree import SysfsTree
 from tests.waiting import wait_until_async
 from vfio_dp.deviceplugin.app import Daemon, Options
-from vfio_dp.deviceplugin.mdevs import allocate_mdev, mdev_units
+from vfio_dp.deviceplugin.mdevs import allocate_mdev, mdev_changes, mdev_units
 from vfio_dp.errors import UnhealthyDeviceError
 from vfio_dp.host import Host
 from vfio_dp.host.mdev import read_mdevs
@@ -182,3 +182,12 @@ def test_a_recorded_instance_that_is_gone_is_listed_unhealthy(tmp_path: Path) ->
     assert "gone from /sys/bus/mdev/devices" in units[SERIAL][1].reasons[0]
     with pytest.raises(UnhealthyDeviceError):
         allocate_mdev(units[SERIAL], SERIAL, [gone])
+
+    assert mdev_changes({}, units) == [
+        f"{SERIAL}: mdev {OTHER} (mtty-2 on mtty) listed Healthy",
+        f"{SERIAL}: mdev {gone} (mtty-2 on mtty) listed Unhealthy: {units[SERIAL][1].reasons[0]}",
+    ]
+    assert mdev_changes(units, {}) == [
+        f"{SERIAL}: mdev {u} withdrawn: gone from /sys/bus/mdev/devices, or its entry from the config"
+        for u in (OTHER, gone)
+    ]

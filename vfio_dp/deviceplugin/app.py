@@ -63,6 +63,7 @@ from vfio_dp.deviceplugin.listing import Listing, changes, compute_listing
 from vfio_dp.deviceplugin.mdevs import (
     MdevUnits,
     allocate_mdev,
+    mdev_changes,
     mdev_units,
     preferred_mdev,
     verify_mdev_prestart,
@@ -173,7 +174,13 @@ class Daemon(FrontEnd):
         """Recompute every resource's list from the core's new view and publish changes."""
         listing = compute_listing(snapshot.inventory, snapshot.config, self.listing)
         if any(e.path == DEVICE_PLUGIN for e in snapshot.config.mdev) or self.mdev:
-            self.mdev = await self.core.run(self._read_mdev, snapshot.config)
+            mdev = await self.core.run(self._read_mdev, snapshot.config)
+            for line in mdev_changes(self.mdev, mdev):
+                log.info("%s", line)
+            for name in sorted(set(mdev) & set(listing.resources)):
+                log.error("%s: both an mdev: entry and a selector name it; served as mdevs only: "
+                          "give one of them another resourceName", name)  # fmt: skip
+            self.mdev = mdev
         if snapshot.trigger == "config" and not self._stopping:
             keep = set(listing.resources) | set(snapshot.config.resource_names) | set(self.mdev)
             for name in sorted(set(self.endpoints) - keep):

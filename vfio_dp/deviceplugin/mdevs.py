@@ -125,6 +125,25 @@ def mdev_units(
     return {r: tuple(u[k] for k in sorted(u)) for r, u in sorted(out.items())}
 
 
+def mdev_changes(previous: MdevUnits, current: MdevUnits) -> list[str]:
+    """Log lines: which instance was listed, changed health, or was withdrawn, and why."""
+    before = {(u.resource, u.id): u for us in previous.values() for u in us}
+    after = {(u.resource, u.id): u for us in current.values() for u in us}
+    out: list[str] = []
+    for key in sorted(after):
+        u, old = after[key], before.get(key)
+        why = "" if u.healthy else ": " + "; ".join(u.reasons)
+        if old is None:
+            out.append(f"{u.resource}: mdev {u.id} ({u.type_id} on {u.parent}) listed {u.health}{why}")
+        elif old.reasons != u.reasons:
+            out.append(f"{u.resource}: mdev {u.id} now {u.health}{why}")
+    out += [
+        f"{r}: mdev {i} withdrawn: gone from /sys/bus/mdev/devices, or its entry from the config"
+        for r, i in sorted(set(before) - set(after))
+    ]
+    return out
+
+
 def _checked(units: Sequence[MdevUnit], resource: str, device_id: str) -> MdevUnit:
     unit = next((u for u in units if u.id == device_id), None)
     if unit is None:
