@@ -126,10 +126,16 @@ async def test_list_and_watch_follows_the_instances(
         await kubelet.wait_for("withdrawn", lambda k: k.devices(SERIAL) == {mine: "Healthy"})
 
         before = group_of(tree, mine)
+        await kubelet.allocate(SERIAL, [mine])
         remove_instance(tree, mine)  # ours vanishes (a reboot): made again, same UUID
         await wait_until_async(lambda: made(tree) == [mine], what="re-made with its UUID")
         await kubelet.wait_for("listed again", lambda k: k.devices(SERIAL) == {mine: "Healthy"})
         assert group_of(tree, mine) != before
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # the replayed answer names the old node
+            await kubelet.prestart(SERIAL, [mine])
+        assert f"Allocate handed out /dev/vfio/{before}" in (e.value.details() or "")
+        await kubelet.allocate(SERIAL, [mine])  # a new Allocate: verified again
+        await kubelet.prestart(SERIAL, [mine])
 
         cfg.write_text("selectors: []\n")  # the entry is gone: instance removed, resource too
         await kubelet.wait_for("withdrawn", lambda k: k.devices(SERIAL) == {}, timeout=10)
