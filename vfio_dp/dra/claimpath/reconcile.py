@@ -80,16 +80,27 @@ class Reconciler:
     # -- one claim -----------------------------------------------------------------------
     def release(self, uid: str, who: str) -> list[str]:
         """Remove the claim's files; give back the devices it bound (held groups are kept:
-        :class:`Held`); forget the claim once all is done. Blocking."""
-        self.dirs.remove(uid)
+        :class:`Held`); forget the claim durably once all is done. Blocking."""
+        restored = self.give_back(uid, who)
+        self.dirs.sync()
+        gen = self.checkpoint.stage_remove(uid)
+        if gen is not None:
+            self.checkpoint.commit(gen)
+        return restored
+
+    def give_back(self, uid: str, who: str) -> list[str]:
+        """:meth:`release` up to forgetting the claim: its files removed but not yet synced
+        (the caller runs :meth:`ClaimDirs.sync` once for a call's claims, then forgets
+        them: :class:`~vfio_dp.dra.claimpath.commit.CallCommit`). Blocking."""
+        self.dirs.remove(uid, durable=False)
         out = self.host.release(bound_by_claim(uid))
         if out.kept:
             self.metric("vfio_dp_dra_held_groups", float(len(out.kept)))
             rec = self.checkpoint.get(uid)
             if rec is not None and rec.state != RELEASING:  # reconcile retries it
+                self.dirs.sync()
                 self.checkpoint.put(replace(rec, state=RELEASING))
             raise Held(who, "; ".join(out.kept))
-        self.checkpoint.remove(uid)
         return out.restored
 
     # -- every claim ---------------------------------------------------------------------
