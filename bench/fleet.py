@@ -356,10 +356,11 @@ def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> di
 
 # -- all -------------------------------------------------------------------------------------------
 def measure(
-    small: bool, soak: float | None, only: set[str]
+    small: bool, soak: float | None, only: set[str], devices: int | None = None
 ) -> tuple[dict[str, float], dict[str, str]]:
     side = Side("tree", Path(os.environ["BENCH_CODE"]) if os.environ.get("BENCH_CODE") else None)
     big, k1, claims, rounds = (256, 64, 100, 2) if small else (4096, 1024, 1000, 3)
+    k1 = devices or k1
     soak = soak if soak is not None else (5.0 if small else 60.0)
     work = Path(tempfile.mkdtemp(prefix="vfio-fleet-"))
     figures: dict[str, float] = {}
@@ -397,10 +398,13 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object")
     ap.add_argument("--soak", type=float, default=None, help="row 5's soak, seconds")
     ap.add_argument("--only", default="", help="rows to run, e.g. 1,2")
+    ap.add_argument("--devices", type=int, default=None, help="rows 1 and 3: devices (1,024)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     started = time.monotonic()
-    figures, broken = measure(args.small, args.soak, {s for s in args.only.split(",") if s})
+    figures, broken = measure(
+        args.small, args.soak, {s for s in args.only.split(",") if s}, args.devices
+    )
     if args.json:
         print(json.dumps({"figures": figures, "broken": broken}))
         return 0

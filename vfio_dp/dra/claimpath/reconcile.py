@@ -32,6 +32,7 @@ from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
 from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import Inventory
 
 log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
@@ -113,10 +114,18 @@ class Reconciler:
                 f"checkpoint record {key[:100]!r} skipped: {problem} (kept; its devices and files "
                 "stay until kubelet prepares or unprepares that claim again)"
             )
-        for rec in await asyncio.to_thread(self.checkpoint.untrusted):
+        untrusted = await asyncio.to_thread(self.checkpoint.untrusted)
+        inv: Inventory | None = None  # one scan for every claim of another boot
+        if untrusted:
+            try:
+                inv = await asyncio.to_thread(self.host.scan, usage=False)
+            except (VfioError, OSError) as e:
+                report.errors.append(f"cannot scan the host to re-verify claims: {e}")
+                untrusted = []
+        for rec in untrusted:
             async with self.lock(rec.uid):
                 try:
-                    await asyncio.to_thread(self.reverify, rec, report)
+                    await asyncio.to_thread(self.reverify, rec, report, inv)
                 except (VfioError, OSError, ValueError) as e:
                     report.errors.append(f"claim {rec.ref}: cannot re-verify it, kept: {e}")
         for uid, rec in sorted(self.checkpoint.all().items()):
@@ -164,11 +173,14 @@ class Reconciler:
         report.restored.extend(restored)
         log.info("reconcile: unprepared claim %s: %s", ref, why)
 
-    def reverify(self, rec: ClaimRecord, report: ReconcileReport) -> None:
+    def reverify(
+        self, rec: ClaimRecord, report: ReconcileReport, inv: Inventory | None = None
+    ) -> None:
         """After a reboot: do the claim's devices still exist with the same IDs and IOMMU
         groups? Yes: trust it again. No: withdraw its CDI spec and metadata (a container
-        must not get another device's group) until kubelet prepares it again. Blocking."""
-        inv = self.host.scan(usage=False)
+        must not get another device's group) until kubelet prepares it again. ``inv``: the
+        host as scanned for every claim of this reconcile (None: scanned here). Blocking."""
+        inv = inv or self.host.scan(usage=False)
         problems: list[str] = []
         for d in rec.devices:
             for addr_text, ids in zip(d.addresses, d.ids, strict=False):
