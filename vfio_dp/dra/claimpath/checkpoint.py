@@ -30,16 +30,13 @@ plugin starts empty: the bind records and the files on disk still let reconcile 
 claims bound. One record that does not parse (an address from another boot that is not an
 address) is skipped, reported, and kept in the file as it was (:attr:`Checkpoint.bad`).
 
-Changes made at the same time are written together (group commit): a :meth:`Checkpoint.put`
-or :meth:`Checkpoint.remove` returns once a write that holds its change is on disk, and the
-changes that arrived while one write ran go out in the next. A kubelet call stages each
-claim's change (:meth:`Checkpoint.stage`, :meth:`Checkpoint.stage_remove`: in memory, not
-on disk) and makes them durable with ONE write before it answers (:meth:`Checkpoint.commit`,
-:class:`vfio_dp.dra.claimpath.commit.CallCommit`): a NodePrepareResources of 1,000 claims is
-one write of the file, not hundreds. A record put again unchanged is no change (a kubelet
-restart re-preparing its claims writes nothing). Each record's JSON is encoded once and kept
-while the record does not change. A write that fails undoes every change it carried, and
-each of their callers gets the error.
+Changes made at the same time are written together (group commit): :meth:`Checkpoint.put`
+and :meth:`Checkpoint.remove` return once a write holding their change is on disk. A kubelet
+call stages its claims' changes in memory (:meth:`Checkpoint.stage`, ``stage_remove``) and
+makes them durable with ONE write before it answers (:meth:`Checkpoint.commit`,
+:class:`vfio_dp.dra.claimpath.commit.CallCommit`); a record staged unchanged is no change.
+Each record's JSON is encoded once while it does not change. A write that fails undoes every
+change it carried, and each of their callers gets the error.
 """
 
 from __future__ import annotations
