@@ -120,6 +120,8 @@ def main() -> int:
         missed += ok is False
         value = f"{m:.3f}" if fig.unit == "s" else f"{m:.0f}" if fig.unit == "req/s" else f"{m:.2f}"
         print(f"{fig.what:52} {value:>9} {fig.unit:6} {fig.goal:18} {verdict}{note}")
+    if args.fleet_small:
+        print("(the fleet rows ran at their SMALL sizes: their figures and verdicts mean nothing)")
     for what, why in FLEET_NOT_MEASURED.items():
         print(f"{what:52} {'-':>9} {'':6} {'':18} not measured: {why}")
     print()
