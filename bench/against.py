@@ -40,6 +40,7 @@ GROUP_OF = {
     "dra_republish": "dra", "wh_p99": "webhook", "wh_rps": "webhook", "wh_rss": "webhook",
     "prep_p50": "prepare", "prep_p99": "prepare", "prep_on1": "prepare", "prep_on4": "prepare",
     "prep_big": "prepare", "dra_holders": "holders",
+    **{f.key: "fleet" for f in FIGURES if f.key.startswith("fleet_")},
 }  # fmt: skip
 
 
@@ -147,7 +148,7 @@ def main() -> int:
     ap.add_argument("ref", nargs="?", help=f"git ref (default: {DEFAULT_REF_FILE.name})")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (>= 5)")
     ap.add_argument(
-        "--skip", default="", help="groups to leave out: process,prepare,webhook,daemons"
+        "--skip", default="", help="groups to leave out: process,prepare,webhook,daemons,fleet"
     )
     ap.add_argument(
         "--tree",

@@ -58,6 +58,9 @@ def build_tree(base: Path, devices: int) -> tuple[SysfsTree, list[str]]:
         tree.add(Dev(addr, "15b3", "101c", "020000", driver="vfio-pci", group=1000 + n,
                      numa=n % 2))  # fmt: skip
         addrs.append(addr)
+    boot = tree.root / "proc/sys/kernel/random"  # a node has one: claims are of this boot
+    boot.mkdir(parents=True, exist_ok=True)
+    (boot / "boot_id").write_text("bench-boot\n")
     return tree, addrs
 
 

@@ -2,7 +2,7 @@
 """``make bench``: every row of the performance table (issue 25) for the working tree, with
 its goal and whether it is met, and where the remaining time goes (from profiles).
 
-    python3 bench/goals.py [--rounds 5] [--skip daemons,webhook]
+    python3 bench/goals.py [--rounds 5] [--skip daemons,webhook] [--fleet-small]
 
 Medians of ``--rounds`` rounds (the measurements of ``bench/rows.py``: whole processes for
 the commands, the real daemons on temp trees with the kubelet and API-server stand-ins, the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rows import ANCHORS, FIGURES, Side, floor_note, measure, met
+from bench.rows import ANCHORS, FIGURES, FLEET_NOT_MEASURED, Side, floor_note, measure, met
 
 #: where the time of each row goes, from profiles (py-spy, cProfile) of this code
 WHERE = {
@@ -70,6 +70,7 @@ WHERE = {
     "dra_republish": "debounce, the refresh, every slice rewritten at the new generation "
     "through the API-server stand-in (its strict validation runs in the bench's own "
     "process: about half of the figure)",
+    "fleet_*": "docs/performance.md, 'Fleet scale': where each fleet row's time goes",
 }
 
 
@@ -77,12 +78,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument(
-        "--skip", default="", help="groups to leave out: process,prepare,webhook,daemons"
+        "--skip", default="", help="groups to leave out: process,prepare,webhook,daemons,fleet"
+    )
+    ap.add_argument(
+        "--fleet-small", action="store_true", help="the fleet rows at small sizes (a test)"
     )
     args = ap.parse_args()
     tree = Side("tree")
     started = time.strftime("%Y-%m-%d %H:%M %Z")
-    results = measure([tree], args.rounds, {s for s in args.skip.split(",") if s})
+    skip = {s for s in args.skip.split(",") if s}
+    results = measure([tree], args.rounds, skip, fleet_small=args.fleet_small)
     load = os.getloadavg()
     print(
         f"\n{started}, {platform.node()}: {os.cpu_count()} CPUs, load {load[0]:.1f}; "
@@ -115,6 +120,10 @@ def main() -> int:
         missed += ok is False
         value = f"{m:.3f}" if fig.unit == "s" else f"{m:.0f}" if fig.unit == "req/s" else f"{m:.2f}"
         print(f"{fig.what:52} {value:>9} {fig.unit:6} {fig.goal:18} {verdict}{note}")
+    if args.fleet_small:
+        print("(the fleet rows ran at their SMALL sizes: their figures and verdicts mean nothing)")
+    for what, why in FLEET_NOT_MEASURED.items():
+        print(f"{what:52} {'-':>9} {'':6} {'':18} not measured: {why}")
     print()
     for key, what in ANCHORS.items():
         for side, values in results.get(key, {}).items():

@@ -101,7 +101,40 @@ FIGURES = [
            anchor="bind_4"),
     Figure("dra_republish", "DRA republish after a change, 1,024 devices", "ms", "median < 500 ms"),
     Figure("dra_holders", "DRA plugin's /proc holder scan per resync, busy node", "ms", "-"),
+    # bench/fleet.py (issue 39), one run per side: its own rounds give the medians
+    Figure("fleet_health_med", "fleet 1: 1,024 groups go bad -> UNHEALTHY+tainted, median",
+           "s", "< 1 s"),
+    Figure("fleet_health_worst", "fleet 1: 1,024 groups go bad -> UNHEALTHY+tainted, worst",
+           "s", "< 1.5 s"),
+    Figure("fleet_dp_health", "fleet 1: the same seen by ListAndWatch (device plugin)", "s",
+           "< 1 s"),
+    Figure("fleet_prepare", "fleet 2: one NodePrepareResources of 1,000 claims", "s", "< 3 s"),
+    Figure("fleet_unprepare", "fleet 2: one NodeUnprepareResources of 1,000 claims", "s",
+           "< 3 s"),
+    Figure("fleet_reprepare", "fleet 2: kubelet restart re-preparing 500 claims", "s", "< 2 s"),
+    Figure("fleet_republish", "fleet 3: republish after one change among 1,024, median", "ms",
+           "< 300 ms"),
+    Figure("fleet_republish_writes", "fleet 3: slice writes per change (1: its slice only)",
+           "n", "1"),
+    Figure("fleet_first", "fleet 3: first publication of 4,096 devices, from start", "s",
+           "< 2 s"),
+    Figure("fleet_rss_dra", "fleet 5: DRA daemon RSS, 4,096 devices + 1,000 claims", "MB",
+           "stated"),
+    Figure("fleet_rss_dp", "fleet 5: device-plugin daemon RSS, 4,096 devices", "MB", "stated"),
+    Figure("fleet_rss_growth", "fleet 5: RSS growth over the soak, both daemons", "MB",
+           "flat (< 5 MB)"),
+    Figure("fleet_idle_dra", "fleet 6: DRA daemon idle, 4,096 devices, health stream", "% CPU",
+           "< 0.5 %"),
+    Figure("fleet_idle_dp", "fleet 6: device-plugin daemon idle, 4,096 devices", "% CPU",
+           "< 0.5 %"),
 ]  # fmt: skip
+#: what bench/fleet.py does not measure yet (printed under the table with why)
+FLEET_NOT_MEASURED = {
+    "fleet 3: numVfs: 256 on 4 PFs made and published (simulator)": "needs the kernel "
+    "simulator in the daemon's process; not in bench/fleet.py yet",
+    "fleet 4: webhook, 100 nodes x 64 devices: p99 at c=64, memory over 100,000 reviews": "not "
+    "in bench/fleet.py yet (bench/webhook_bench.py: the webhook without the node lookups)",
+}
 ANCHORS = {
     "lspci_big": "lspci -D -k, same tree, 2 CPUs",
     "lspci_big_1cpu": "lspci -D -k, same tree, taskset -c 0",
@@ -158,6 +191,18 @@ def met(key: str, value: float, anchors: dict[str, float]) -> bool | None:
         "prep_on1": lambda: a is not None and value <= 1.2 * a,
         "prep_on4": lambda: a is not None and value <= 1.2 * a,
         "dra_republish": lambda: value < 500,
+        "fleet_health_med": lambda: value < 1.0,
+        "fleet_health_worst": lambda: value < 1.5,
+        "fleet_dp_health": lambda: value < 1.0,
+        "fleet_prepare": lambda: value < 3.0,
+        "fleet_unprepare": lambda: value < 3.0,
+        "fleet_reprepare": lambda: value < 2.0,
+        "fleet_republish": lambda: value < 300,
+        "fleet_republish_writes": lambda: value <= 1,
+        "fleet_first": lambda: value < 2.0,
+        "fleet_rss_growth": lambda: value < 5.0,
+        "fleet_idle_dra": lambda: value < 0.5,
+        "fleet_idle_dp": lambda: value < 0.5,
     }
     return goals[key]() if key in goals else None
 
@@ -652,12 +697,38 @@ def prepare_rows(
     return out
 
 
+# -- the fleet rows --------------------------------------------------------------------------------
+def fleet_rows(sides: list[Side], small: bool) -> dict[str, dict[str, list[float]]]:
+    """``bench/fleet.py --json`` once per side (its rows take minutes and repeat inside: one
+    run each, not ``rounds``), in a fresh process whose ``vfio_dp`` is that side's;
+    ``small``: its ``--small`` sizes (the harness test)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    script = str(REPO / "bench" / "fleet.py")
+    for side in sides:
+        res = subprocess.run(
+            [sys.executable, script, "--json", *(["--small"] if small else [])],
+            env=side.env(BENCH_CODE=str(side.tree)), capture_output=True, text=True,
+            timeout=1800,
+        )  # fmt: skip
+        if res.returncode != 0 or not res.stdout.strip():
+            tail = " | ".join(res.stderr.strip().splitlines()[-3:])
+            side.broken["fleet"] = tail[:400] or f"exit {res.returncode}"
+            continue
+        data = json.loads(res.stdout.strip().splitlines()[-1])
+        for key, value in data["figures"].items():
+            out.setdefault(key, {}).setdefault(side.label, []).append(value)
+        if data["broken"]:
+            side.broken["fleet"] = "; ".join(f"{k}: {v}" for k, v in data["broken"].items())
+    return out
+
+
 # -- everything ------------------------------------------------------------------------------------
 def measure(
-    sides: list[Side], rounds: int, skip: set[str] = frozenset()
+    sides: list[Side], rounds: int, skip: set[str] = frozenset(), *, fleet_small: bool = False
 ) -> dict[str, dict[str, list[float]]]:  # type: ignore[assignment]
-    """Every row for every side, ``rounds`` interleaved rounds each. ``skip``: groups to
-    leave out (``process``, ``daemons``, ``webhook``, ``prepare``)."""
+    """Every row for every side, ``rounds`` interleaved rounds each (the fleet rows: one run
+    each). ``skip``: groups to leave out (``process``, ``daemons``, ``webhook``,
+    ``prepare``, ``fleet``); ``fleet_small``: the fleet rows at their small sizes."""
     results: dict[str, dict[str, list[float]]] = {}
     for side in sides:
         compile_side(side)
@@ -678,6 +749,7 @@ def measure(
             ("prepare", lambda: prepare_rows(sides, rounds, big_tree)),
             ("webhook", lambda: webhook_rows(sides, rounds, work / "w")),
             ("daemons", lambda: daemon_rows(sides, rounds, work / "d")),
+            ("fleet", lambda: fleet_rows(sides, fleet_small)),
         ]
         for name, step in steps:
             if name in skip:

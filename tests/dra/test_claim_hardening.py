@@ -259,15 +259,15 @@ def test_the_claims_of_one_call_read_only_their_own_groups(
     )  # fmt: skip
     lone = claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")])
     nic = claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")])
-    puts = 0
-    real_put = p.checkpoint.put
+    puts = 0  # records stored (staged: the call writes them to disk once, before answering)
+    real_stage = p.checkpoint.stage
 
-    def counting_put(record: Any) -> Any:
+    def counting_stage(record: Any) -> Any:
         nonlocal puts
         puts += 1
-        return real_put(record)
+        return real_stage(record)
 
-    p.checkpoint.put = counting_put  # type: ignore[method-assign]
+    p.checkpoint.stage = counting_stage  # type: ignore[method-assign]
     out = run(p.prepare([lone, nic]))
     assert all(r.error == "" for r in out.values()), out
     # no full scan: each claim reads its own group (the bind plans from that read), then the

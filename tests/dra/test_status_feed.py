@@ -89,6 +89,33 @@ async def test_a_claim_being_prepared_is_not_written_until_its_end_asks_again() 
     await feed.close()
 
 
+async def test_many_devices_changing_at_once_look_at_the_claims_once() -> None:
+    """1,024 held devices going bad in one scan: one pass over the checkpoint's claims (it
+    was one pass per device, on the event loop ahead of the health stream), and each claim
+    holding one of them written, the others not."""
+    claims: dict[str, ClaimRecord] = {}
+    for i in range(4):
+        dev = DeviceRecord(("nic",), "node-a", f"pci-0000-0{i}-00-0", i, (f"0000:0{i}:00.0",),
+                           ("8086:1533",))  # fmt: skip
+        claims[f"u{i}"] = ClaimRecord("vms", f"claim-u{i}", f"u{i}", PREPARED, devices=(dev,))
+    passes = 0
+
+    def records() -> dict[str, ClaimRecord]:
+        nonlocal passes
+        passes += 1
+        return claims
+
+    writer = Writer()
+    feed = StatusFeed(
+        writer, record=claims.get, records=records, states=lambda: {}, holders=lambda: {}
+    )
+    feed.devices_changed({"pci-0000-00-00-0", "pci-0000-02-00-0", "pci-0000-09-00-0"})
+    await until(lambda: feed.busy == 0)
+    assert passes == 1
+    assert sorted(uid for uid, _ in writer.calls) == ["u0", "u2"]
+    await feed.close()
+
+
 async def test_close_leaves_a_stuck_write_after_its_grace_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

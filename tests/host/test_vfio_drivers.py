@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -477,3 +478,29 @@ def test_plain_list_never_opens_modules_alias_and_wide_reads_it_once(tmp_path: P
 
     assert opens() == 0
     assert opens("-o", "wide") == 1
+
+
+def test_a_claims_group_read_lists_no_vfio_nodes_when_nothing_needs_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DRA Prepare reads its claim's group (on vfio-pci): nothing there is judged by the
+    group nodes, so ``/dev/vfio`` -- thousands of entries on a fleet node, read once per
+    claim of a 1,000-claim call -- is not listed; a device on another driver still is."""
+    from vfio_dp.host import vfio_drivers
+
+    t = SysfsTree(tmp_path)
+    t.add(Dev("0000:01:00.0", "8086", "1533", "020000", driver="vfio-pci", group=1))
+    t.add(Dev("0000:02:00.0", "8086", "1533", "020000", driver="igb", group=2))
+    listed: list[tuple[str, ...]] = []
+    real = vfio_drivers._listdir
+
+    def counting(root: Any, *parts: str) -> frozenset[str]:
+        listed.append(parts)
+        return real(root, *parts)
+
+    monkeypatch.setattr(vfio_drivers, "_listdir", counting)
+    host = Host(t.root)
+    host.scan_groups([PciAddress.parse("0000:01:00.0")])
+    assert ("dev", "vfio") not in listed
+    host.scan_groups([PciAddress.parse("0000:02:00.0")])
+    assert ("dev", "vfio") in listed

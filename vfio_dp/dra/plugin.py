@@ -219,10 +219,10 @@ class DraPlugin(FrontEnd):
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
         self.publisher.want(update.devices)
         self._publish_health(update.devices)
-        for h in update.changed:
-            if h.held:
-                self.metrics.inc("vfio_dp_dra_health_changes_total", health=h.health)
-                self.status.device_changed(h.device)
+        held = [h for h in update.changed if h.held]
+        for h in held:
+            self.metrics.inc("vfio_dp_dra_health_changes_total", health=h.health)
+        self.status.devices_changed({h.device for h in held})
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
 

@@ -224,9 +224,7 @@ def mark_on_vfio(root: Root, devices: dict[PciAddress, PciDevice]) -> None:
     the module docstring), in place; devices whose facts did not change are kept as they
     are. One pass over the devices (a big host has thousands), then work only for the few
     bound to a driver that is neither vfio-pci nor DMA-safe in a group with a node."""
-    nodes = _listdir(root, "dev", "vfio")
     parents = parent_names(root)
-    cdevs = "devices" in nodes  # the kernel has VFIO cdev: /dev/vfio/devices/vfioN
     explained: set[int] = set()  # groups a member on VFIO otherwise accounts for
     candidates: list[PciDevice] = []
     before: list[PciAddress] = []  # marked by an earlier scan: judged again
@@ -242,7 +240,10 @@ def mark_on_vfio(root: Root, devices: dict[PciAddress, PciDevice]) -> None:
             continue
         candidates.append(dev)
     if not candidates and not before and not parents:
-        return  # the usual host: nothing to mark
+        return  # the usual host: nothing to mark (nor /dev/vfio listed: a DRA Prepare's
+        # group on vfio-pci among thousands of nodes)
+    nodes = _listdir(root, "dev", "vfio")
+    cdevs = "devices" in nodes  # the kernel has VFIO cdev: /dev/vfio/devices/vfioN
     registered: dict[PciAddress, str | None] = {}  # address -> its cdev
     pending: dict[int, list[PciDevice]] = {}  # group with a node -> members to judge
     for dev in candidates:

@@ -17,6 +17,7 @@ __all__ = [
     "cdi",
     "checkpoint",
     "claims",
+    "commit",
     "edits",
     "extended",
     "holds",

@@ -112,9 +112,11 @@ def write_spec(cdi_dir: str, driver: str, claim_uid: str, devices: Sequence[CdiD
     return path
 
 
-def remove_spec(cdi_dir: str, driver: str, claim_uid: str) -> bool:
-    """Remove the claim's spec; False when there was none."""
-    return bool(remove_durably(*os.path.split(spec_path(cdi_dir, driver, claim_uid))))
+def remove_spec(cdi_dir: str, driver: str, claim_uid: str, *, durable: bool = True) -> bool:
+    """Remove the claim's spec (``durable=False``: the caller syncs ``cdi_dir``); False when
+    there was none."""
+    path = spec_path(cdi_dir, driver, claim_uid)
+    return bool(remove_durably(*os.path.split(path), durable=durable))
 
 
 def read_spec(cdi_dir: str, driver: str, claim_uid: str) -> dict[str, object] | None:

@@ -30,11 +30,12 @@ plugin starts empty: the bind records and the files on disk still let reconcile 
 claims bound. One record that does not parse (an address from another boot that is not an
 address) is skipped, reported, and kept in the file as it was (:attr:`Checkpoint.bad`).
 
-Changes made at the same time are written together (group commit): a :meth:`Checkpoint.put`
-or :meth:`Checkpoint.remove` returns once a write that holds its change is on disk, and the
-changes that arrived while one write ran go out in the next. A NodePrepareResources of 1,000
-claims is then tens of writes, not 1,000 (each of the whole file); each record's JSON is
-encoded once and kept while the record does not change. A write that fails undoes every
+Changes made at the same time are written together (group commit): :meth:`Checkpoint.put`
+and :meth:`Checkpoint.remove` return once a write holding their change is on disk. A kubelet
+call stages its claims' changes in memory (:meth:`Checkpoint.stage`, ``stage_remove``) and
+makes them durable with ONE write before it answers (:meth:`Checkpoint.commit`,
+:class:`vfio_dp.dra.claimpath.commit.CallCommit`); a record staged unchanged is no change.
+Each record's JSON is encoded once while it does not change. A write that fails undoes every
 change it carried, and each of their callers gets the error.
 """
 
@@ -198,6 +199,7 @@ class Checkpoint:
         self._write_lock = threading.Lock()
         self._gen = 0  # the last change made in memory
         self._durable = 0  # the last change on disk
+        self._last: dict[str, int] = {}  # uid → the number of its last change
         self._pending: list[tuple[int, _Undo]] = []
         self._failed: dict[int, BaseException] = {}  # changes a failed write carried
         self.problems: list[str] = []  # what load() had to set aside, for the log
@@ -277,7 +279,7 @@ class Checkpoint:
 
     def _change(self, uid: str, record: ClaimRecord | None) -> int:
         """Set (``record``) or drop (None) ``uid`` in memory (under ``_lock``), remembering
-        how to undo it; returns the change's number for :meth:`_commit`."""
+        how to undo it; returns the change's number for :meth:`commit`."""
         undo = (uid, self._claims.get(uid), self._bad.get(uid))
         if record is None:
             self._claims.pop(uid, None)
@@ -287,11 +289,16 @@ class Checkpoint:
         self._encoded.pop(uid, None)
         self._gen += 1
         self._pending.append((self._gen, undo))
+        if record is None:
+            self._last.pop(uid, None)
+        else:
+            self._last[uid] = self._gen
         return self._gen
 
-    def _commit(self, gen: int) -> None:
+    def commit(self, gen: int) -> None:
         """Return once change ``gen`` is on disk, writing it (and every change made since the
-        last write) when no earlier write holds it; raise the write's error if it failed."""
+        last write) when no earlier write holds it; raise the write's error if it failed.
+        Blocking (an fsync); every number :meth:`stage` gave must be committed once."""
         with self._write_lock:
             failed = self._failed.pop(gen, None)
             if failed is not None:
@@ -317,6 +324,7 @@ class Checkpoint:
                         if bad is not None:
                             self._bad[uid] = bad
                         self._encoded.pop(uid, None)
+                        self._last.pop(uid, None)  # what is restored was on disk
                 for g, _undo in batch:
                     if g != gen:
                         self._failed[g] = e
@@ -337,23 +345,38 @@ class Checkpoint:
         with self._lock:
             return dict(self._claims)
 
+    def stage(self, record: ClaimRecord) -> int:
+        """Store (replace) ``record`` stamped with the current boot ID, in memory only;
+        returns the change's number for :meth:`commit` (the number of the record's last
+        change when it is stored unchanged: nothing new to write)."""
+        stamped = replace(record, boot_id=self.boot_id)
+        with self._lock:
+            if self._claims.get(record.uid) == stamped:  # as on disk, or staged by a peer
+                return self._last.get(record.uid, 0)
+            return self._change(record.uid, stamped)
+
+    def stage_remove(self, uid: str) -> int | None:
+        """Forget a claim in memory only: the number for :meth:`commit`, None when it was
+        not there."""
+        with self._lock:
+            if uid not in self._claims and uid not in self._bad:
+                return None
+            return self._change(uid, None)
+
     def put(self, record: ClaimRecord) -> ClaimRecord:
         """Store (replace) ``record`` stamped with the current boot ID, durably before
         returning; returns what was stored."""
-        stamped = replace(record, boot_id=self.boot_id)
-        with self._lock:
-            gen = self._change(record.uid, stamped)
-        self._commit(gen)
-        return stamped
+        self.commit(self.stage(record))
+        return replace(record, boot_id=self.boot_id)
 
     def remove(self, uid: str) -> bool:
         """Forget a claim durably; False when it was not there."""
         with self._lock:
             present = uid in self._claims
-            if not present and uid not in self._bad:
-                return False
-            gen = self._change(uid, None)
-        self._commit(gen)
+        gen = self.stage_remove(uid)
+        if gen is None:
+            return False
+        self.commit(gen)
         return present
 
     def trusted(self, record: ClaimRecord) -> bool:

@@ -32,6 +32,7 @@ from vfio_dp.dra.claimpath.claims import ClaimRef, PreparedDevice
 from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import DraError
+from vfio_dp.host.atomic import sync_dir
 from vfio_dp.model import dra_metadata as md
 
 log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
@@ -158,15 +159,16 @@ class ClaimDirs:
         except OSError as e:
             raise io_error("writing the CDI spec", path, e) from e
 
-    def remove(self, uid: str) -> None:
+    def remove(self, uid: str, *, durable: bool = True) -> None:
         """Remove the claim's CDI spec and metadata files (absent ones are fine), each tried
         even when the other fails; :class:`DraError` naming the first path that could not be
         removed. A directory where the spec would be is someone else's: logged and left,
-        never an error."""
+        never an error. ``durable=False``: the removes survive a crash once :meth:`sync`
+        ran (one sync for a call's claims)."""
         failed: DraError | None = None
         path = cdi.spec_path(self.cdi_dir, self.driver, uid)
         try:
-            cdi.remove_spec(self.cdi_dir, self.driver, uid)
+            cdi.remove_spec(self.cdi_dir, self.driver, uid, durable=durable)
         except IsADirectoryError:
             # not ours (we write files only): left as it is, and the claim is still given
             # back -- an Unprepare that failed on it would fail at every retry, forever
@@ -180,8 +182,18 @@ class ClaimDirs:
             failed = io_error("removing the CDI spec", path, e)
         path = os.path.join(mdfile.claims_dir(self.plugins_dir, self.driver), uid)
         try:
-            mdfile.remove_claim(self.plugins_dir, self.driver, uid)
+            mdfile.remove_claim(self.plugins_dir, self.driver, uid, durable=durable)
         except OSError as e:
             failed = failed or io_error("removing the device-metadata files under", path, e)
         if failed is not None:
             raise failed
+
+    def sync(self) -> None:
+        """``fsync`` of the CDI directory and of the metadata claims directory: the removes
+        :meth:`remove` made with ``durable=False`` survive a crash. :class:`DraError`
+        naming the directory when it fails."""
+        for where in (self.cdi_dir, mdfile.claims_dir(self.plugins_dir, self.driver)):
+            try:
+                sync_dir(where)
+            except OSError as e:
+                raise io_error("syncing the removes in", where, e) from e

@@ -115,13 +115,14 @@ def write_claim(
     return out
 
 
-def remove_claim(plugins_dir: str, driver: str, claim_uid: str) -> bool:
-    """Remove every metadata file of the claim (and its directories); False when none.
+def remove_claim(plugins_dir: str, driver: str, claim_uid: str, *, durable: bool = True) -> bool:
+    """Remove every metadata file of the claim (and its directories); False when none
+    (``durable=False``: the caller syncs :func:`claims_dir`).
 
     Walks without following symlinks: only regular files and directories we created go.
     """
     top = os.path.join(claims_dir(plugins_dir, driver), cdi.check_uid(claim_uid))
-    return remove_tree_durably(top)
+    return remove_tree_durably(top, durable=durable)
 
 
 def read(path: str) -> md.DeviceMetadata:

@@ -26,9 +26,11 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    request's devices also carry the variables the device plugin's Allocate gives
    (:mod:`.extended`: request → deviceClassName → the class's resource, read before any
    bind);
-5. **record** the claim as ``prepared`` and answer every CDI device ID. A claim not prepared
-   before whose files or record cannot be written (a full or read-only CDI, metadata or
-   state directory) has its files removed again: nothing of it is left for a container.
+5. **record** the claim as ``prepared`` and answer every CDI device ID once the checkpoint
+   holds it on disk -- one durable write for all the claims of the call
+   (:class:`~vfio_dp.dra.claimpath.commit.CallCommit`). A claim not prepared before whose
+   files or record cannot be written (a full or read-only CDI, metadata or state
+   directory) has its files removed again: nothing of it is left for a container.
 
 ``adminAccess: true`` results never bind and never get the VFIO group: their device carries
 only the metadata mount. A claim reserved for several pods (``status.reservedFor``) is
@@ -72,6 +74,7 @@ from vfio_dp.dra.claimpath.claims import (
     describe,
     ours,
 )
+from vfio_dp.dra.claimpath.commit import CallCommit
 from vfio_dp.dra.claimpath.edits import ClaimDirs, ClaimFiles, build, io_error
 from vfio_dp.dra.claimpath.outcome import outcome
 from vfio_dp.dra.claimpath.reconcile import ClaimReader, Reconciler, ReconcileReport
@@ -173,14 +176,26 @@ class ClaimPreparer:
     # -- NodePrepareResources ------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         await self._ensure_loaded()
-        results = await asyncio.gather(*(self._prepare_serialized(c) for c in claims))
-        return {c.uid: r for c, r in zip(claims, results, strict=True)}
+        once = list({c.uid: c for c in reversed(claims)}.values())  # a UID named twice: once
+        call = CallCommit(self.checkpoint, len(once))
+        results = await asyncio.gather(*(self._prepare_serialized(c, call) for c in once))
+        return {c.uid: r for c, r in zip(once, results, strict=True)}
 
-    async def _prepare_serialized(self, claim: ClaimRef) -> ClaimResult:
+    async def _prepare_serialized(self, claim: ClaimRef, call: CallCommit) -> ClaimResult:
         claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
         async with self._lock(claim.uid):  # a retry while its Prepare runs reads after it
             try:
-                devices = await self._prepare(claim)
+                try:
+                    devices, gen, keep = await self._prepare(claim)
+                except BaseException:
+                    call.leave()
+                    raise
+                try:
+                    await call.arrive(lambda: gen)  # the call's one checkpoint write
+                except Exception:
+                    if not keep:
+                        await asyncio.to_thread(self._discard_files, claim.uid, _describe(claim))
+                    raise
             except Exception as e:  # one claim's failure, whatever it is, fails it alone
                 failed = outcome(_describe(claim), e, self.checkpoint.path)
                 failed.log(log, "NodePrepareResources")
@@ -189,7 +204,7 @@ class ClaimPreparer:
             self._metric("vfio_dp_dra_prepared_total")
             return ClaimResult(devices=devices)
 
-    async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+    async def _prepare(self, claim: ClaimRef) -> tuple[tuple[PreparedDevice, ...], int, bool]:
         """The recipe (module docstring): read here, the rest in one worker thread."""
         who = _describe(claim)
         held = self.checkpoint.get(claim.uid)
@@ -206,18 +221,21 @@ class ClaimPreparer:
         view: ClaimView,
         wanted: Sequence[AllocationResult],
         resources: Mapping[str, str],
-    ) -> tuple[PreparedDevice, ...]:
+    ) -> tuple[tuple[PreparedDevice, ...], int, bool]:
         """Resolve → take ownership → write → record: sysfs, the bind, the files and the
         checkpoint are all blocking, so they run in one hop off the event loop (a hop per
-        step was a tenth of a Prepare). Blocking; under the claim's lock."""
+        step was a tenth of a Prepare). Blocking; under the claim's lock. → (the devices,
+        the number of the staged ``prepared`` record for the call's commit, whether the
+        claim was prepared before: its files stay if that commit fails)."""
         who = _describe(claim)
         inv, chosen = self._resolve(who, claim.uid, wanted)
         expected = native.check(self.host, self.checkpoint.all(), who, claim.uid, chosen, inv)
         records = resolve.device_records(chosen, inv)
         previous = self.checkpoint.get(claim.uid)
         binds = bool(resolve.to_bind(chosen, inv)) or bool(native.to_switch(chosen, inv))
-        if binds and (previous is None or previous.state != PREPARED):  # before the bind
-            self._record(claim, view, PREPARING, records)
+        keep = previous is not None and previous.state == PREPARED
+        if binds and not keep:  # durable before the bind
+            self.checkpoint.commit(self._record(claim, view, PREPARING, records))
         inv = self._take(who, claim.uid, chosen, inv)
         inv, found = native.switch(self.host, who, chosen, inv, expected, self.node_timeout)
         resolve.verify(who, chosen, inv, self.published() if self.published else None)
@@ -226,14 +244,14 @@ class ClaimPreparer:
             files = self._write(claim, view, chosen, inv, resources, found)
             ids = [d.cdi_device_ids for d in files.prepared]
             records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
-            self._record(claim, view, PREPARED, records)
+            gen = self._record(claim, view, PREPARED, records)
         except BaseException:
-            if previous is None or previous.state != PREPARED:
+            if not keep:
                 self._discard_files(claim.uid, who)
             raise
         devices = ", ".join(r.device for r in records) or "-"
         log.info("prepared claim %s: %s", who, devices, extra={"device": devices})
-        return files.prepared
+        return files.prepared, gen, keep
 
     async def _read(self, claim: ClaimRef) -> ClaimView:
         try:
@@ -368,32 +386,38 @@ class ClaimPreparer:
 
     def _record(
         self, claim: ClaimRef, view: ClaimView, state: str, devices: tuple[DeviceRecord, ...]
-    ) -> None:
-        """The claim's checkpoint record, durably. Blocking."""
+    ) -> int:
+        """The claim's checkpoint record, staged: its number for
+        :meth:`~vfio_dp.dra.claimpath.checkpoint.Checkpoint.commit`."""
         record = ClaimRecord(
             claim.namespace, claim.name, claim.uid, state, "", view.pod_claim_name, devices
         )
-        try:
-            self.checkpoint.put(record)
-        except OSError as e:
-            raise io_error("writing the DRA checkpoint", self.checkpoint.path, e) from e
+        return self.checkpoint.stage(record)
 
     # -- NodeUnprepareResources ----------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         await self._ensure_loaded()
-        results = await asyncio.gather(*(self._unprepare_serialized(c) for c in claims))
-        return {c.uid: r for c, r in zip(claims, results, strict=True)}
+        once = list({c.uid: c for c in reversed(claims)}.values())  # a UID named twice: once
+        call = CallCommit(self.checkpoint, len(once), before=self.dirs.sync)
+        results = await asyncio.gather(*(self._unprepare_serialized(c, call) for c in once))
+        return {c.uid: r for c, r in zip(once, results, strict=True)}
 
-    async def _unprepare_serialized(self, claim: ClaimRef) -> str:
+    async def _unprepare_serialized(self, claim: ClaimRef, call: CallCommit) -> str:
         claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
         async with self._lock(claim.uid):
             try:
-                held = self.checkpoint.get(claim.uid)
-                if held is not None:  # never release another claim's devices by its uid
-                    check_identity(claim, held.namespace, held.name)
-                restored = await asyncio.to_thread(
-                    self.reconciler.release, claim.uid, _describe(claim)
-                )
+                try:
+                    held = self.checkpoint.get(claim.uid)
+                    if held is not None:  # never release another claim's devices by its uid
+                        check_identity(claim, held.namespace, held.name)
+                    restored = await asyncio.to_thread(
+                        self.reconciler.give_back, claim.uid, _describe(claim)
+                    )
+                except BaseException:
+                    call.leave()
+                    raise
+                # its files gone on disk, then forgotten on disk, before kubelet hears it
+                await call.arrive(lambda: self.checkpoint.stage_remove(claim.uid))
             except Exception as e:  # one claim's failure, whatever it is, fails it alone
                 failed = outcome(_describe(claim), e, self.checkpoint.path)
                 failed.log(log, "NodeUnprepareResources")

@@ -32,6 +32,7 @@ from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
 from vfio_dp.host.state import bound_by_claim, claim_of
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.device import Inventory
 
 log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
@@ -80,16 +81,27 @@ class Reconciler:
     # -- one claim -----------------------------------------------------------------------
     def release(self, uid: str, who: str) -> list[str]:
         """Remove the claim's files; give back the devices it bound (held groups are kept:
-        :class:`Held`); forget the claim once all is done. Blocking."""
-        self.dirs.remove(uid)
+        :class:`Held`); forget the claim durably once all is done. Blocking."""
+        restored = self.give_back(uid, who)
+        self.dirs.sync()
+        gen = self.checkpoint.stage_remove(uid)
+        if gen is not None:
+            self.checkpoint.commit(gen)
+        return restored
+
+    def give_back(self, uid: str, who: str) -> list[str]:
+        """:meth:`release` up to forgetting the claim: its files removed but not yet synced
+        (the caller runs :meth:`ClaimDirs.sync` once for a call's claims, then forgets
+        them: :class:`~vfio_dp.dra.claimpath.commit.CallCommit`). Blocking."""
+        self.dirs.remove(uid, durable=False)
         out = self.host.release(bound_by_claim(uid))
         if out.kept:
             self.metric("vfio_dp_dra_held_groups", float(len(out.kept)))
             rec = self.checkpoint.get(uid)
             if rec is not None and rec.state != RELEASING:  # reconcile retries it
+                self.dirs.sync()
                 self.checkpoint.put(replace(rec, state=RELEASING))
             raise Held(who, "; ".join(out.kept))
-        self.checkpoint.remove(uid)
         return out.restored
 
     # -- every claim ---------------------------------------------------------------------
@@ -102,10 +114,18 @@ class Reconciler:
                 f"checkpoint record {key[:100]!r} skipped: {problem} (kept; its devices and files "
                 "stay until kubelet prepares or unprepares that claim again)"
             )
-        for rec in await asyncio.to_thread(self.checkpoint.untrusted):
+        untrusted = await asyncio.to_thread(self.checkpoint.untrusted)
+        inv: Inventory | None = None  # one scan for every claim of another boot
+        if untrusted:
+            try:
+                inv = await asyncio.to_thread(self.host.scan, usage=False)
+            except (VfioError, OSError) as e:
+                report.errors.append(f"cannot scan the host to re-verify claims: {e}")
+                untrusted = []
+        for rec in untrusted:
             async with self.lock(rec.uid):
                 try:
-                    await asyncio.to_thread(self.reverify, rec, report)
+                    await asyncio.to_thread(self.reverify, rec, report, inv)
                 except (VfioError, OSError, ValueError) as e:
                     report.errors.append(f"claim {rec.ref}: cannot re-verify it, kept: {e}")
         for uid, rec in sorted(self.checkpoint.all().items()):
@@ -153,11 +173,14 @@ class Reconciler:
         report.restored.extend(restored)
         log.info("reconcile: unprepared claim %s: %s", ref, why)
 
-    def reverify(self, rec: ClaimRecord, report: ReconcileReport) -> None:
+    def reverify(
+        self, rec: ClaimRecord, report: ReconcileReport, inv: Inventory | None = None
+    ) -> None:
         """After a reboot: do the claim's devices still exist with the same IDs and IOMMU
         groups? Yes: trust it again. No: withdraw its CDI spec and metadata (a container
-        must not get another device's group) until kubelet prepares it again. Blocking."""
-        inv = self.host.scan(usage=False)
+        must not get another device's group) until kubelet prepares it again. ``inv``: the
+        host as scanned for every claim of this reconcile (None: scanned here). Blocking."""
+        inv = inv or self.host.scan(usage=False)
         problems: list[str] = []
         for d in rec.devices:
             for addr_text, ids in zip(d.addresses, d.ids, strict=False):

@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Fleet-scale rows (issue 39): a node of a thousand devices, prepared claims by the
+thousand, each row with its goal (met / NOT met).
+
+    python3 bench/fleet.py [--small] [--json] [--soak SECONDS] [--only 1,2,3,5,6]
+
+Rows (the issue's numbers; ``--small`` runs each at a small size in seconds, for
+tests/test_bench_harness.py: its figures mean nothing, its goals are not judged):
+
+1. **health at scale**: N prepared groups (one VF per group, 1,024) leave their VFIO driver
+   at once on the tree (as an outside actor's rebind does) → UNHEALTHY for all N on the
+   kubelet stand-in's health stream, and a slice write with all N tainted (median and
+   worst over the rounds); the same change seen by the device plugin's ListAndWatch (its
+   daemon, 1,024 devices, SIGUSR1 as a uevent's kick). The DRA plugin runs in this process
+   with the kubelet DRA stand-in (gRPC, real sockets) and the API-server stand-in, as
+   ``bench/dra_health_bench.py``; a temp tree emits no uevents, so the plugin is kicked
+   as one kicks it.
+2. **claims at scale**: one NodePrepareResources of 1,000 claims whose groups are on
+   vfio-pci, the same NodeUnprepareResources, and a kubelet restart re-preparing 500 --
+   the DRA handler in-process (``bench/dra_batch_bench.py``; no gRPC hop, ResourceClaims
+   from memory: the claim reads are the API server's, not the node's).
+3. **publication at scale**: the DRA daemon (``vfioctl dra-plugin``) on 1,024 devices: one
+   device changes → its pool republished (median), and the slice writes that change made,
+   counted in the API-server stand-in; on 4,096 devices: start → every device published.
+   ``numVfs: 256`` on 4 PFs is not measured here (the SR-IOV path needs the kernel
+   simulator in the daemon's process): said in the row.
+4. **webhook at cluster scale**: not measured by this script (the row says so).
+5. **memory**: each daemon's RSS at 4,096 devices (the DRA daemon after a Prepare of 1,000
+   claims through the kubelet stand-in), then after ``--soak`` seconds of one device change
+   a second (default 60, small 5; the issue's one-hour soak is ``--soak 3600``).
+6. **idle**: both daemons at 4,096 devices, ``--resync 5``, the DRA plugin with the kubelet
+   stand-in's health stream open: % of one CPU over two resync periods.
+
+``BENCH_CODE``: the tree whose ``vfio_dp`` to measure (bench/against.py: a git ref); the
+stand-ins and trees are this tree's. ``--json``: the figures as one JSON object
+(bench/rows.py). Measured on a loaded machine, every figure is noisy: re-measure idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.environ.get("BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import vfio_dp  # noqa: F401  (first: the side's, before a bench module puts this tree first)
+from bench.rows import (
+    FIGURES,
+    FLEET_NOT_MEASURED,
+    RESYNC,
+    DevicePluginRig,
+    DraRig,
+    LoopThread,
+    Side,
+    cpu_ns,
+    met,
+    rss_mb,
+)
+
+
+def log(msg: str) -> None:
+    print(f"  fleet: {msg}", file=sys.stderr, flush=True)
+
+
+async def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.005)
+    return time.monotonic() - start
+
+
+# -- row 1: health at scale (DRA plugin in-process) ---------------------------------------------
+async def health_row(work: Path, n: int, rounds: int) -> list[float]:
+    from bench.dra_health_bench import CONFIG, DRIVER, NODE, build_tree, name_of
+    from tests.dra.apiserver_standin import CLAIMS, NODES, ApiServerStandin
+    from tests.dra.kubelet_dra_standin import KubeletDraStandin
+    from vfio_dp.dra.plugin import DraOptions, DraPlugin
+    from vfio_dp.host import Host
+
+    kdir = tempfile.mkdtemp(prefix="kfh", dir="/tmp")
+    tree, addrs = build_tree(work / "root", n)
+    (work / "config.yaml").write_text(CONFIG)
+    api = ApiServerStandin(str(work / "api"))
+    api.start()
+    api.seed(NODES, {"metadata": {"name": NODE}})
+    kubelet = KubeletDraStandin(f"{kdir}/registry", NODE, api_client=api.client())
+    await kubelet.start()
+    plugin = DraPlugin(
+        DraOptions(
+            node_name=NODE, driver_name=DRIVER, registry_dir=f"{kdir}/registry",
+            plugins_dir=f"{kdir}/plugins", cdi_dir=str(work / "cdi"),
+            config_path=str(work / "config.yaml"), root=str(tree.root), resync=60.0,
+            metrics_port=0, uevents=False,
+        ),
+        api.client(),
+        host=Host(tree.root),
+    )  # fmt: skip
+    names = {name_of(a) for a in addrs}
+    tainted: list[tuple[float, int]] = []  # (time, devices of ours tainted) per publication
+
+    def published(generation: int, slices: list[dict[str, Any]]) -> None:
+        bad = sum(
+            1
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["name"] in names and d.get("taints")
+        )
+        tainted.append((time.monotonic(), bad))
+
+    def count(health: str) -> int:
+        seen = kubelet.health.get(DRIVER, {})
+        return sum(1 for (_, dev), s in seen.items() if dev in names and s.health == health)
+
+    plugin.publisher.on_published.append(published)
+    out: list[float] = []
+    try:
+        await plugin.start()
+        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins, 120)
+        await until(lambda: count("Healthy") == n, 300, "every device healthy")
+        pairs = []
+        for i, a in enumerate(addrs):
+            body = {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"vm-{i}", "namespace": "vms"},
+                "spec": {"devices": {"requests": [
+                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "nic", "driver": DRIVER, "pool": NODE,
+                     "device": name_of(a)}]}}},
+            }  # fmt: skip
+            pairs.append((api.seed(CLAIMS, body)["metadata"]["uid"], f"vm-{i}"))
+        await kubelet.run_pod(DRIVER, "vm", "vms", pairs)  # one Prepare of every claim
+        log(f"row 1: {n} claims prepared")
+        for r in range(2 * rounds):
+            bad = r % 2 == 0
+            for a in addrs:
+                tree.set_driver(a, None if bad else "vfio-pci")
+            t = time.monotonic()
+            plugin.core.kick("uevent bench")
+            want = "Unhealthy" if bad else "Healthy"
+            seen = await until(lambda w=want: count(w) == n, 60, f"{n} {want}")  # type: ignore[misc]
+            goal = n if bad else 0
+            await until(
+                lambda g=goal, t=t: any(w > t and x == g for w, x in tainted),  # type: ignore[misc]
+                60,
+                "the slices",
+            )
+            written = next(w for w, x in tainted if w > t and x == goal) - t
+            if bad:
+                out.append(max(seen, written))
+                log(f"row 1 round {r // 2 + 1}: stream {seen:.2f} s, slices {written:.2f} s")
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
+        api.stop()
+        shutil.rmtree(kdir, ignore_errors=True)
+    return out
+
+
+def dp_health_row(side: Side, work: Path, n: int, rounds: int) -> list[float]:
+    """The device plugin daemon on ``n`` devices: all leave vfio-pci, SIGUSR1 → every
+    device reported not Healthy (or withdrawn) on ListAndWatch; and back."""
+    loop = LoopThread()
+    rig = DevicePluginRig(side, work / "dp", loop, devices=n)
+    out: list[float] = []
+    try:
+        rig.wait_ready()
+        addrs = sorted(rig.tree.devs)
+
+        def healthy() -> int:
+            return sum(
+                1
+                for v in rig.kubelet.plugins.values()
+                for h in v.devices.values()
+                if h == "Healthy"
+            )
+
+        for r in range(2 * rounds):
+            bad = r % 2 == 0
+            for a in addrs:
+                rig.tree.set_driver(a, None if bad else "vfio-pci")
+            t = time.monotonic()
+            os.kill(rig.proc.pid, signal.SIGUSR1)
+            goal = 0 if bad else n
+            took = loop.run(until(lambda g=goal: healthy() == g, 60, "ListAndWatch"), 90)  # type: ignore[misc]
+            del t
+            if bad:
+                out.append(took)
+    finally:
+        rig.stop()
+        loop.stop()
+    return out
+
+
+# -- row 2: claims at scale (the handler in-process) ---------------------------------------------
+def claims_row(work: Path, n: int) -> dict[str, float]:
+    from bench.dra_batch_bench import CONFIG, DRIVER, NODE, build
+    from vfio_dp.dra.claimpath.claims import ClaimRef
+    from vfio_dp.dra.claimpath.prepare import ClaimPreparer
+    from vfio_dp.host import Host
+    from vfio_dp.model.config import load_config_text
+
+    tree = build(work / "root", n)
+    os.sync()  # the tree's files written back before anything times an fsync
+    config = load_config_text(CONFIG, "bench")
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    refs = []
+    for i in range(n):
+        bus, slot = divmod(i, 32)
+        uid = f"uid-{i:05d}"
+        objects[("default", f"c{i}")] = {
+            "metadata": {"name": f"c{i}", "namespace": "default", "uid": uid},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "nic", "driver": DRIVER, "pool": NODE,
+                 "device": f"pci-0000-{bus + 1:02x}-{slot:02x}-0"}]}}},
+        }  # fmt: skip
+        refs.append(ClaimRef("default", uid, f"c{i}"))
+
+    async def read(ns: str, name: str) -> dict[str, Any] | None:
+        return objects.get((ns, name))
+
+    prep = ClaimPreparer(
+        host=Host(tree.root), driver=DRIVER, node=NODE, cdi_dir=str(work / "cdi"),
+        plugins_dir=str(work / "plugins"), read_claim=read, config=lambda: config,
+    )  # fmt: skip
+
+    def timed(coro: Any) -> tuple[float, Any]:
+        t, c = time.perf_counter(), time.process_time()
+        result = asyncio.run(coro)
+        took = time.perf_counter() - t
+        # the CPU it used, every thread: what a loaded machine cannot inflate much
+        log(f"row 2: {took:.2f} s, CPU {time.process_time() - c:.2f} s")
+        return took, result
+
+    half = refs[: n // 2]
+    took_p, out = timed(prep.prepare(refs))
+    errors = [r.error for r in out.values() if r.error]
+    took_r, out = timed(prep.prepare(half))  # kubelet restarted: it prepares them again
+    errors += [r.error for r in out.values() if r.error]
+    took_u, un = timed(prep.unprepare(refs))
+    errors += [e for e in un.values() if e]
+    if errors:
+        raise RuntimeError(f"{len(errors)} claims failed: {errors[0]}")
+    return {"fleet_prepare": took_p, "fleet_unprepare": took_u, "fleet_reprepare": took_r}
+
+
+# -- rows 3, 5, 6: the daemons from outside --------------------------------------------------------
+def slice_writes(rig: DraRig, since: int) -> int:
+    return sum(
+        1
+        for r in list(rig.api.requests)[since:]
+        if r.method in ("POST", "PUT", "PATCH") and "resourceslices" in r.path
+    )
+
+
+def republish_row(side: Side, work: Path, n: int, rounds: int) -> dict[str, float]:
+    rig = DraRig(side, work / "dra1k", n)
+    try:
+        rig.wait_ready()
+        times, writes = [], []
+        for _ in range(rounds):
+            mark = len(rig.api.requests)
+            times.append(rig.republish() * 1000)
+            time.sleep(0.3)  # a late second write of the same change is counted too
+            writes.append(slice_writes(rig, mark))
+    finally:
+        rig.stop()
+    return {"fleet_republish": statistics.median(times),
+            "fleet_republish_writes": statistics.median(writes)}  # fmt: skip
+
+
+def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> dict[str, float]:
+    """Rows 3 (first publication), 6 (idle) and 5 (memory, soak) on one pair of daemons."""
+    from bench.dra_bench import DRIVER
+    from bench.dra_health_bench import name_of
+    from tests.dra.apiserver_standin import CLAIMS
+    from tests.dra.kubelet_dra_standin import KubeletDraStandin
+
+    out: dict[str, float] = {}
+    loop = LoopThread()
+    dra = DraRig(side, work / "dra", n)  # builds its tree, then starts the daemon
+    t0 = time.monotonic()
+    dp: DevicePluginRig | None = None
+    kubelet: KubeletDraStandin | None = None
+    try:
+        dra.wait_ready()
+        out["fleet_first"] = time.monotonic() - t0
+        dp = DevicePluginRig(side, work / "dp4k", loop, devices=n)
+        dp.wait_ready()
+        kubelet = KubeletDraStandin(
+            f"{dra.kdir}/registry", DraRig.NODE, api_client=dra.api.client()
+        )
+        loop.run(kubelet.start())
+        k = kubelet
+        loop.run(k.wait_for("registration", lambda s: DRIVER in s.plugins, 120), 150)
+        loop.run(until(lambda: k.health_responses > 0, 60, "the health stream"), 90)
+        time.sleep(RESYNC + 1)  # start-up work settled
+        window = 2 * RESYNC
+        before = {p: cpu_ns(p) for p in (dra.proc.pid, dp.proc.pid)}
+        t = time.monotonic()
+        time.sleep(window)
+        took = time.monotonic() - t
+        out["fleet_idle_dra"] = (cpu_ns(dra.proc.pid) - before[dra.proc.pid]) / 1e9 / took * 100
+        out["fleet_idle_dp"] = (cpu_ns(dp.proc.pid) - before[dp.proc.pid]) / 1e9 / took * 100
+        pairs = []
+        for i, a in enumerate(dra.addrs[:claims]):
+            body = {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"vm-{i}", "namespace": "vms"},
+                "spec": {"devices": {"requests": [
+                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "nic", "driver": DRIVER, "pool": DraRig.NODE,
+                     "device": name_of(a)}]}}},
+            }  # fmt: skip
+            pairs.append((dra.api.seed(CLAIMS, body)["metadata"]["uid"], f"vm-{i}"))
+        loop.run(k.run_pod(DRIVER, "vm", "vms", pairs), 600)
+        log(f"rows 5: {claims} claims prepared in the DRA daemon")
+        rss0 = rss_mb(dra.proc.pid) + rss_mb(dp.proc.pid)
+        out["fleet_rss_dra"], out["fleet_rss_dp"] = rss_mb(dra.proc.pid), rss_mb(dp.proc.pid)
+        victim = dra.addrs[-1]  # not a prepared one: a claim's device leaving is row 1's
+        dp_victim = sorted(dp.tree.devs)[-1]
+        end = time.monotonic() + soak
+        i = 0
+        while time.monotonic() < end:
+            gone = i % 2 == 0
+            dra.tree.set_driver(victim, "mlx5_core" if gone else "vfio-pci")
+            dp.tree.set_driver(dp_victim, None if gone else "vfio-pci")
+            os.kill(dra.proc.pid, signal.SIGUSR1)
+            os.kill(dp.proc.pid, signal.SIGUSR1)
+            i += 1
+            time.sleep(1.0)
+        out["fleet_rss_growth"] = rss_mb(dra.proc.pid) + rss_mb(dp.proc.pid) - rss0
+        log(f"row 5: {i} changes over {soak:.0f} s")
+    finally:
+        if kubelet is not None:
+            loop.run(kubelet.stop())
+        if dp is not None:
+            dp.stop()
+        dra.stop()
+        loop.stop()
+    return out
+
+
+# -- all -------------------------------------------------------------------------------------------
+def measure(
+    small: bool, soak: float | None, only: set[str], devices: int | None = None
+) -> tuple[dict[str, float], dict[str, str]]:
+    side = Side("tree", Path(os.environ["BENCH_CODE"]) if os.environ.get("BENCH_CODE") else None)
+    big, k1, claims, rounds = (256, 64, 100, 2) if small else (4096, 1024, 1000, 3)
+    k1 = devices or k1
+    soak = soak if soak is not None else (5.0 if small else 60.0)
+    work = Path(tempfile.mkdtemp(prefix="vfio-fleet-"))
+    figures: dict[str, float] = {}
+    broken: dict[str, str] = {}
+
+    def step(name: str, fn: Callable[[], dict[str, float]]) -> None:
+        if only and name[0] not in only:
+            return
+        t = time.monotonic()
+        log(f"{name} ...")
+        try:
+            figures.update(fn())
+        except Exception as e:  # said in the table, never silent
+            broken[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(f"{name}: {time.monotonic() - t:.0f} s")
+
+    try:
+        step("2 claims", lambda: claims_row(work / "claims", claims))
+        step("1 health", lambda: {
+            "fleet_health_med": statistics.median(h := asyncio.run(
+                health_row(work / "health", k1, rounds))),
+            "fleet_health_worst": max(h)})  # fmt: skip
+        step("1 device plugin", lambda: {
+            "fleet_dp_health": statistics.median(dp_health_row(side, work, k1, rounds))})  # fmt: skip
+        step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
+        step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures, broken
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small", action="store_true", help="every row at a small size (seconds)")
+    ap.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    ap.add_argument("--soak", type=float, default=None, help="row 5's soak, seconds")
+    ap.add_argument("--only", default="", help="rows to run, e.g. 1,2")
+    ap.add_argument("--devices", type=int, default=None, help="rows 1 and 3: devices (1,024)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.CRITICAL)
+    started = time.monotonic()
+    figures, broken = measure(
+        args.small, args.soak, {s for s in args.only.split(",") if s}, args.devices
+    )
+    if args.json:
+        print(json.dumps({"figures": figures, "broken": broken}))
+        return 0
+    load = os.getloadavg()[0]
+    size = "SMALL sizes (figures mean nothing)" if args.small else "full sizes"
+    print(f"\nfleet rows, {size}; {os.cpu_count()} CPUs, load {load:.1f}; "
+          f"{time.monotonic() - started:.0f} s")  # fmt: skip
+    head = f"{'row':62} {'value':>9} {'unit':6} {'goal':14} verdict"
+    print(head)
+    print("-" * len(head))
+    missed = 0
+    for fig in (f for f in FIGURES if f.key.startswith("fleet_")):
+        what = fig.what.removeprefix("fleet ")
+        if fig.key not in figures:
+            print(f"{what:62} {'-':>9} {fig.unit:6} {fig.goal:14} not measured")
+            continue
+        v = figures[fig.key]
+        ok = None if args.small else met(fig.key, v, {})
+        missed += ok is False
+        verdict = "-" if ok is None else ("met" if ok else "NOT met")
+        print(f"{what:62} {v:9.3f} {fig.unit:6} {fig.goal:14} {verdict}")
+    for what, why in FLEET_NOT_MEASURED.items():
+        print(f"{what.removeprefix('fleet '):62} not measured: {why}")
+    for name, why in broken.items():
+        print(f"could not run {name}: {why}")
+    return 1 if missed or broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
