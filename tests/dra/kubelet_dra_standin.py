@@ -297,6 +297,9 @@ class KubeletDraStandin:
                     (v for v in self.health_versions if v in info.supported_versions), ""
                 )
                 self.instances.setdefault(info.name, []).append(view)
+                # accepted together with the instance (no await between): kubelet decides,
+                # then tells the plugin; whoever sees the plugin sees the accepted attempt
+                attempt.accepted = True
                 self._sync(info.name)
                 try:
                     await stub.NotifyRegistrationStatus(
@@ -304,7 +307,6 @@ class KubeletDraStandin:
                     )
                 except grpc.aio.AioRpcError as e:
                     attempt.error = f"NotifyRegistrationStatus failed: {e.code().name}"
-                attempt.accepted = True
                 if view.health_version:  # kubelet follows health once the plugin is registered
                     view.health_task = asyncio.create_task(self._follow_health(view))
         finally:
