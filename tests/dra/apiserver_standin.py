@@ -1150,6 +1150,9 @@ class ApiServerStandin:
         self.open_watches = 0
         self._watch_epoch = 0
         self._watches_paused = False
+        #: plurals whose lists wait unanswered (:meth:`hold_lists`), and lists waiting now
+        self._held_lists: set[str] = set()
+        self.lists_held = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1255,6 +1258,33 @@ class ApiServerStandin:
         with self.lock:
             self._watches_paused = False
             self.lock.notify_all()
+
+    def hold_lists(self, plural: str) -> None:
+        """List requests of ``plural`` (GET of the collection, not a watch) wait unanswered
+        until :meth:`release_lists` or :meth:`stop`: a server slow to answer a list.
+        :attr:`lists_held` counts the lists waiting now."""
+        with self.lock:
+            self._held_lists.add(plural)
+            self.lock.notify_all()
+
+    def release_lists(self) -> None:
+        with self.lock:
+            self._held_lists.clear()
+            self.lock.notify_all()
+
+    def _wait_if_held(self, kind: Kind) -> None:
+        """(The connection's thread) wait while lists of ``kind`` are held."""
+        with self.lock:
+            if kind.plural not in self._held_lists:
+                return
+            self.lists_held += 1
+            self.lock.notify_all()
+            try:
+                while kind.plural in self._held_lists and not self.stopping:
+                    self.lock.wait(0.1)
+            finally:
+                self.lists_held -= 1
+                self.lock.notify_all()
 
     def compact(self) -> int:
         """Forget the history up to now (etcd's compaction); open watches end first, so none
@@ -1797,6 +1827,8 @@ class _Handler(BaseHTTPRequestHandler):
             if query.get("dryRun"):
                 raise _bad_request("the API-server stand-in does not serve dryRun")
             answered_as = _answer_as(self.headers.get("Accept") or "", method, bool(name))
+            if method == "GET" and not name:
+                self.api._wait_if_held(kind)
             with self.api.lock:
                 if method == "GET":
                     result = (
