@@ -12,7 +12,7 @@ import pytest
 
 from tests.dra.apiserver_standin import SLICES, ApiServerStandin
 from tests.dra.conftest import DRIVER, NODE, a_slice
-from tests.dra.kubelet_dra_standin import KubeletDraStandin
+from tests.dra.kubelet_dra_standin import DraPluginView, KubeletDraStandin
 from tests.dra.recording_handler import RecordingHandler
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -288,3 +288,29 @@ async def test_a_registered_driver_whose_service_socket_is_gone_loses_its_slices
     finally:
         await front.stop()
         await k.stop()
+
+
+async def test_a_stop_that_meets_the_watcher_closing_a_view_ends_the_watcher() -> None:
+    """stop() cancels the registry watcher; when the watcher is itself waiting for a view's
+    health task to end (the plugin's socket went: the view is closed), that cancel must end
+    the watcher, or stop() waits for it for ever (a ``suppress(CancelledError)`` around the
+    wait swallowed it: a fresh-clone run hung in test_dra_health's teardown)."""
+    ending = asyncio.Event()
+
+    async def slow_to_end() -> None:  # as a gRPC stream, which takes turns to end
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await ending.wait()
+            raise
+
+    view = DraPluginView(DRIVER, "/x/reg.sock", (0, 0, 0), "/x/dra.sock", "v1.DRAPlugin")
+    view.health_task = asyncio.create_task(slow_to_end())
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(KubeletDraStandin._close(view))  # the watcher's part
+    await asyncio.sleep(0)  # it waits for the health task now
+    closing.cancel()  # stop() cancels the watcher
+    await asyncio.sleep(0)
+    ending.set()
+    await asyncio.wait({closing}, timeout=30)
+    assert closing.cancelled()
