@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,17 @@ async def kubelet(
     await k.stop()
 
 
-async def _serving(kubelet: KubeletDraStandin, node: Node, proc: subprocess.Popen[str]) -> None:
-    """Registered (a connection newer than any before), every device published and healthy."""
+async def _serving(
+    kubelet: KubeletDraStandin, node: Node, proc: subprocess.Popen[str], since: float = 0.0
+) -> None:
+    """Registered (a connection newer than any before), every device published and healthy
+    -- healthy as reported after ``since`` (monotonic): once the previous release has
+    stopped, its last health report is still "Healthy" for a second and says nothing of
+    the new one."""
+
+    def reported_healthy(device: str) -> bool:
+        seen = kubelet.health.get(DRIVER, {}).get((NODE, device))
+        return seen is not None and seen.received > since and seen.health == "Healthy"
 
     def ready() -> bool:
         if proc.poll() is not None:
@@ -164,6 +174,7 @@ async def _serving(kubelet: KubeletDraStandin, node: Node, proc: subprocess.Pope
             kubelet.usable(DRIVER)
             and node.published() == set(PUBLISHED)
             and all(kubelet.health_of(DRIVER, NODE, d)[0] == "Healthy" for d in PUBLISHED)
+            and all(reported_healthy(d) for d in PUBLISHED)
         )
 
     await wait_until_async(ready, what="registered, published, healthy", timeout=60)
@@ -194,6 +205,7 @@ async def test_a_dra_plugin_roll_keeps_every_claim_and_binding(
     assert checkpoint, "the running release wrote no checkpoint"
 
     await _stop(old)
+    stopped = time.monotonic()  # what the kubelet hears from now on is the new release's
     kubelet_calls_before = len(kubelet.attempts)
     new = node.dra(second)
     try:
@@ -201,7 +213,7 @@ async def test_a_dra_plugin_roll_keeps_every_claim_and_binding(
             lambda: len(kubelet.attempts) > kubelet_calls_before,
             what="the new release registers", timeout=60,
         )  # fmt: skip
-        await _serving(kubelet, node, new)
+        await _serving(kubelet, node, new, since=stopped)
         # nothing unbound or re-bound, no record rewritten: the same bytes everywhere
         assert _state(node.tree) == before
         # the claim prepared by the other release is still prepared here: the same answer
