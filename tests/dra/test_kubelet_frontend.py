@@ -208,8 +208,12 @@ async def test_a_cancelled_call_lets_the_handler_finish(
         req = v1_pb2.NodePrepareResourcesRequest(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
         )
+        # a deadline the call surely reaches the handler within (a 0.1 s one could pass
+        # before the server took the call on a loaded machine: no handler to wait for)
+        call = asyncio.ensure_future(stub.NodePrepareResources(req, timeout=2.0))
+        await wait_until_async(lambda: handler.calls, what="the handler running the call")
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.NodePrepareResources(req, timeout=0.1)
+            await call
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert handler.finished == []  # the deadline passed while the handler was working
     handler.gate.set()
