@@ -23,6 +23,7 @@ from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.dra.kubeletapi.server import (
     MAX_ECHO,
+    STOP_GRACE,
     KubeletFrontEnd,
 )
 from vfio_dp.errors import DriverNameError, SocketPathError
@@ -339,7 +340,7 @@ def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> No
 async def test_stop_waits_for_a_running_call(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 1.2  # longer than the servers' 0.5 s stop grace: the RPC is cancelled
+    handler.delay = STOP_GRACE + 0.7  # longer than the server's stop grace: the RPC is cancelled
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         req = v1_pb2.NodePrepareResourcesRequest(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
