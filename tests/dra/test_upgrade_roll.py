@@ -78,6 +78,14 @@ async def _stop(proc: subprocess.Popen[str]) -> str:
     return err
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """After a failure: no process left running, its pipes closed (a leaked one fails the
+    next test with ResourceWarnings)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
 def _state(tree: SysfsTree) -> dict[str, str]:
     """Every file a bind or unbind would change, by content hash: driver links, overrides,
     bind records, sysfs write files."""
@@ -177,7 +185,13 @@ async def _serving(
             and all(reported_healthy(d) for d in PUBLISHED)
         )
 
-    await wait_until_async(ready, what="registered, published, healthy", timeout=60)
+    def state() -> str:  # what is missing, for the timeout's message
+        return (
+            f"usable={kubelet.usable(DRIVER)}, published={sorted(node.published())}, "
+            f"health={kubelet.health.get(DRIVER, {})!r}"
+        )
+
+    await wait_until_async(ready, what="registered, published, healthy", timeout=60, state=state)
 
 
 @pytest.mark.parametrize("direction", ["upgrade", "rollback"])
@@ -194,16 +208,19 @@ async def test_a_dra_plugin_roll_keeps_every_claim_and_binding(
     held = node.claim("vm-a", VF)
 
     old = node.dra(first)
-    await _serving(kubelet, node, old)
-    answer = await kubelet.prepare(DRIVER, [held])
-    assert not answer[held[1]].error, answer[held[1]].error
-    cdi_ids = list(answer[held[1]].devices[0].cdi_device_ids)
-    hold(node.tree.root, 4242, "/dev/vfio/61")  # the claim's VM opens its group
-    before = _state(node.tree)
-    assert before["0000:af:00.1/driver"].endswith("vfio-pci"), before
-    checkpoint = sorted((node.tree.root / "var/lib/vfio_dp").glob("dra-*.checkpoint.json"))
-    assert checkpoint, "the running release wrote no checkpoint"
-
+    try:
+        await _serving(kubelet, node, old)
+        answer = await kubelet.prepare(DRIVER, [held])
+        assert not answer[held[1]].error, answer[held[1]].error
+        cdi_ids = list(answer[held[1]].devices[0].cdi_device_ids)
+        hold(node.tree.root, 4242, "/dev/vfio/61")  # the claim's VM opens its group
+        before = _state(node.tree)
+        assert before["0000:af:00.1/driver"].endswith("vfio-pci"), before
+        checkpoint = sorted((node.tree.root / "var/lib/vfio_dp").glob("dra-*.checkpoint.json"))
+        assert checkpoint, "the running release wrote no checkpoint"
+    except BaseException:
+        _reap(old)
+        raise
     await _stop(old)
     stopped = time.monotonic()  # what the kubelet hears from now on is the new release's
     kubelet_calls_before = len(kubelet.attempts)
@@ -269,9 +286,13 @@ async def test_a_device_plugin_roll_keeps_its_devices_healthy(
         return dp_kubelet.devices(DP_RESOURCE)
 
     old = plugin(first)
-    seen = await healthy()
-    allocated = await dp_kubelet.allocate(DP_RESOURCE, sorted(seen)[:1])
-    before = _state(tree)
+    try:
+        seen = await healthy()
+        allocated = await dp_kubelet.allocate(DP_RESOURCE, sorted(seen)[:1])
+        before = _state(tree)
+    except BaseException:
+        _reap(old)
+        raise
     await _stop(old)
     new = plugin(second)
     try:
