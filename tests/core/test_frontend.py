@@ -91,3 +91,60 @@ async def test_sigterm_stops_a_front_end_cleanly_and_stop_runs_once(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         loop.remove_signal_handler(sig)
+
+
+#: a liveness guard so that the old code fails instead of hanging; never a performance target
+GUARD = 30.0
+
+
+class SlowStart(Recorder):
+    """A front-end whose start waits for an answer that does not come (an API server that
+    holds its list)."""
+
+    def __init__(self, core: NodeCore) -> None:
+        super().__init__(core)
+        self.waiting = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.core.start()
+        self.events.append("starting")
+        self.waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.events.append("start cut off")
+            raise
+
+
+async def test_a_stop_requested_while_starting_cuts_the_start_off(tree: SysfsTree) -> None:
+    front = SlowStart(_core(tree))
+    runner = asyncio.ensure_future(serve(front))
+    try:
+        await asyncio.wait_for(front.waiting.wait(), GUARD)
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's handler: request_stop
+        assert await asyncio.wait_for(runner, GUARD) == 0
+        assert front.events == ["starting", "start cut off", "withdrawn"]
+        assert front.core.stopping
+    finally:
+        runner.cancel()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            loop.remove_signal_handler(sig)
+
+
+async def test_a_stop_that_meets_a_kick_ends_the_resync_loop(tree: SysfsTree) -> None:
+    """The stop cancels the resync loop; a kick in the same turn of the event loop (a
+    uevent, a health confirmation) must not swallow that cancel (Python 3.11's
+    ``asyncio.wait_for`` did: the loop went on scanning after the stop)."""
+    core = _core(tree)
+    await core.start()
+    try:
+        (resync,) = [t for t in core._tasks if t.get_name() == "resync"]
+        await asyncio.sleep(0)  # the loop now waits for a kick or its interval
+        assert not core._dirty.is_set()
+        core.kick("a uevent")  # its wait ends ...
+        core.begin_stop()  # ... as the stop cancels it
+        done, _ = await asyncio.wait({resync}, timeout=GUARD)
+        assert resync in done and resync.cancelled()
+    finally:
+        await core.close()

@@ -72,6 +72,8 @@ import json
 import os
 import random
 import re
+import select
+import socket
 import ssl
 import threading
 import time
@@ -1150,6 +1152,11 @@ class ApiServerStandin:
         self.open_watches = 0
         self._watch_epoch = 0
         self._watches_paused = False
+        #: plurals whose lists wait unanswered (:meth:`hold_lists`), lists waiting now, and
+        #: when a client hung up on a held list (monotonic times)
+        self._held_lists: set[str] = set()
+        self.lists_held = 0
+        self.held_hangups: list[float] = []
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1255,6 +1262,39 @@ class ApiServerStandin:
         with self.lock:
             self._watches_paused = False
             self.lock.notify_all()
+
+    def hold_lists(self, plural: str) -> None:
+        """List requests of ``plural`` (GET of the collection, not a watch) wait unanswered
+        until :meth:`release_lists` or :meth:`stop`: a server slow to answer a list.
+        :attr:`lists_held` counts the lists waiting now."""
+        with self.lock:
+            self._held_lists.add(plural)
+            self.lock.notify_all()
+
+    def release_lists(self) -> None:
+        with self.lock:
+            self._held_lists.clear()
+            self.lock.notify_all()
+
+    def _wait_if_held(self, kind: Kind, conn: socket.socket) -> bool:
+        """(The connection's thread) wait while lists of ``kind`` are held; False when the
+        client hung up meanwhile (it sends nothing else while it waits for the answer: the
+        connection turning readable is its end), noted in :attr:`held_hangups`."""
+        with self.lock:
+            if kind.plural not in self._held_lists:
+                return True
+            self.lists_held += 1
+            self.lock.notify_all()
+            try:
+                while kind.plural in self._held_lists and not self.stopping:
+                    if select.select([conn], [], [], 0)[0]:
+                        self.held_hangups.append(time.monotonic())
+                        return False
+                    self.lock.wait(0.1)
+                return True
+            finally:
+                self.lists_held -= 1
+                self.lock.notify_all()
 
     def compact(self) -> int:
         """Forget the history up to now (etcd's compaction); open watches end first, so none
@@ -1797,6 +1837,9 @@ class _Handler(BaseHTTPRequestHandler):
             if query.get("dryRun"):
                 raise _bad_request("the API-server stand-in does not serve dryRun")
             answered_as = _answer_as(self.headers.get("Accept") or "", method, bool(name))
+            if method == "GET" and not name and not self.api._wait_if_held(kind, self.connection):
+                self.close_connection = True
+                return
             with self.api.lock:
                 if method == "GET":
                     result = (

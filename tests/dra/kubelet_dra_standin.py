@@ -79,6 +79,17 @@ DIAL_TIMEOUT = 10.0
 PREPARE_TIMEOUT = 45.0
 
 
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended. A cancel of the caller itself is not
+    swallowed, as ``suppress(CancelledError)`` around ``await task`` would: stop() cancels
+    the registry watcher while it waits here for a health task, and must see it end."""
+    task.cancel()
+    await asyncio.wait({task})
+    failed = None if task.cancelled() else task.exception()
+    if failed is not None:
+        raise failed
+
+
 @dataclass
 class Attempt:
     """One registration attempt: the socket dialled and what came of it."""
@@ -186,9 +197,7 @@ class KubeletDraStandin:
 
     async def stop(self) -> None:
         if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+            await _cancelled(self._watcher)
             self._watcher = None
         for timer in self._wipe_timers.values():
             timer.cancel()
@@ -273,7 +282,10 @@ class KubeletDraStandin:
             async with grpc.aio.insecure_channel("unix:" + path) as channel:
                 stub = reg_grpc.RegistrationStub(channel)
                 try:
-                    await asyncio.wait_for(channel.channel_ready(), DIAL_TIMEOUT)
+                    # asyncio.timeout: Python 3.11's wait_for loses a cancel (stop()) that
+                    # comes as the channel gets ready
+                    async with asyncio.timeout(DIAL_TIMEOUT):
+                        await channel.channel_ready()
                     info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
                 except (grpc.aio.AioRpcError, TimeoutError) as e:
                     attempt.error = f"RegisterPlugin error -- GetInfo at socket {path}: {e}"
@@ -297,6 +309,9 @@ class KubeletDraStandin:
                     (v for v in self.health_versions if v in info.supported_versions), ""
                 )
                 self.instances.setdefault(info.name, []).append(view)
+                # accepted together with the instance (no await between): kubelet decides,
+                # then tells the plugin; whoever sees the plugin sees the accepted attempt
+                attempt.accepted = True
                 self._sync(info.name)
                 try:
                     await stub.NotifyRegistrationStatus(
@@ -304,7 +319,6 @@ class KubeletDraStandin:
                     )
                 except grpc.aio.AioRpcError as e:
                     attempt.error = f"NotifyRegistrationStatus failed: {e.code().name}"
-                attempt.accepted = True
                 if view.health_version:  # kubelet follows health once the plugin is registered
                     view.health_task = asyncio.create_task(self._follow_health(view))
         finally:
@@ -374,9 +388,7 @@ class KubeletDraStandin:
     @staticmethod
     async def _close(view: DraPluginView) -> None:
         if view.health_task is not None:
-            view.health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await view.health_task
+            await _cancelled(view.health_task)
             view.health_task = None
         if view.channel is not None:
             await view.channel.close()

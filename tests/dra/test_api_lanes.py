@@ -194,6 +194,42 @@ def test_a_trickling_answer_is_cut_off_at_the_deadline(servers: list[PeerServer]
     assert srv.hangups[0] - t0 < 2.0 + 3.0
 
 
+async def test_a_caller_cancelled_as_its_call_ends_is_cancelled_all_the_same() -> None:
+    """A stop cancels the publisher's loop while it awaits a lane; when the call has just
+    ended (its answer queued for the event loop), the cancel still wins: the loop ends, so
+    the stop that awaits it returns. (Python 3.11's ``asyncio.wait_for`` returned the answer
+    and lost the cancel: the loop went on waiting for work, the stop waited for it for ever.)"""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from vfio_dp.dra.apiserver.client import Lane
+
+    lane = Lane(_client("http://127.0.0.1:1"), "test", 1)
+    submitted: list[Future[Any]] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
+            fut = super().submit(*args, **kwargs)
+            submitted.append(fut)
+            return fut
+
+    lane._executor = Recording(1)
+    release, chained = threading.Event(), threading.Event()
+    caller = asyncio.create_task(lane.run("a call", release.wait))
+    try:
+        while not submitted:
+            await asyncio.sleep(0)
+        # after the event loop's own callback, which queues the answer for the loop
+        submitted[0].add_done_callback(lambda _f: chained.set())
+        release.set()
+        assert chained.wait(GUARD)  # the event loop is held here: the answer waits in its queue
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(caller, GUARD)
+    finally:
+        release.set()
+        lane.close()
+
+
 def _plugin(tmp_path: Path, url: str) -> Any:
     """A DRA plugin (not started) whose API client talks to ``url``."""
     from vfio_dp.dra.options import DraOptions

@@ -218,8 +218,16 @@ async def test_a_restart_publishes_the_same_taint(rig: Rig) -> None:
     group with the same taint (same timeAdded), adopting the slices without a write."""
     await rig.run_gpu_pod()
     rig.tree.set_driver(AUDIO, None)
-    await rig.wait("the taint", lambda: rig.devices().get(GPU_DEVICE, {}).get("taints"))
+
+    def pool_written() -> bool:
+        # the whole pool's write done, not only the slice with the taint: a stop cuts a
+        # write under way off, and a half-written pool (two generations) is rewritten
+        written = rig.plugin.publisher.written_devices or ()
+        return any(d.name == GPU_DEVICE and d.taints for d in written)
+
+    await rig.wait("the taint written", pool_written)
     before = rig.devices()[GPU_DEVICE]["taints"]
+    assert before
     await rig.plugin.stop()
     rig.plugin = rig.restart_plugin()  # type: ignore[attr-defined]
     await rig.plugin.start()

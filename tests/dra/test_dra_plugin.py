@@ -45,7 +45,10 @@ def config(tmp_path: Path) -> Path:
 
 
 def pool(api: ApiServerStandin) -> tuple[int, set[str], list[dict[str, Any]]]:
-    """(highest generation, device names at it, the slices) of this node's pool."""
+    """(highest generation, device names at it, the slices) of this node's pool. The names
+    only once the pool is complete at that generation (as many slices as its
+    ``resourceSliceCount``, as the scheduler counts them): while a write is under way the
+    slices written first may already name every device, and the rest are still to come."""
     slices = [
         s
         for s in api.objects(SLICES)
@@ -54,8 +57,10 @@ def pool(api: ApiServerStandin) -> tuple[int, set[str], list[dict[str, Any]]]:
     if not slices:
         return 0, set(), []
     gen = max(s["spec"]["pool"]["generation"] for s in slices)
-    names = {d["name"] for s in slices if s["spec"]["pool"]["generation"] == gen
-             for d in s["spec"].get("devices") or []}  # fmt: skip
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == gen]
+    if any(s["spec"]["pool"]["resourceSliceCount"] != len(current) for s in current):
+        return gen, set(), slices  # being written
+    names = {d["name"] for s in current for d in s["spec"].get("devices") or []}
     return gen, names, slices
 
 

@@ -22,6 +22,7 @@ from tests.dra.kubelet_dra_standin import KubeletDraStandin
 from tests.dra.test_grpcurl_dra import _near_python
 from tests.dra.topologies import DRA_CONFIG, PUBLISHED, dra_host
 from tests.sysfs_tree import SysfsTree
+from vfio_dp.dra.apiserver.client import TIMEOUT
 from vfio_dp.model.naming import DEFAULT_DRA_DRIVER as DEFAULT_DRIVER
 
 GRACE = 4.0  # kubelet's 30 s, shortened (long enough for a loaded 2-CPU machine)
@@ -58,13 +59,12 @@ async def kubelet(
     await k.stop()
 
 
-@pytest.fixture
-def plugin(
+def start_plugin(
     host: SysfsTree, kdirs: tuple[str, str], apiserver: ApiServerStandin, tmp_path: Path
-) -> Iterator[subprocess.Popen[str]]:
+) -> subprocess.Popen[str]:
     cfg = tmp_path / "config.yaml"
     cfg.write_text(DRA_CONFIG)
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [
             *vfioctl(),
             "dra-plugin",
@@ -90,6 +90,13 @@ def plugin(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@pytest.fixture
+def plugin(
+    host: SysfsTree, kdirs: tuple[str, str], apiserver: ApiServerStandin, tmp_path: Path
+) -> Iterator[subprocess.Popen[str]]:
+    proc = start_plugin(host, kdirs, apiserver, tmp_path)
     yield proc
     if proc.poll() is None:
         proc.kill()
@@ -117,7 +124,9 @@ async def test_registers_publishes_survives_a_kubelet_restart_and_stops_cleanly(
     kdirs: tuple[str, str],
 ) -> None:
     registry, plugins = kdirs
-    await kubelet.wait_for("registration", lambda k: k.usable(DEFAULT_DRIVER), timeout=30)
+    # a liveness guard: an interpreter, the kubernetes client's import and a scan before the
+    # first registration take tens of seconds on a loaded 2-CPU machine (30 s ran out)
+    await kubelet.wait_for("registration", lambda k: k.usable(DEFAULT_DRIVER), timeout=60)
     view = kubelet.plugins[DEFAULT_DRIVER]
     assert [a.socket for a in kubelet.attempts] == [f"{DEFAULT_DRIVER}-reg.sock"]
     assert view.version == "v1.DRAPlugin"
@@ -171,3 +180,34 @@ async def test_registers_publishes_survives_a_kubelet_restart_and_stops_cleanly(
     )
     refused = [r for r in apiserver.requests if r.code >= 400 and r.code != 404]
     assert refused == [], refused  # nothing the plugin sent was refused by the strict server
+
+
+async def test_sigterm_while_the_start_waits_for_the_slice_list_stops_at_once(
+    apiserver: ApiServerStandin, host: SysfsTree, kdirs: tuple[str, str], tmp_path: Path
+) -> None:
+    """The start reads this node's slices (to adopt them unchanged); a SIGTERM while the API
+    server takes its time over that list cuts the list off and ends the process -- it does
+    not wait for the list's own deadline (TIMEOUT), nor go on to scan and serve."""
+    apiserver.hold_lists("resourceslices")  # the start's list and the slice watch's
+    proc = start_plugin(host, kdirs, apiserver, tmp_path)
+    try:
+        await wait_api(apiserver, "both lists held", lambda a: a.lists_held >= 2, timeout=60)
+        sigterm = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 60)
+        _, err = proc.communicate()
+        await wait_api(apiserver, "both held lists hung up", lambda a: len(a.held_hangups) >= 2)
+    finally:
+        apiserver.release_lists()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert rc == 0, err
+    assert "the start is cut off" in err
+    assert "could not read the published slices" not in err  # not ended by its deadline
+    assert not os.path.exists(f"{kdirs[0]}/{DEFAULT_DRIVER}-reg.sock")
+    # the plugin hung up on both lists at the stop, not at the list's own deadline (TIMEOUT
+    # after it began: a thread left in the list, which the exit then waited for); measured at
+    # the server, so the interpreter's own exit on a loaded machine does not count
+    took = max(apiserver.held_hangups) - sigterm
+    assert took < TIMEOUT / 2, (took, err)

@@ -3,6 +3,7 @@ registrations kubelet refuses (so a plugin that gets GetInfo wrong fails the tes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from tests.dra.apiserver_standin import SLICES, ApiServerStandin
 from tests.dra.conftest import DRIVER, NODE, a_slice
-from tests.dra.kubelet_dra_standin import KubeletDraStandin
+from tests.dra.kubelet_dra_standin import DraPluginView, KubeletDraStandin
 from tests.dra.recording_handler import RecordingHandler
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -115,10 +116,52 @@ async def test_it_takes_the_first_supported_version_in_the_plugins_order(
     server.add_insecure_port(f"unix:{kdirs[0]}/{DRIVER}-reg.sock")
     await server.start()
     try:
-        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
+        # the plugin hears of it after kubelet took it: wait for both, not the first only
+        await kubelet.wait_for(
+            "registration, told", lambda k: DRIVER in k.plugins and bool(plugin.statuses)
+        )
         assert kubelet.plugins[DRIVER].version == "v1beta1.DRAPlugin"
         assert plugin.statuses == [(True, "")]
     finally:
+        await server.stop(0)
+
+
+class SlowToHear(FakeRegistration):
+    """A plugin whose NotifyRegistrationStatus answers only when the test says so."""
+
+    def __init__(self, info: Any) -> None:
+        super().__init__(info)
+        self.release = asyncio.Event()
+
+    async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        await self.release.wait()
+        return await super().NotifyRegistrationStatus(request, context)
+
+
+async def test_a_registered_driver_has_its_accepted_attempt_before_the_plugin_is_told(
+    kubelet: KubeletDraStandin, kdirs: tuple[str, str]
+) -> None:
+    """kubelet accepts, then tells the plugin: whoever sees the driver registered finds its
+    accepted attempt at once, however long the plugin takes to answer the notification."""
+    plugin = SlowToHear(
+        reg_pb2.PluginInfo(
+            type="DRAPlugin", name=DRIVER, endpoint="/x/dra.sock",
+            supported_versions=["v1.DRAPlugin"],
+        )
+    )  # fmt: skip
+    server = grpc.aio.server()
+    reg_grpc.add_RegistrationServicer_to_server(plugin, server)
+    server.add_insecure_port(f"unix:{kdirs[0]}/{DRIVER}-reg.sock")
+    await server.start()
+    try:
+        await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
+        assert [a.accepted for a in kubelet.attempts] == [True]
+        assert plugin.statuses == []  # still unanswered
+        plugin.release.set()
+        await kubelet.wait_for("the plugin told", lambda _k: bool(plugin.statuses))
+        assert plugin.statuses == [(True, "")]
+    finally:
+        plugin.release.set()
         await server.stop(0)
 
 
@@ -245,3 +288,29 @@ async def test_a_registered_driver_whose_service_socket_is_gone_loses_its_slices
     finally:
         await front.stop()
         await k.stop()
+
+
+async def test_a_stop_that_meets_the_watcher_closing_a_view_ends_the_watcher() -> None:
+    """stop() cancels the registry watcher; when the watcher is itself waiting for a view's
+    health task to end (the plugin's socket went: the view is closed), that cancel must end
+    the watcher, or stop() waits for it for ever (a ``suppress(CancelledError)`` around the
+    wait swallowed it: a fresh-clone run hung in test_dra_health's teardown)."""
+    ending = asyncio.Event()
+
+    async def slow_to_end() -> None:  # as a gRPC stream, which takes turns to end
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await ending.wait()
+            raise
+
+    view = DraPluginView(DRIVER, "/x/reg.sock", (0, 0, 0), "/x/dra.sock", "v1.DRAPlugin")
+    view.health_task = asyncio.create_task(slow_to_end())
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(KubeletDraStandin._close(view))  # the watcher's part
+    await asyncio.sleep(0)  # it waits for the health task now
+    closing.cancel()  # stop() cancels the watcher
+    await asyncio.sleep(0)
+    ending.set()
+    await asyncio.wait({closing}, timeout=30)
+    assert closing.cancelled()

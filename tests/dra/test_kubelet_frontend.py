@@ -23,6 +23,7 @@ from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.dra.kubeletapi.server import (
     MAX_ECHO,
+    STOP_GRACE,
     KubeletFrontEnd,
 )
 from vfio_dp.errors import DriverNameError, SocketPathError
@@ -208,8 +209,12 @@ async def test_a_cancelled_call_lets_the_handler_finish(
         req = v1_pb2.NodePrepareResourcesRequest(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]
         )
+        # a deadline the call surely reaches the handler within (a 0.1 s one could pass
+        # before the server took the call on a loaded machine: no handler to wait for)
+        call = asyncio.ensure_future(stub.NodePrepareResources(req, timeout=2.0))
+        await wait_until_async(lambda: handler.calls, what="the handler running the call")
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.NodePrepareResources(req, timeout=0.1)
+            await call
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert handler.finished == []  # the deadline passed while the handler was working
     handler.gate.set()
@@ -335,7 +340,7 @@ def test_a_driver_name_of_63_characters_is_fine(handler: RecordingHandler) -> No
 async def test_stop_waits_for_a_running_call(
     front: KubeletFrontEnd, handler: RecordingHandler
 ) -> None:
-    handler.delay = 1.2  # longer than the servers' 0.5 s stop grace: the RPC is cancelled
+    handler.delay = STOP_GRACE + 0.7  # longer than the server's stop grace: the RPC is cancelled
     async with grpc.aio.insecure_channel("unix:" + front.service_socket) as ch:
         req = v1_pb2.NodePrepareResourcesRequest(
             claims=[v1_pb2.Claim(namespace="d", uid=UID_A, name="a")]

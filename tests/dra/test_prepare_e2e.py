@@ -187,14 +187,32 @@ async def test_a_retry_after_the_deadline_waits_for_the_running_bind(
 ) -> None:
     """kubelet's call times out while the GPU driver takes its time to let go; kubelet re-sends
     the claim; the retry waits for the bind that is still running and answers from it."""
+    import threading
+
     import grpc
 
-    kernel.block_seconds["nvidia/unbind"] = 1.0
+    # the GPU driver lets go when the test says (a fixed 1 s hang could end before the retry
+    # came on a loaded machine, or the 0.3 s deadline pass before the bind began)
+    let_go = threading.Event()
+    kernel.gates["nvidia/unbind"] = let_go
     ref = rig.seed(claim("vm-gpu", [gpu_result()]))
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await rig.kubelet.prepare(DRIVER, [ref], timeout=0.3)
-    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    answer = (await rig.kubelet.prepare(DRIVER, [ref]))[ref[1]]
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await rig.kubelet.prepare(DRIVER, [ref], timeout=0.3)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await wait_until_async(
+            lambda: any(p.endswith("nvidia/unbind") for p, _ in kernel.writes),
+            what="the first call's bind letting the GPU driver go",
+        )
+        retry = asyncio.ensure_future(rig.kubelet.prepare(DRIVER, [ref]))
+        await wait_until_async(  # the first call's handler still runs, the retry's too
+            lambda: len(rig.plugin.kubelet._running) >= 2, what="the retry in the plugin"
+        )
+        assert not retry.done()
+        let_go.set()
+        answer = (await retry)[ref[1]]
+    finally:
+        let_go.set()
     assert answer.error == "" and tree.driver_of(GPU) == "vfio-pci"
     overrides = [d for p, d in kernel.writes if p.endswith(f"{GPU}/driver_override")]
     assert overrides == ["vfio-pci"]

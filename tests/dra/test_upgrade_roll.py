@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,14 @@ async def _stop(proc: subprocess.Popen[str]) -> str:
     _out, err = await asyncio.to_thread(proc.communicate, timeout=30)
     assert proc.returncode == 0, err[-3000:]
     return err
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """After a failure: no process left running, its pipes closed (a leaked one fails the
+    next test with ResourceWarnings)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
 
 
 def _state(tree: SysfsTree) -> dict[str, str]:
@@ -152,8 +161,17 @@ async def kubelet(
     await k.stop()
 
 
-async def _serving(kubelet: KubeletDraStandin, node: Node, proc: subprocess.Popen[str]) -> None:
-    """Registered (a connection newer than any before), every device published and healthy."""
+async def _serving(
+    kubelet: KubeletDraStandin, node: Node, proc: subprocess.Popen[str], since: float = 0.0
+) -> None:
+    """Registered (a connection newer than any before), every device published and healthy
+    -- healthy as reported after ``since`` (monotonic): once the previous release has
+    stopped, its last health report is still "Healthy" for a second and says nothing of
+    the new one."""
+
+    def reported_healthy(device: str) -> bool:
+        seen = kubelet.health.get(DRIVER, {}).get((NODE, device))
+        return seen is not None and seen.received > since and seen.health == "Healthy"
 
     def ready() -> bool:
         if proc.poll() is not None:
@@ -164,9 +182,16 @@ async def _serving(kubelet: KubeletDraStandin, node: Node, proc: subprocess.Pope
             kubelet.usable(DRIVER)
             and node.published() == set(PUBLISHED)
             and all(kubelet.health_of(DRIVER, NODE, d)[0] == "Healthy" for d in PUBLISHED)
+            and all(reported_healthy(d) for d in PUBLISHED)
         )
 
-    await wait_until_async(ready, what="registered, published, healthy", timeout=60)
+    def state() -> str:  # what is missing, for the timeout's message
+        return (
+            f"usable={kubelet.usable(DRIVER)}, published={sorted(node.published())}, "
+            f"health={kubelet.health.get(DRIVER, {})!r}"
+        )
+
+    await wait_until_async(ready, what="registered, published, healthy", timeout=60, state=state)
 
 
 @pytest.mark.parametrize("direction", ["upgrade", "rollback"])
@@ -183,17 +208,21 @@ async def test_a_dra_plugin_roll_keeps_every_claim_and_binding(
     held = node.claim("vm-a", VF)
 
     old = node.dra(first)
-    await _serving(kubelet, node, old)
-    answer = await kubelet.prepare(DRIVER, [held])
-    assert not answer[held[1]].error, answer[held[1]].error
-    cdi_ids = list(answer[held[1]].devices[0].cdi_device_ids)
-    hold(node.tree.root, 4242, "/dev/vfio/61")  # the claim's VM opens its group
-    before = _state(node.tree)
-    assert before["0000:af:00.1/driver"].endswith("vfio-pci"), before
-    checkpoint = sorted((node.tree.root / "var/lib/vfio_dp").glob("dra-*.checkpoint.json"))
-    assert checkpoint, "the running release wrote no checkpoint"
-
+    try:
+        await _serving(kubelet, node, old)
+        answer = await kubelet.prepare(DRIVER, [held])
+        assert not answer[held[1]].error, answer[held[1]].error
+        cdi_ids = list(answer[held[1]].devices[0].cdi_device_ids)
+        hold(node.tree.root, 4242, "/dev/vfio/61")  # the claim's VM opens its group
+        before = _state(node.tree)
+        assert before["0000:af:00.1/driver"].endswith("vfio-pci"), before
+        checkpoint = sorted((node.tree.root / "var/lib/vfio_dp").glob("dra-*.checkpoint.json"))
+        assert checkpoint, "the running release wrote no checkpoint"
+    except BaseException:
+        _reap(old)
+        raise
     await _stop(old)
+    stopped = time.monotonic()  # what the kubelet hears from now on is the new release's
     kubelet_calls_before = len(kubelet.attempts)
     new = node.dra(second)
     try:
@@ -201,7 +230,7 @@ async def test_a_dra_plugin_roll_keeps_every_claim_and_binding(
             lambda: len(kubelet.attempts) > kubelet_calls_before,
             what="the new release registers", timeout=60,
         )  # fmt: skip
-        await _serving(kubelet, node, new)
+        await _serving(kubelet, node, new, since=stopped)
         # nothing unbound or re-bound, no record rewritten: the same bytes everywhere
         assert _state(node.tree) == before
         # the claim prepared by the other release is still prepared here: the same answer
@@ -257,9 +286,13 @@ async def test_a_device_plugin_roll_keeps_its_devices_healthy(
         return dp_kubelet.devices(DP_RESOURCE)
 
     old = plugin(first)
-    seen = await healthy()
-    allocated = await dp_kubelet.allocate(DP_RESOURCE, sorted(seen)[:1])
-    before = _state(tree)
+    try:
+        seen = await healthy()
+        allocated = await dp_kubelet.allocate(DP_RESOURCE, sorted(seen)[:1])
+        before = _state(tree)
+    except BaseException:
+        _reap(old)
+        raise
     await _stop(old)
     new = plugin(second)
     try:

@@ -15,7 +15,7 @@ A front-end (the device plugin in :mod:`vfio_dp.deviceplugin`, the DRA plugin in
   has not answered for :attr:`FrontEnd.socket_window` seconds
   (:meth:`vfio_dp.core.sockets.SocketServer.unanswered`);
 - :func:`serve` runs it as the process does: SIGTERM/SIGINT stop it cleanly (exit 0),
-  SIGUSR1 rescans.
+  also while it is still starting (the start is cancelled), SIGUSR1 rescans.
 """
 
 from __future__ import annotations
@@ -124,14 +124,27 @@ class FrontEnd:
 
 
 async def serve(front: FrontEnd) -> int:
-    """Run ``front`` until SIGTERM/SIGINT; 0 on a clean stop. SIGUSR1 rescans."""
+    """Run ``front`` until SIGTERM/SIGINT; 0 on a clean stop. SIGUSR1 rescans. A signal
+    that comes while ``front.start()`` still runs cancels it (an API call it awaits is cut
+    off), then stops as usual."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, front.request_stop)
     loop.add_signal_handler(signal.SIGUSR1, front.kick, "SIGUSR1")
+    starting = asyncio.ensure_future(front.start())
+    stopped = asyncio.ensure_future(front.wait_stopped())
     try:
-        await front.start()
-        await front.wait_stopped()
+        # a stop requested while starting cuts the start off (a call it awaits is cancelled)
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            front.log.info("stop requested while starting: the start is cut off")
+            starting.cancel()
+            await asyncio.wait((starting,))  # serve's own cancel is never swallowed here
+        else:
+            starting.result()  # a failed start raises
+            await stopped
     finally:
+        starting.cancel()
+        stopped.cancel()
         await front.stop()
     return 0

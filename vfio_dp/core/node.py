@@ -371,8 +371,9 @@ class NodeCore:
     # -- loops -------------------------------------------------------------------------
     async def _resync_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._dirty.wait(), timeout=self.options.resync)
+            try:  # asyncio.timeout: 3.11's wait_for may lose a stop's cancel to a kick
+                async with asyncio.timeout(self.options.resync):
+                    await self._dirty.wait()
                 await asyncio.sleep(DEBOUNCE)  # let a burst of uevents settle
                 trigger = self._dirty_reason
             except TimeoutError:

@@ -45,7 +45,7 @@ from vfio_dp.core.health import HealthModel
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
-from vfio_dp.dra.apiserver.client import Lanes
+from vfio_dp.dra.apiserver.client import TIMEOUT, Lanes
 from vfio_dp.dra.apiserver.publisher import PublishError, SlicePublisher
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
 from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult
@@ -199,8 +199,12 @@ class DraPlugin(FrontEnd):
     async def _published_on_server(self) -> dict[str, list[dict[str, str]]]:
         """The taints of this node's devices on the server now, by name (a restart keeps
         their ``timeAdded``, so the slices are adopted unchanged); {} when unreadable."""
-        try:
-            current = await asyncio.to_thread(self.publisher.list_current)
+        try:  # on the slice lane, never the core's host-I/O threads: a stop cuts it off
+            current = await self.publisher.lane.run(
+                "listing this node's ResourceSlices at start",
+                self.publisher.list_current,
+                timeout=TIMEOUT,
+            )
         except PublishError as e:
             log.info("could not read the published slices at start (%s); publishing anew", e)
             return {}

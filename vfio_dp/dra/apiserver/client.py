@@ -405,7 +405,11 @@ class Lane:
         try:
             fut = loop.run_in_executor(self._executor, self._in_thread, d, fn, args)
             try:
-                return await asyncio.wait_for(fut, max(0.0, d.left()))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of
+                # a call that ended just as its caller was cancelled, and the cancellation
+                # is lost (the publisher's loop then outlived a stop that awaited it)
+                async with asyncio.timeout(max(0.0, d.left())):
+                    return await fut
             except TimeoutError:
                 d.expire()  # a thread still in the call: its sockets shut now
                 raise api_error(what, TimeoutError(what), d) from None
