@@ -150,7 +150,7 @@ def main() -> int:
             want = args.devices - 1 if leave else args.devices
             t = time.monotonic()
             os.kill(proc.pid, signal.SIGUSR1)
-            wait(api, lambda gen=gen, want=want: pool(api)[0] > gen and pool(api)[1] == want, 30)
+            wait(api, lambda gen=gen, want=want: pool(api)[0] >= gen and pool(api)[1] == want, 30)
             times.append(time.monotonic() - t)
         first = statistics.median(FIRST_WRITE) if FIRST_WRITE else float("nan")
         rows.append(
@@ -168,7 +168,7 @@ def main() -> int:
             field_selector=f"spec.nodeName={NODE}"
         )
         t = time.monotonic()
-        wait(api, lambda: pool(api)[0] > gen and pool(api)[1] == args.devices, 3 * args.resync + 30)
+        wait(api, lambda: pool(api)[0] >= gen and pool(api)[1] == args.devices, 3 * args.resync + 30)
         took = time.monotonic() - t
         ok = "met" if took <= args.resync + 1.0 else "NOT met"
         rows.append(

@@ -511,12 +511,12 @@ class DraRig:
         victim = self.addrs[len(self.addrs) // 2]
         leave = self.changes % 2 == 0
         self.changes += 1
-        gen = self._pool()[0]
+        gen = self._pool()[0]  # kept when one slice changes (upstream), bumped otherwise
         self.tree.set_driver(victim, "mlx5_core" if leave else "vfio-pci")
         want = self.devices - 1 if leave else self.devices
         t = time.monotonic()
         os.kill(self.proc.pid, signal.SIGUSR1)
-        self._wait(lambda: (p := self._pool())[0] > gen and p[1] == want, 30)
+        self._wait(lambda: (p := self._pool())[0] >= gen and p[1] == want, 30)
         return time.monotonic() - t
 
     def stop(self) -> None:
