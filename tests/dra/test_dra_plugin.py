@@ -245,8 +245,13 @@ async def test_a_watch_whose_resource_version_expired_lists_again(
     await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
     apiserver.compact()
     apiserver.resume_watches()
-    await until("the 410", lambda: watch.expired >= 1 and watch.lists > lists)
-    await until("republished", lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen)
+    # the watch starts again after its backoff: bounded generously for a loaded machine
+    await until("the 410", lambda: watch.expired >= 1 and watch.lists > lists, timeout=30)
+    await until(
+        "republished",
+        lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen,
+        timeout=30,
+    )
     assert pool(apiserver)[1] == set(PUBLISHED)
     assert plugin.publisher.problem is None
 
