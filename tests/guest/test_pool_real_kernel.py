@@ -1,0 +1,143 @@
+"""One pool for containers and VMs on a real kernel (issue 36 item 6; one guest boot).
+
+A plain QEMU NVMe controller (``-device nvme,serial=…,drive=…``, no nvme-subsys) whose first
+block holds a marker, under a selector with ``personalities: [vm, container]``.
+tests/guest/scenarios/pool_scenario.py drives Prepare/Unprepare through the claim path
+(:class:`vfio_dp.dra.claimpath.prepare.ClaimPreparer`): a container claim on
+``pci-…-native`` keeps nvme and podman (a real CDI consumer) reads the marker from
+/dev/nvme0n1; a VM claim puts the group on vfio-pci and podman sees /dev/vfio/<N>; its
+Unprepare gives nvme back and a container claim gets /dev/nvme0n1 again; an operator's
+binding is refused; a stale claim's group whose native driver cannot be loaded is left
+on vfio-pci with the reason, then switched once nvme is back. Switch times are recorded beside
+a plain ``vfioctl bind``/``unbind`` of the same device (numbers from inside the guest:
+software emulation, compare only with each other).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Guest
+from .rig import DEFAULT_MODULES, Topology
+
+pytestmark = pytest.mark.guest
+
+SCRIPT = '"$PYTHON" tests/guest/scenarios/pool_scenario.py'
+MARKER = b"vfio-dp pool marker: block 0 of the NVMe namespace"
+
+
+def nvme_args(image: Path) -> list[str]:
+    return [
+        "-device", "pcie-root-port,id=rpn,chassis=9",
+        "-drive", f"file={image},if=none,id=nvm0,format=raw",
+        "-device", "nvme,serial=pool0,drive=nvm0,bus=rpn",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(guest: Guest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    image = tmp_path_factory.mktemp("nvme") / "nvme.img"
+    with open(image, "wb") as f:
+        f.write(MARKER)
+        f.truncate(16 << 20)
+    g = guest.with_options(
+        topology=Topology(lone_e1000e=1, shared_e1000=0),
+        modules=(*DEFAULT_MODULES, "nvme"),
+        extra_qemu_args=nvme_args(image),
+    )
+    res = g.run(SCRIPT, timeout=1200)
+    assert "pool.json" in res.files, f"{res.stdout}\n{res.stderr}\n{res.console[-3000:]}"
+    data: dict[str, Any] = json.loads(res.files["pool.json"])
+    data["guest_total_secs"] = round(res.total_elapsed, 1)
+    cache = Path(os.environ.get("VFIO_DP_CACHE") or Path.home() / ".cache" / "vfio_dp")
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "pool_guest.json").write_text(json.dumps(data, indent=1))  # timings, for bench/
+    assert "crash" not in data, data["crash"]
+    return data
+
+
+def marker_read(r: dict[str, Any]) -> None:
+    assert r["rc"] == 0, r["stderr"]
+    ls, block = r["stdout"].split("---\n")
+    assert "nvme0n1" in ls.split() and "vfio" not in ls.split()
+    assert MARKER.decode() in block
+
+
+def test_boot_state_and_sysfs_links(run: dict[str, Any]) -> None:
+    assert run["initial"]["driver"] == "nvme"
+    assert "nvme0n1" in run["initial"]["nvme_nodes"]
+    links = run["sysdev_links"]
+    assert {"nvme0", "nvme0n1"} <= set(links), links
+    assert all(v["same"] for v in links.values()), links
+    assert links["nvme0n1"]["kind"] == "block" and links["nvme0"]["kind"] == "char"
+    assert run["podman_setup"]["rc"] == 0, run["podman_setup"]["stderr"]
+
+
+def test_container_claim_gets_the_namespace_and_podman_reads_it(run: dict[str, Any]) -> None:
+    ct = run["ct1"]
+    assert ct["error"] == "" and ct["state"]["driver"] == "nvme", ct
+    native = "pci-" + run["nvme"].replace(":", "-").replace(".", "-") + "-native"
+    assert ct["cdi"][0] == f"vfio.example.com/vfio=uid-ct1-{native}", ct["cdi"]
+    assert ct["cdi"][1:] == ["vfio.example.com/vfio=uid-ct1-metadata-dev"], ct["cdi"]
+    (dev,) = [d for d in run["ct1_spec"]["devices"] if d["name"].endswith("-native")]
+    paths = [n["path"] for n in dev["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvme0n1" in paths and "/dev/nvme0" in paths
+    assert not any(p.startswith("/dev/vfio") for p in paths)
+    marker_read(run["ct1_podman"])
+    un = run["ct1_unprepare"]
+    assert un["error"] == "" and un["state"]["driver"] == "nvme", un
+
+
+def test_vm_claim_then_back_to_a_container(run: dict[str, Any]) -> None:
+    vm = run["vm1"]
+    assert vm["error"] == "" and vm["state"]["driver"] == "vfio-pci", vm
+    assert run["group"] in vm["state"]["vfio_nodes"] and "nvme0n1" not in vm["state"]["nvme_nodes"]
+    nodes = run["vm1_spec"]["devices"][0]["containerEdits"]["deviceNodes"]
+    assert {"path": f"/dev/vfio/{run['group']}"} in nodes
+    r = run["vm1_podman"]
+    assert r["rc"] == 0, r["stderr"]
+    vfio, dev = r["stdout"].split("---\n")
+    assert run["group"] in vfio.split() and "nvme0n1" not in dev.split()
+    un = run["vm1_unprepare"]
+    assert un["error"] == "" and un["state"]["driver"] == "nvme", un
+    ct = run["ct2"]
+    assert ct["error"] == "" and ct["state"]["driver"] == "nvme", ct
+    marker_read(run["ct2_podman"])
+
+
+def test_operator_binding_is_refused_for_a_container(run: dict[str, Any]) -> None:
+    b = run["vfioctl_bind"]
+    assert b["rc"] == 0 and b["state"]["driver"] == "vfio-pci", b
+    r = run["ct3_refused"]
+    assert "bound to VFIO by operator" in r["error"], r
+    assert r["state"] == b["state"]  # nothing touched
+    assert run["vfioctl_unbind"]["state"]["driver"] == "nvme", run["vfioctl_unbind"]
+
+
+def test_switch_refused_by_native_driver_leaves_device_as_it_was(run: dict[str, Any]) -> None:
+    vmb = run["vmb"]
+    assert vmb["error"] == "" and vmb["state"]["driver"] == "vfio-pci", vmb
+    assert run["rmmod"] == 0
+    r = run["ct4_refused"]
+    assert "restore to nvme did not take (now on no driver)" in r["error"], r
+    assert f"put back as it was: {run['nvme']} on vfio-pci" in r["error"], r
+    assert r["state"] == vmb["state"], (r["state"], vmb["state"])  # driver, nodes, record
+    assert run["modprobe"] == 0 and run["after_modprobe"]["driver"] == "vfio-pci"
+    ct = run["ct4"]
+    assert ct["error"] == "" and ct["state"]["driver"] == "nvme", ct
+    assert ct["state"]["record"] == "None"
+    marker_read(run["ct4_podman"])
+
+
+def test_switch_rounds_and_times_recorded(run: dict[str, Any]) -> None:
+    assert run["round_errors"] == []
+    r = run["rounds"]
+    for k in ("container_to_vm", "vm_to_container", "host_bind", "host_unbind"):
+        assert len(r[k]) == 2 and all(t > 0 for t in r[k]), r
+    assert run["vfioctl_bind_2"]["secs"] > 0 and run["vfioctl_unbind_2"]["secs"] > 0
+    assert run["final"]["driver"] == "nvme", run["final"]
