@@ -53,7 +53,7 @@ from vfio_dp.deviceplugin.options import Options
     node_help="This node's name, for selectors limited to nodes (nodes:); in a pod: NODE_NAME "
     "from spec.nodeName. Without it such selectors are skipped.",
     config_help="YAML selectors (a ConfigMap file; reloaded when it changes). "
-    "Default: every device already on vfio-pci as devices.kubevirt.io/<vendor>_<device>.",
+    "Default: every device already on a VFIO driver as devices.kubevirt.io/<vendor>_<device>.",
     resync_help="Seconds between full rescans of sysfs (uevents trigger rescans in between).",
     metrics_help="Port for /metrics (Prometheus) and /healthz; 0 disables both.",
     wait_help="Seconds to wait for another instance of ours on this node to exit before failing.",

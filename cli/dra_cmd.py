@@ -72,7 +72,7 @@ from vfio_dp.dra.options import DraOptions
     node_help="This node's name (the pool and the slices' nodeName); in a pod: NODE_NAME from "
     "spec.nodeName.",
     config_help="YAML selectors (reloaded when it changes); only path: dra selectors are "
-    "published. Default: every device already on vfio-pci.",
+    "published. Default: every device already on a VFIO driver.",
     resync_help="Seconds between full rescans of sysfs and checks of the published slices.",
     metrics_help="Port for /metrics and /healthz; 0 disables both (the device plugin holds 9109).",
     wait_help="Seconds to wait for another DRA plugin of ours for this driver to exit before "

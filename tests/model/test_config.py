@@ -22,6 +22,26 @@ def test_default_config_takes_devices_on_vfio_only() -> None:
     assert DEFAULT_CONFIG.resource_for(dev(driver="nvidia")) is None
 
 
+def test_vfio_pci_in_drivers_stands_for_every_vfio_driver() -> None:
+    # one notion of "on VFIO" (issue 34): a variant's device, or a vendor provider's VFIO VF,
+    # is served without a config like a device on vfio-pci; the same vendor driver's host
+    # GPU (not registered with VFIO) is not
+    variant = dev(driver="mlx5_vfio_pci", vfio_registered=True)
+    provider_vf = dev(driver="nvidia", vfio_registered=True)
+    assert DEFAULT_CONFIG.resource_for(variant) == "devices.kubevirt.io/10de_1eb8"
+    assert DEFAULT_CONFIG.resource_for(provider_vf) == "devices.kubevirt.io/10de_1eb8"
+    assert DEFAULT_CONFIG.resource_for(dev(driver="nvidia")) is None
+    assert DEFAULT_CONFIG.resource_for(dev(driver="mlx5_vfio_pci", mdev_parent=True)) is None
+    cfg = load_config_text("selectors: [{drivers: [vfio-pci]}]\n", "t.yaml")
+    assert cfg.resource_for(variant) == "devices.kubevirt.io/10de_1eb8"
+    # a bind selector still judges the driver recorded before its bind
+    cfg = load_config_text("selectors: [{drivers: [e1000e], bind: true}]\n", "t.yaml")
+    moved = dev(driver="mlx5_vfio_pci", vfio_registered=True, original_driver="e1000e")
+    assert cfg.resource_for(moved) == "devices.kubevirt.io/10de_1eb8"
+    other = dev(driver="mlx5_vfio_pci", vfio_registered=True, original_driver="ixgbe")
+    assert cfg.resource_for(other) is None
+
+
 def test_first_match_wins_and_address_split() -> None:
     cfg = load_config_text(
         """

@@ -41,7 +41,7 @@ patterns (``fnmatch``, case-sensitive), so one ConfigMap can move a cluster from
 the other node by node; a process that does not know its node name (``--node-name``,
 ``NODE_NAME``) skips such selectors, and so does every offline reader except where it says
 otherwise (the webhook's names, :mod:`vfio_dp.model.routes`). With no configuration at all
-(or no ``selectors``) every device already on vfio-pci is served by whichever process runs —
+(or no ``selectors``) every device already on a VFIO driver is served by whichever process runs —
 run only one of them that way.
 
 ``vfioDriver`` says which VFIO driver a bind writes to ``driver_override`` (``bind: true``,
@@ -149,7 +149,9 @@ class Selector:
         "drivers",
         DRIVERS,
         MATCH,
-        "its kernel driver is one of these (with `bind`: the one recorded before the bind)",
+        "its kernel driver is one of these (with `bind`: the one recorded before the bind); "
+        "`vfio-pci` also takes a device on another VFIO driver (a variant such as "
+        "`mlx5_vfio_pci`, a vendor's VFIO provider)",
     )
     sriov: str | None = yaml_field(  # "pf" | "vf": only SR-IOV PFs / only VFs
         None,
@@ -269,7 +271,11 @@ class Selector:
             driver = dev.driver
             if self.binds and dev.original_driver is not None:
                 driver = dev.original_driver
-            if driver not in self.drivers:
+            # vfio-pci stands for every VFIO driver (design: one notion of "on VFIO"), so the
+            # default selector serves a device a variant or a vendor provider registered too
+            if driver not in self.drivers and not (
+                VFIO_PCI in self.drivers and driver == dev.driver and dev.on_vfio
+            ):
                 return False
         return True
 
@@ -314,8 +320,8 @@ class Config:
         SELECTORS,
         ACTION,
         "what is served, and how",
-        default_text="without it: every device already on vfio-pci, served by whichever "
-        "process runs",
+        default_text="without it: every device already on a VFIO driver (vfio-pci, a "
+        "variant, a vendor's VFIO provider), served by whichever process runs",
     )
     mdev: tuple[MdevEntry, ...] = yaml_field(
         (),
