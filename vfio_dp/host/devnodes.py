@@ -35,6 +35,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from vfio_dp.errors import CorruptRecordError, HostError, PathEscapeError, StateWriteError
 from vfio_dp.host.records import STATE_DIR, RecordFiles
@@ -52,7 +53,9 @@ from vfio_dp.model.devnodes import (
     to_json,
 )
 from vfio_dp.model.personality import Personality
-from vfio_dp.model.serving import DraUnit
+
+if TYPE_CHECKING:  # `vfioctl check` imports this module: not the config's whole model
+    from vfio_dp.model.serving import DraUnit
 
 #: directories below the function's: nvme/nvme0/nvme0n1/nvme0n1p1 is 4
 MAX_DEPTH = 4
