@@ -29,6 +29,7 @@ from vfio_dp.dra.deviceclasses import native_device_class
 from vfio_dp.dra.personalities import Offer
 from vfio_dp.dra.plugin import DraOptions, DraPlugin
 from vfio_dp.host import Host
+from vfio_dp.host.kernel import KernelIO
 from vfio_dp.model.personality import Personality
 
 NVME = "pci-0000-07-00-0"  # IOMMU group 9 of tests/dra/topologies.py
@@ -39,6 +40,36 @@ def _offers(snapshot: Snapshot) -> Mapping[str, Offer]:
     return {NVME: BOTH}
 
 
+def _new_plugin(
+    apiserver: ApiServerStandin,
+    kdirs: tuple[str, str],
+    tmp_path: Path,
+    root: Path,
+    *,
+    kernel: KernelIO | None = None,
+    binding_conditions: bool = False,
+) -> DraPlugin:
+    """A DRA plugin (not started) over the tree at ``root`` (``kernel``: its simulator), its
+    config ``<tmp_path>/config.yaml``."""
+    registry, plugins = kdirs
+    return DraPlugin(
+        DraOptions(
+            node_name=NODE,
+            driver_name=DRIVER,
+            registry_dir=registry,
+            plugins_dir=plugins,
+            config_path=str(tmp_path / "config.yaml"),
+            root=str(root),
+            resync=0.2,
+            metrics_port=0,
+            uevents=False,
+            binding_conditions=binding_conditions,
+        ),
+        apiserver.client(),
+        host=Host(root, kernel=kernel),
+    )
+
+
 @pytest.fixture
 async def plugin(
     apiserver: ApiServerStandin, kdirs: tuple[str, str], tmp_path: Path
@@ -47,23 +78,8 @@ async def plugin(
     personalities (what the config's ``personalities`` will fill in)."""
     tree = dra_host(tmp_path / "host")
     (tmp_path / "config.yaml").write_text(DRA_CONFIG)
-    registry, plugins = kdirs
-    p = DraPlugin(
-        DraOptions(
-            node_name=NODE,
-            driver_name=DRIVER,
-            registry_dir=registry,
-            plugins_dir=plugins,
-            config_path=str(tmp_path / "config.yaml"),
-            root=str(tree.root),
-            resync=0.2,
-            metrics_port=0,
-            uevents=False,
-            binding_conditions=True,  # off by default until the claim watch writes them
-        ),
-        apiserver.client(),
-        host=Host(tree.root),
-    )
+    # binding conditions are off by default until the claim watch writes them
+    p = _new_plugin(apiserver, kdirs, tmp_path, tree.root, binding_conditions=True)
     p.feed.offers = _offers
     await p.start()
     yield p
@@ -162,22 +178,7 @@ async def test_the_configs_personalities_and_the_device_nodes_decide(
     k.native_nodes[NVME_BDF] = list(NVME_NODES)
     k.make_nodes(NVME_BDF)
     (tmp_path / "config.yaml").write_text(CONFIG_BOTH)
-    registry, plugins = kdirs
-    p = DraPlugin(
-        DraOptions(
-            node_name=NODE,
-            driver_name=DRIVER,
-            registry_dir=registry,
-            plugins_dir=plugins,
-            config_path=str(tmp_path / "config.yaml"),
-            root=str(t.root),
-            resync=0.2,
-            metrics_port=0,
-            uevents=False,
-        ),
-        apiserver.client(),
-        host=Host(t.root, kernel=k),
-    )
+    p = _new_plugin(apiserver, kdirs, tmp_path, t.root, kernel=k)
     await p.start()
     try:
         want = {"pci-0000-01-00-0", "pci-0000-01-00-0-native", "pci-0000-02-00-0"}
