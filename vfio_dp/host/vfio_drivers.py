@@ -156,12 +156,10 @@ def choose_for(
     loaded = frozenset({wanted}) if wanted != AUTO and driver_loaded(root, wanted) else frozenset()
     choice = choose(dev, modalias_of(dev), aliases, wanted, unread=unread, loaded=loaded)
     if choice.problem is None and wanted == AUTO:
-        if registered is None:
-            driver = registered_driver(root, choice.module)
-        else:
-            if choice.module not in registered:
-                registered[choice.module] = registered_driver(root, choice.module)
-            driver = registered[choice.module]
+        names = {} if registered is None else registered
+        if choice.module not in names:
+            names[choice.module] = registered_driver(root, choice.module)
+        driver = names[choice.module]
         if driver is not None and driver != choice.driver:
             return VfioChoice(driver, choice.module, choice.why)
     return choice
