@@ -7,7 +7,8 @@ read, its checks), ``resolve`` (results → IOMMU groups), ``native`` (a contain
 on its native driver, its own device nodes), ``edits`` (a claim's CDI edits and
 metadata), ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 files), ``extended``
 (what a pod's extended-resource claim gets), ``checkpoint`` (the prepared claims, with the
-boot ID: the one reader and writer of that file), ``holds`` (which functions prepared
+boot ID: the one reader and writer of that file; its format and parser in
+``checkpoint_format``), ``holds`` (which functions prepared
 claims hold, read through ``checkpoint``) and ``outcome`` (the one mapper from what a
 claim's work raised to the error kubelet gets). Importing any of it loads no gRPC
 (import-linter contract).
@@ -16,6 +17,7 @@ claim's work raised to the error kubelet gets). Importing any of it loads no gRP
 __all__ = [
     "cdi",
     "checkpoint",
+    "checkpoint_format",
     "claims",
     "commit",
     "edits",

@@ -2,14 +2,8 @@
 
 ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``, rewritten whole and atomically
 (:meth:`vfio_dp.host.records.RecordFiles.write`, fsynced) before any change is reported done --
-one claim record per line::
-
-    {"version": 1, "driver": "vfio.example.com", "claims": {
-      "<uid>": {"namespace": "default", "name": "vm-nic", "uid": "<uid>", "state": "prepared",
-                "bootID": "0f4c...", "podClaimName": null,
-                "devices": [{"requests": ["nic"], "pool": "node-1", "device": "pci-0000-3b-00-0",
-                             "iommuGroup": 45, "addresses": ["0000:3b:00.0"], "ids": ["8086:10d3"],
-                             "adminAccess": false, "cdiDeviceIds": ["vfio.example.com/vfio=..."]}]}}}
+one claim record per line; its format, the records and their one parser are
+:mod:`vfio_dp.dra.claimpath.checkpoint_format` (re-exported here).
 
 ``state`` is ``preparing`` from before the first bind until the CDI spec and metadata are
 written, then ``prepared``; a crash in between leaves ``preparing`` for reconcile to finish or
@@ -45,128 +39,42 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from vfio_dp.dra.claimpath.checkpoint_format import (
+    MAX_BYTES,
+    PREPARED,
+    PREPARING,
+    RELEASING,
+    VERSION,
+    ClaimRecord,
+    DeviceRecord,
+    bad_message,
+    claim_to_json,
+    parse,
+)
 from vfio_dp.errors import DraError, PathEscapeError, StateWriteError
 from vfio_dp.host.files import NotRegularFileError
 from vfio_dp.host.host import read_boot_id
 from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model import naming
-from vfio_dp.model.address import PciAddress
 
 if TYPE_CHECKING:
     from vfio_dp.host import Host
 
-VERSION = 1
-PREPARING = "preparing"
-PREPARED = "prepared"
-RELEASING = "releasing"  # unprepared by kubelet, devices still to give back (held open)
-_MAX_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceRecord:
-    """One DRA device a claim was given (a whole IOMMU group, named by its first endpoint)."""
-
-    requests: tuple[str, ...]
-    pool: str
-    device: str
-    iommu_group: int | None
-    addresses: tuple[str, ...]  # every endpoint of the group, first = the named one
-    ids: tuple[str, ...]  # vendor:device of each address, to notice changed hardware
-    admin_access: bool = False
-    cdi_device_ids: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRecord:
-    namespace: str
-    name: str
-    uid: str
-    state: str = PREPARING
-    boot_id: str = ""
-    pod_claim_name: str | None = None
-    devices: tuple[DeviceRecord, ...] = field(default_factory=tuple)
-
-    @property
-    def ref(self) -> str:
-        """``default/vm-nic (uid 6f1c...)``: how messages name the claim."""
-        return f"{self.namespace}/{self.name} (uid {self.uid})"
-
-
-def _device_to_json(d: DeviceRecord) -> dict[str, object]:
-    return {
-        "requests": list(d.requests),
-        "pool": d.pool,
-        "device": d.device,
-        "iommuGroup": d.iommu_group,
-        "addresses": list(d.addresses),
-        "ids": list(d.ids),
-        "adminAccess": d.admin_access,
-        "cdiDeviceIds": list(d.cdi_device_ids),
-    }
-
-
-def _claim_to_json(c: ClaimRecord) -> dict[str, object]:
-    return {
-        "namespace": c.namespace,
-        "name": c.name,
-        "uid": c.uid,
-        "state": c.state,
-        "bootID": c.boot_id,
-        "podClaimName": c.pod_claim_name,
-        "devices": [_device_to_json(d) for d in c.devices],
-    }
-
-
-def _strs(value: object, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{what} must be a list of strings")
-    return tuple(value)
-
-
-def _device_from_json(d: object) -> DeviceRecord:
-    if not isinstance(d, dict):
-        raise TypeError("device must be an object")
-    group = d.get("iommuGroup")
-    if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
-        raise TypeError("iommuGroup must be an integer or null")
-    return DeviceRecord(
-        requests=_strs(d["requests"], "requests"),
-        pool=str(d["pool"]),
-        device=str(d["device"]),
-        iommu_group=group,
-        addresses=tuple(str(PciAddress.parse(a)) for a in _strs(d["addresses"], "addresses")),
-        ids=_strs(d.get("ids", []), "ids"),
-        admin_access=bool(d.get("adminAccess", False)),
-        cdi_device_ids=_strs(d.get("cdiDeviceIds", []), "cdiDeviceIds"),
-    )
-
-
-def _claim_from_json(c: object) -> ClaimRecord:
-    from vfio_dp.dra.claimpath.cdi import check_uid  # a UID reaches CDI file names: CDI's rule
-
-    if not isinstance(c, dict):
-        raise TypeError("claim must be an object")
-    state = str(c.get("state", PREPARING))
-    if state not in (PREPARING, PREPARED, RELEASING):
-        raise ValueError(f"unknown claim state {state!r}")
-    pcn = c.get("podClaimName")
-    devices = c.get("devices", [])
-    if not isinstance(devices, list):
-        raise TypeError("devices must be a list")
-    return ClaimRecord(
-        namespace=str(c["namespace"]),
-        name=str(c["name"]),
-        uid=check_uid(str(c["uid"])),
-        state=state,
-        boot_id=str(c.get("bootID", "")),
-        pod_claim_name=None if pcn is None else str(pcn),
-        devices=tuple(_device_from_json(d) for d in devices),
-    )
-
+__all__ = [
+    "PREPARED",
+    "PREPARING",
+    "RELEASING",
+    "Checkpoint",
+    "ClaimRecord",
+    "DeviceRecord",
+    "names",
+    "peek",
+    "read_only",
+]
 
 _Undo = tuple[str, "ClaimRecord | None", "tuple[str, object] | None"]  # uid, was, was bad
 
@@ -186,7 +94,7 @@ class Checkpoint:
 
     def _setup(self, root: Root, boot_id: str, driver: str) -> None:
         self.root = root
-        self.files = RecordFiles(root, _MAX_BYTES)
+        self.files = RecordFiles(root, MAX_BYTES)
         self.name = naming.dra_checkpoint_file(driver)
         self.path = root.path(*STATE_DIR, self.name)
         self.driver = naming.check_dra_driver_name(driver)
@@ -221,12 +129,12 @@ class Checkpoint:
         if raw is None:
             return self._set({}, {})
         try:
-            claims, bad = _parse(raw)
+            claims, bad = parse(raw)
         except (ValueError, TypeError, KeyError, DraError) as e:
             self._aside(str(e))
             return self._set({}, {})
         for key, why in bad.items():
-            self.problems.append(_bad_message(self.path, key, why[0]))
+            self.problems.append(bad_message(self.path, key, why[0]))
         return self._set(claims, bad)
 
     def _set(
@@ -268,7 +176,7 @@ class Checkpoint:
             enc = self._encoded.get(key)
             if enc is None:
                 rec = self._claims.get(key)
-                raw = _claim_to_json(rec) if rec is not None else self._bad[key][1]
+                raw = claim_to_json(rec) if rec is not None else self._bad[key][1]
                 enc = json.dumps(raw, sort_keys=True, separators=(",", ":"))
                 if rec is not None:
                     self._encoded[key] = enc
@@ -417,50 +325,18 @@ def read_only(root: Root, name: str) -> tuple[list[ClaimRecord], str | None]:
     """The claims of the checkpoint file ``name`` under ``root``, read-only, never blocking
     (a FIFO, a directory or a link at its path is not opened): (records, None), or
     (records, why) when the file or some of its records cannot be read or parsed -- the
-    one parser every reader shares (:func:`_parse`)."""
+    one parser every reader shares (:func:`~vfio_dp.dra.claimpath.checkpoint_format.parse`)."""
     path = root.path(*STATE_DIR, name)
     try:
-        raw = RecordFiles(root, _MAX_BYTES).read(STATE_DIR, name)
+        raw = RecordFiles(root, MAX_BYTES).read(STATE_DIR, name)
     except (OSError, PathEscapeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return [], f"cannot read the DRA checkpoint {path}: {why}"
     if raw is None:
         return [], None
     try:
-        claims, bad = _parse(raw)
+        claims, bad = parse(raw)
     except (ValueError, TypeError, KeyError, AttributeError, DraError) as e:
         return [], f"the DRA checkpoint {path} is unreadable ({e})"
-    problem = "; ".join(_bad_message(path, k, why) for k, (why, _) in bad.items()) or None
+    problem = "; ".join(bad_message(path, k, why) for k, (why, _) in bad.items()) or None
     return list(claims.values()), problem
-
-
-def _parse(raw: bytes) -> tuple[dict[str, ClaimRecord], dict[str, tuple[str, object]]]:
-    """(records by UID, {key: (why, raw record)} of those that do not parse); a file that is
-    not a checkpoint at all raises."""
-    if len(raw) > _MAX_BYTES:
-        raise ValueError(f"larger than {_MAX_BYTES} bytes")
-    data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        raise ValueError(f"not a version-{VERSION} checkpoint")
-    body = data.get("claims")
-    if not isinstance(body, dict):
-        raise TypeError("claims must be an object")
-    claims: dict[str, ClaimRecord] = {}
-    bad: dict[str, tuple[str, object]] = {}
-    for uid, c in body.items():
-        try:
-            rec = _claim_from_json(c)
-            if rec.uid != uid:
-                raise ValueError(f"claim keyed {uid!r} says uid {rec.uid!r}")
-        except (ValueError, TypeError, KeyError, DraError) as e:
-            bad[uid] = (f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e), c)
-            continue
-        claims[uid] = rec
-    return claims, bad
-
-
-def _bad_message(path: str, key: str, why: str) -> str:
-    return (
-        f"DRA checkpoint {path}: record {key[:100]!r} skipped ({why}); kept as it is -- "
-        "kubelet preparing or unpreparing that claim again replaces it"
-    )
