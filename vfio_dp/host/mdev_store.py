@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from vfio_dp.errors import CorruptRecordError
 from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.mdev import CREATE, REMOVE, MdevOp, MdevRecord, is_uuid
@@ -33,6 +32,10 @@ from vfio_dp.model.mdev import CREATE, REMOVE, MdevOp, MdevRecord, is_uuid
 RECORD_DIR = (*STATE_DIR, "mdev")
 OPS_DIR = (*RECORD_DIR, "ops")
 _MAX = 1 << 16
+
+
+def _record_fix(uuid: str) -> str:
+    return f"check /sys/bus/mdev/devices/{uuid} by hand, then remove the file"
 
 
 def _record(data: object) -> MdevRecord:
@@ -79,34 +82,20 @@ class MdevStore:
     def shown(self, parts: tuple[str, ...], uuid: str) -> str:
         return f"{self.root.path(*parts)}/{uuid}.json"
 
-    def _load(self, parts: tuple[str, ...], uuid: str, fix: str) -> object | None:
-        try:
-            raw = self.files.read(parts, f"{uuid}.json")
-        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
-            raise self.files.unreadable(parts, f"{uuid}.json", e, fix) from e
-        if raw is None:
-            return None
-        try:
-            if len(raw) > _MAX:
-                raise ValueError("too large")
-            data: object = json.loads(raw)
-        except ValueError as e:
-            raise CorruptRecordError(self.shown(parts, uuid), str(e), fix) from e
-        return data
+    @staticmethod
+    def _uuid(stem: str) -> str:
+        if not is_uuid(stem):
+            raise ValueError(f"not a UUID: {stem!r}")
+        return stem
 
     def _uuids(self, parts: tuple[str, ...]) -> list[str]:
-        return [n[:-5] for n in self.files.names(parts) if n.endswith(".json") and is_uuid(n[:-5])]
+        return self.files.keys(parts, self._uuid)
 
     # -- records -----------------------------------------------------------------------
     def get(self, uuid: str) -> MdevRecord | None:
         """The instance's record (None: not ours); :class:`CorruptRecordError` when it
         cannot be read."""
-        fix = f"check /sys/bus/mdev/devices/{uuid} by hand, then remove the file"
-        data = self._load(RECORD_DIR, uuid, fix)
-        try:
-            return None if data is None else _record(data)
-        except (ValueError, TypeError, KeyError) as e:
-            raise CorruptRecordError(self.shown(RECORD_DIR, uuid), str(e), fix) from e
+        return self.files.load(RECORD_DIR, f"{uuid}.json", _record_fix(uuid), _record)
 
     def put(self, rec: MdevRecord) -> None:
         self.files.write(RECORD_DIR, f"{rec.uuid}.json", json.dumps(asdict(rec)).encode())
@@ -120,17 +109,7 @@ class MdevStore:
 
     def records(self) -> tuple[list[MdevRecord], list[str]]:
         """Every readable record, and a problem per unreadable one."""
-        out: list[MdevRecord] = []
-        problems: list[str] = []
-        for uuid in self.recorded():
-            try:
-                rec = self.get(uuid)
-            except CorruptRecordError as e:
-                problems.append(str(e))
-                continue
-            if rec is not None:
-                out.append(rec)
-        return out, problems
+        return self.files.load_all(RECORD_DIR, self._uuid, _record, _record_fix)
 
     # -- journal -----------------------------------------------------------------------
     def begin(self, op: MdevOp) -> None:
@@ -145,11 +124,7 @@ class MdevStore:
         """The instance's interrupted operation (None: none); :class:`CorruptRecordError`
         when its journal cannot be read."""
         fix = f"check /sys/bus/mdev/devices/{uuid} by hand, then remove the journal"
-        data = self._load(OPS_DIR, uuid, fix)
-        try:
-            return None if data is None else _op(data)
-        except (ValueError, TypeError, KeyError) as e:
-            raise CorruptRecordError(self.shown(OPS_DIR, uuid), str(e), fix) from e
+        return self.files.load(OPS_DIR, f"{uuid}.json", fix, _op)
 
     def journaled(self) -> list[str]:
         """The UUIDs with a journal (an operation running, or interrupted)."""

@@ -1,6 +1,7 @@
 """Whole-file records under the root: the one place that reads, replaces, removes and lists
 the JSON files the node keeps, for every store of them (bind records and journals
-:mod:`vfio_dp.host.state`, SR-IOV records :mod:`vfio_dp.host.sriov_store`, persistent binds
+:mod:`vfio_dp.host.state`, SR-IOV records :mod:`vfio_dp.host.sriov_store`, mdev records
+:mod:`vfio_dp.host.mdev_store`, persistent binds
 :mod:`vfio_dp.host.persist`, the DRA checkpoint :mod:`vfio_dp.dra.claimpath.checkpoint`,
 the device plugin's allocations :mod:`vfio_dp.deviceplugin.allocation_store`); each store is
 the one module that reads and writes its kind (``tests/host/test_one_writer.py``)::
@@ -12,13 +13,21 @@ Every directory is opened beneath the root (:meth:`vfio_dp.host.root.Root.open_d
 ``..``, no symlink out of it), every file relative to that directory with ``O_NOFOLLOW``; a
 write replaces the file atomically and durably (:func:`vfio_dp.host.atomic.replace_at`). A
 failed write raises :class:`~vfio_dp.errors.StateWriteError` naming the file and the fix
-(:func:`write_failure`), before anything else of the operation was changed.
+(:func:`write_failure`), before anything else of the operation was changed. A record is read
+the same way for every store (:meth:`RecordFiles.load`, :meth:`RecordFiles.load_all`): inside
+the root, never blocking, capped in size, parsed as JSON by the store's own parser; one that
+cannot be read or parsed raises (or is reported as) a
+:class:`~vfio_dp.errors.CorruptRecordError` naming the file and the store's fix, and is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
 from vfio_dp.host.atomic import remove_at, replace_at
@@ -30,6 +39,9 @@ MAX_RECORD = 1 << 20
 
 #: ``<root>/var/lib/vfio_dp``: the node's own durable files, every store's directory below it
 STATE_DIR = ("var", "lib", "vfio_dp")
+
+T = TypeVar("T")
+K = TypeVar("K")
 
 
 def write_failure(path: str, e: OSError) -> str:
@@ -80,6 +92,64 @@ class RecordFiles:
         if isinstance(e, NotRegularFileError):  # its text names the bare name: say the kind
             why = str(e).removeprefix(name).strip() or "not a regular file"
         return CorruptRecordError(self.root.path(*parts, name), why or type(e).__name__, fix)
+
+    def load(
+        self, parts: tuple[str, ...], name: str, fix: str, parse: Callable[[object], T]
+    ) -> T | None:
+        """The record ``<root>/<parts>/<name>`` through the store's ``parse`` (it gets the
+        decoded JSON and raises ``ValueError``/``TypeError``/``KeyError`` for what is not
+        its record); None when the file is absent. A file that cannot be read (:meth:`read`:
+        a FIFO, a directory, a link), is larger than ``limit``, is not JSON or does not
+        parse raises :class:`CorruptRecordError` naming it, why, and ``fix``."""
+        try:
+            raw = self.read(parts, name)
+        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
+            raise self.unreadable(parts, name, e, fix) from e
+        if raw is None:
+            return None
+        try:
+            if len(raw) > self.limit:
+                raise ValueError(f"larger than {self.limit} bytes")
+            return parse(json.loads(raw))
+        except (ValueError, TypeError, KeyError) as e:
+            why = f"missing field {e}" if isinstance(e, KeyError) else str(e) or type(e).__name__
+            raise CorruptRecordError(self.root.path(*parts, name), why, fix) from e
+
+    def keys(self, parts: tuple[str, ...], key: Callable[[str], K]) -> list[K]:
+        """The record files ``<root>/<parts>/<stem>.json``, each ``stem`` through ``key``
+        (a PCI address, a UUID), sorted by name; hidden files (a write's temp file) and
+        names ``key`` refuses with ``ValueError`` are not records and are left out."""
+        return [k for k, _name in self._named(parts, key)]
+
+    def _named(self, parts: tuple[str, ...], key: Callable[[str], K]) -> list[tuple[K, str]]:
+        out = []
+        for n in self.names(parts):
+            if n.endswith(".json") and not n.startswith("."):
+                with contextlib.suppress(ValueError):
+                    out.append((key(n[:-5]), n))
+        return out
+
+    def load_all(
+        self,
+        parts: tuple[str, ...],
+        key: Callable[[str], K],
+        parse: Callable[[object], T],
+        fix: Callable[[K], str],
+    ) -> tuple[list[T], list[str]]:
+        """Every record in ``<root>/<parts>`` (:meth:`keys`) that :meth:`load` reads, and the
+        message of each that it cannot (kept as it is, with its fix ``fix(key)``); one
+        removed meanwhile is neither."""
+        out: list[T] = []
+        problems: list[str] = []
+        for k, name in self._named(parts, key):
+            try:
+                rec = self.load(parts, name, fix(k), parse)
+            except CorruptRecordError as e:
+                problems.append(str(e))
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out, problems
 
     def write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
         """Replace ``<root>/<parts>/<name>`` atomically, creating the directories. Raises

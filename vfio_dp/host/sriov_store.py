@@ -25,12 +25,10 @@ count change while it runs. Both under the root, both written whole or not at al
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from vfio_dp.errors import CorruptRecordError
 from vfio_dp.host.records import STATE_DIR, RecordFiles
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
@@ -114,37 +112,16 @@ class SriovStore:
     def _write(self, parts: tuple[str, ...], name: str, value: object) -> None:
         self.files.write(parts, name, json.dumps(value, sort_keys=True).encode())
 
-    def _read(self, parts: tuple[str, ...], pf: PciAddress, fix: str) -> bytes | None:
-        try:
-            return self.files.read(parts, f"{pf}.json")
-        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
-            raise self.files.unreadable(parts, f"{pf}.json", e, fix) from e
-
     def _addresses(self, parts: tuple[str, ...]) -> list[PciAddress]:
         """The PFs with a file in ``parts`` (names that are not addresses are ignored)."""
-        out = []
-        for n in self.files.names(parts):
-            if n.endswith(".json") and not n.startswith("."):
-                with contextlib.suppress(ValueError):
-                    out.append(PciAddress.parse(n[:-5]))
-        return out
+        return self.files.keys(parts, PciAddress.parse)
 
     # -- records -----------------------------------------------------------------------
     def get(self, pf: PciAddress) -> SriovRecord | None:
         """The PF's record (None: none); :class:`CorruptRecordError` when it cannot be read
         (a FIFO, a directory or a link where it should be is never opened blocking)."""
         fix = f"set the count by hand (echo N > .../{pf}/sriov_numvfs), then remove it"
-        raw = self._read(RECORD_DIR, pf, fix)
-        if raw is None:
-            return None
-        try:
-            if len(raw) > _MAX:
-                raise ValueError("too large")
-            return _record(json.loads(raw))
-        except (ValueError, TypeError, KeyError) as e:
-            raise CorruptRecordError(
-                self.shown(RECORD_DIR, str(pf)), str(e) or type(e).__name__, fix
-            ) from e
+        return self.files.load(RECORD_DIR, f"{pf}.json", fix, _record)
 
     def put(self, rec: SriovRecord) -> None:
         self._write(RECORD_DIR, f"{rec.address}.json", asdict(rec))
@@ -171,15 +148,7 @@ class SriovStore:
         """The PF's interrupted change (None: none); :class:`CorruptRecordError` when its
         journal cannot be read."""
         fix = "check the PF's sriov_numvfs by hand, then remove the journal"
-        raw = self._read(OPS_DIR, pf, fix)
-        if raw is None:
-            return None
-        try:
-            return _op(json.loads(raw[:_MAX]))
-        except (ValueError, TypeError, KeyError) as e:
-            raise CorruptRecordError(
-                self.shown(OPS_DIR, str(pf)), str(e) or type(e).__name__, fix
-            ) from e
+        return self.files.load(OPS_DIR, f"{pf}.json", fix, _op)
 
     def journaled(self) -> list[PciAddress]:
         """Every PF with an interrupted change's journal."""

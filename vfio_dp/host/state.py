@@ -50,13 +50,11 @@ from dataclasses import asdict, dataclass, field
 
 from vfio_dp.errors import (
     AddressError,
-    CorruptRecordError,
     HostError,
     LockTimeoutError,
     PathEscapeError,
     StateWriteError,
 )
-from vfio_dp.host.records import MAX_RECORD as _MAX_RECORD
 from vfio_dp.host.records import STATE_DIR, RecordFiles, write_failure
 from vfio_dp.host.root import Root
 from vfio_dp.model.address import PciAddress
@@ -155,6 +153,12 @@ def _operation_to_json(op: Operation) -> dict[str, object]:
     return data
 
 
+def _original_from_json(data: object) -> OriginalDriver:
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    return OriginalDriver(**data)
+
+
 def _operation_from_json(data: object) -> Operation:
     if not isinstance(data, dict):
         raise TypeError("not a JSON object")
@@ -200,32 +204,16 @@ class StateStore:
 
     # -- original drivers ----------------------------------------------------------------
     def get(self, address: PciAddress) -> OriginalDriver | None:
-        import json
-
         fix = f"restore by hand: vfioctl unbind --driver NAME {address}, then remove it"
-        try:
-            raw = self.files.read(ORIGINAL_DIR, f"{address}.json")
-        except OSError as e:  # a FIFO, a directory, a link: never opened blocking
-            raise self.files.unreadable(ORIGINAL_DIR, f"{address}.json", e, fix) from e
-        if raw is None:
-            return None
-        try:
-            if len(raw) > _MAX_RECORD:
-                raise ValueError("larger than 1 MB")
-            return OriginalDriver(**json.loads(raw))
-        except (ValueError, TypeError) as e:
-            raise CorruptRecordError(self._file(address), str(e), fix) from e
+        return self.files.load(ORIGINAL_DIR, f"{address}.json", fix, _original_from_json)
 
     def all(self) -> dict[PciAddress, OriginalDriver]:
         """Every readable record, by address (see :meth:`problems` for the unreadable)."""
         out: dict[PciAddress, OriginalDriver] = {}
-        for name in self.files.names(ORIGINAL_DIR):
-            if not name.endswith(".json"):
-                continue
+        for addr in self.files.keys(ORIGINAL_DIR, PciAddress.parse):
             try:
-                addr = PciAddress.parse(name[:-5])
                 rec = self.get(addr)
-            except (AddressError, HostError):
+            except HostError:
                 continue
             if rec is not None:
                 out[addr] = rec
@@ -282,32 +270,8 @@ class StateStore:
 
     def operations(self) -> tuple[list[Operation], list[str]]:
         """Every journal on disk, and a message for each unreadable one (kept as it is)."""
-        import json
-
-        ops: list[Operation] = []
-        problems: list[str] = []
-        for name in self.files.names(OPS_DIR):
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            path = f"{self.ops_dir}/{name}"
-            fix = (
-                f"the original drivers are in {self.state_dir}: restore with "
-                "vfioctl unbind <address>"
-            )
-            try:
-                raw = self.files.read(OPS_DIR, name)
-            except OSError as e:  # a FIFO, a directory, a link: never opened blocking
-                problems.append(str(self.files.unreadable(OPS_DIR, name, e, fix)))
-                continue
-            if raw is None:
-                continue  # finished meanwhile
-            try:
-                if len(raw) > _MAX_RECORD:
-                    raise ValueError("larger than 1 MB")
-                ops.append(_operation_from_json(json.loads(raw)))
-            except (ValueError, TypeError, KeyError, AddressError) as e:
-                problems.append(str(CorruptRecordError(path, str(e) or type(e).__name__, fix)))
-        return ops, problems
+        fix = f"the original drivers are in {self.state_dir}: restore with vfioctl unbind <address>"
+        return self.files.load_all(OPS_DIR, str, _operation_from_json, lambda _id: fix)
 
     def problems(self) -> list[str]:
         """A message for every unreadable original-driver record (each is kept) and every
