@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.host import BindResult, Host
     from vfio_dp.host.sriov import SriovResult
     from vfio_dp.model.address import PciAddress
+    from vfio_dp.model.mdev_config import MdevEntry
 
 
 def _parse(addresses: tuple[str, ...]) -> list[PciAddress]:
@@ -196,6 +197,15 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     return results, None
 
 
+def _mdev_entries(config: str | None) -> tuple[MdevEntry, ...]:
+    """``--config``'s ``mdev:`` entries (none without it; the config is read only if given)."""
+    if config is None:
+        return ()
+    from vfio_dp.host.files import load_config
+
+    return load_config(config).mdev
+
+
 @click.command("bind")
 @click.argument("addresses", nargs=-1)
 @root_option
@@ -215,6 +225,13 @@ def _restore_vf_counts(host: Host, dry_run: bool) -> tuple[list[SriovResult], Re
     help="The VFIO driver to bind: auto (the variant the kernel's modules.alias names for "
     "each device, else vfio-pci), vfio-pci, or a driver's name (e.g. mlx5_vfio_pci).",
 )
+@option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The node's config (YAML): a parent its mdev: entries want instances of is refused "
+    "(it stays on its vendor driver).",
+)
 def bind_cmd(
     addresses: tuple[str, ...],
     root: str,
@@ -224,6 +241,7 @@ def bind_cmd(
     dry_run: bool,
     persist: bool,
     vfio_driver: str,
+    config: str | None,
 ) -> None:
     """Move devices to their VFIO driver (recording their drivers for unbind)."""
 
@@ -233,8 +251,9 @@ def bind_cmd(
         if vfio_driver != "auto" and not host.valid_driver_name(vfio_driver):
             fail(f"--vfio-driver {vfio_driver!r} is not a kernel driver name", 2)
         result = host.bind(
-            addrs, group=group, force=force, dry_run=dry_run, vfio_driver=vfio_driver
-        )
+            addrs, group=group, force=force, dry_run=dry_run, vfio_driver=vfio_driver,
+            mdev=_mdev_entries(config),
+        )  # fmt: skip
         _report(result, output, "on vfio-pci")
         if persist:
             done = [*result.bound, *result.already]

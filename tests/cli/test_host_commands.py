@@ -175,6 +175,29 @@ def test_bind_dry_run_json(tree: SysfsTree) -> None:
     assert out["steps"][1].endswith("/sys/bus/pci/drivers/nvidia/unbind")
 
 
+def test_bind_refuses_a_parent_the_configs_mdev_entries_want(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    """`vfioctl bind --config` (or VFIOCTL_CONFIG): a parent an `mdev:` entry names stays on
+    its vendor driver, even in a dry run; the message names the entry and the fix."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mdev:\n- {parent: '0000:3b:00.0', type: nvidia-222, count: 2}\n")
+    p = run("bind", "--root", str(tree.root), "--group", "--dry-run", "--config", str(cfg),
+            "0000:3b:00.0")  # fmt: skip
+    assert p.returncode == 1, p.stdout
+    assert (
+        "0000:3b:00.0 (10de:1eb8, nvidia) is the parent of the config's mdev entry "
+        "{parent: 0000:3b:00.0, type: nvidia-222, path: devicePlugin}" in p.stderr
+    )
+    assert "remove that entry from the config's mdev: section" in p.stderr
+    p = run("bind", "--root", str(tree.root), "--group", "--dry-run", "0000:3b:00.1",
+            env={"VFIOCTL_CONFIG": str(cfg)})  # fmt: skip
+    assert p.returncode == 1 and "is the parent of the config's mdev entry" in p.stderr
+    # without a config the same dry run is planned
+    p = run("bind", "--root", str(tree.root), "--group", "--dry-run", "0000:3b:00.0")
+    assert p.returncode == 0, p.stderr
+
+
 def test_bind_already_bound_is_noop(tree: SysfsTree) -> None:
     p = run("bind", "--root", str(tree.root), "0000:65:00.0")
     assert p.returncode == 0 and "already on vfio-pci" in p.stdout

@@ -339,6 +339,28 @@ async def test_bind_true_binds_at_start_and_refuses_host_devices(
     assert tree.driver_of("0000:3b:00.0") == "vfio-pci"
 
 
+async def test_bind_true_never_binds_a_parent_the_configs_mdev_entries_want(
+    tree: SysfsTree, tmp_path: Path, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """Issue 35 item 1: ``bind: true`` takes the GPU, an ``mdev:`` entry wants instances of
+    it: the bind is refused (counted, logged naming the entry), the GPU keeps its driver."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "selectors:\n- vendor: '10de'\n  device: '1eb8'\n  resourceName: gpu\n  bind: true\n"
+        "mdev:\n- {parent: '0000:3b:00.0', type: nvidia-222}\n"
+    )
+    host = Host(tree.root, kernel=SimulatedKernel(tree))
+    daemon = await start_daemon(config=cfg, host=host)
+    await kubelet.wait_for(
+        "the GPU listed Unhealthy", listed("devices.kubevirt.io/gpu", {"0000:3b:00.0": "Unhealthy"})
+    )
+    assert daemon.metrics.get("vfio_dp_bind_failures_total") == 1
+    assert tree.driver_of("0000:3b:00.0") == "nvidia"
+    assert tree.driver_of("0000:3b:00.1") == "snd_hda_intel"
+    assert host.state.get(PciAddress.parse("0000:3b:00.0")) is None
+    await daemon.stop()
+
+
 async def test_a_uevent_triggers_a_rescan(
     tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
 ) -> None:

@@ -767,3 +767,25 @@ def test_a_group_a_stale_claim_bound_is_taken_over(
     assert report.unprepared == [] and tree.driver_of(E1000_A) == "vfio-pci"
     assert run(preparer.unprepare([ref])) == {"uid-new": ""}
     assert tree.driver_of(E1000_A) == "e1000" and tree.driver_of(E1000_B) == "e1000"
+
+
+def test_on_prepare_never_binds_a_parent_the_configs_mdev_entries_want(
+    tree: SysfsTree, kernel: SimulatedKernel, claims: Claims, dirs: tuple[str, str]
+) -> None:
+    """Issue 35 item 1: a ``bind: onPrepare`` selector takes the GPU, but an ``mdev:`` entry
+    wants instances of it: the claim's error names the entry and the fix, nothing is bound."""
+    _boot(tree, "boot-1")
+    config = load_config_text(
+        CONFIG + "mdev:\n- {parent: {vendor: '10de', device: '1eb8'}, type: nvidia-222, "
+        "path: dra, create: onPrepare}\n",
+        "test",
+    )
+    preparer = _preparer(tree, kernel, config, claims, dirs)
+    ref = claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")])
+    err = run(preparer.prepare([ref]))["uid-gpu"].error
+    assert "binding the IOMMU group to its VFIO driver failed" in err
+    assert (
+        "is the parent of the config's mdev entry {parent: a PCI selector, type: nvidia-222" in err
+    )
+    assert tree.driver_of(GPU) == "nvidia" and tree.driver_of(AUDIO) == "snd_hda_intel"
+    assert kernel.writes == [] and _record(tree, GPU) is None

@@ -474,3 +474,37 @@ def test_bind_with_a_stale_inventory_plans_again_under_the_locks(
     res = h.bind([A("0000:3b:00.0")], group=True, inventory=stale)
     assert res.bound == [] and set(res.already) == {A("0000:3b:00.0"), A("0000:3b:00.1")}
     assert len(kernel.writes) == writes  # nothing written again
+
+
+def test_a_parent_the_config_wants_mdevs_of_is_never_bound(
+    tree: SysfsTree, kernel: SimulatedKernel
+) -> None:
+    """Issue 35 item 1: while an ``mdev:`` entry names a parent (by address or by selector,
+    whether or not its vendor driver offers types right now), no bind moves it to a VFIO
+    driver -- not alone, not as a ``--group`` sibling, not with ``--force``."""
+    from vfio_dp.model.config import load_config_text
+
+    by_addr = load_config_text(
+        "mdev:\n- {parent: '0000:3b:00.0', type: nvidia-222, count: 2}\n", "t"
+    ).mdev
+    by_selector = load_config_text(
+        "mdev:\n- {parent: {vendor: '10de', device: '1eb8'}, type: nvidia-222, path: dra}\n", "t"
+    ).mdev
+    h = host(tree, kernel)
+    for entries, named in ((by_addr, "0000:3b:00.0"), (by_selector, "a PCI selector")):
+        for kw in ({"group": True}, {"group": True, "force": True}):
+            with pytest.raises(RefusedError) as e:
+                h.bind([A("0000:3b:00.0")], mdev=entries, **kw)  # type: ignore[arg-type]
+            msg = str(e.value)
+            assert (
+                f"0000:3b:00.0 (10de:1eb8, nvidia) is the parent of the config's mdev entry {{parent: {named}, type: nvidia-222"
+                in msg
+            )
+            assert "remove that entry from the config's mdev: section" in msg
+        # the audio function's --group takes its sibling, the parent: refused as well
+        with pytest.raises(RefusedError, match="is the parent of the config's mdev entry"):
+            h.bind([A("0000:3b:00.1")], group=True, mdev=entries)
+    assert kernel.writes == []
+    # an entry naming another parent leaves this one alone
+    other = load_config_text("mdev:\n- {parent: mtty, type: mtty-2}\n", "t").mdev
+    assert h.bind([A("0000:3b:00.0")], group=True, mdev=other).bound

@@ -352,7 +352,7 @@ class NodeCore:
             wanted = vfio_drivers_wanted(inv, self.config, addrs)
             try:
                 result = await self.run(
-                    functools.partial(self.host.bind, vfio_driver=wanted),
+                    functools.partial(self.host.bind, vfio_driver=wanted, mdev=self.config.mdev),
                     addrs, group=True, probe=False, bound_by=self.options.front_end,
                 )  # fmt: skip
             except BindError as e:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from vfio_dp.host.recovery import Interrupted, Recovery
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import PciDevice
+    from vfio_dp.model.mdev_config import MdevEntry
     from vfio_dp.model.plan import CheckReport
     from vfio_dp.model.vfio_driver import VfioChoice
 
@@ -277,6 +278,7 @@ class Host:
         bound_by: str = BOUND_BY_OPERATOR,
         inventory: Inventory | None = None,
         vfio_driver: str | Mapping[PciAddress, str] = "auto",
+        mdev: Sequence[MdevEntry] = (),
     ) -> BindResult:
         """Move ``addresses`` (and with ``group`` their group's other endpoints) to their VFIO
         driver: ``vfio_driver`` is ``auto`` (the kernel's choice from ``modules.alias``:
@@ -299,12 +301,14 @@ class Host:
         caller has just made, used for the first plan instead of reading the groups again
         (the plan is made again under the locks from the devices as they are then; it is not
         used when an interrupted operation was undone).
+        ``mdev``: the config's ``mdev:`` entries; a parent one names is refused
+        (:func:`vfio_dp.model.plan.mdev_parent_wanted`).
         """
         from vfio_dp.host import operations
 
         return operations.bind(
             self, addresses, group=group, force=force, dry_run=dry_run, probe=probe,
-            bound_by=bound_by, inventory=inventory, vfio_driver=vfio_driver,
+            bound_by=bound_by, inventory=inventory, vfio_driver=vfio_driver, mdev=mdev,
         )  # fmt: skip
 
     def interrupted(self) -> tuple[list[Interrupted], list[str]]:

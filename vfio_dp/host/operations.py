@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from vfio_dp.host.host import Host
+    from vfio_dp.model.mdev_config import MdevEntry
     from vfio_dp.model.vfio_driver import VfioChoice
 
     #: ``auto``, ``vfio-pci`` or a driver's name, for every device or per address
@@ -106,10 +107,11 @@ def _plan_bind(
     *,
     group: bool,
     force: bool,
+    mdev: Sequence[MdevEntry] = (),
 ) -> BindPlan:
     plan = plan_bind(
         inv, addresses, group=group, force=force, groups_in_use=in_use,
-        root_display=host.fs.display,
+        root_display=host.fs.display, mdev_entries=mdev,
     )  # fmt: skip
     if plan.refusals:
         raise RefusedError(list(plan.refusals))
@@ -138,6 +140,7 @@ def bind(
     bound_by: str,
     inventory: Inventory | None = None,
     vfio_driver: VfioWanted = "auto",
+    mdev: Sequence[MdevEntry] = (),
 ) -> BindResult:
     """:meth:`vfio_dp.host.Host.bind` (see there)."""
     undone: list[str] = []
@@ -149,7 +152,7 @@ def bind(
     inv = inventory if inventory is not None and not undone else host.scan_groups(addresses)
     _check_escapes(host, inv, addresses)
     in_use = groups_in_use(host, inv, addresses) if probe else None
-    plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force)
+    plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force, mdev=mdev)
     planner = Binder(host.fs, host.kernel)
     if dry_run:
         result = BindResult(
@@ -179,7 +182,7 @@ def bind(
         }
         mark_on_vfio(host.fs, devices)  # on VFIO as the groups are now (a provider's node)
         inv = dataclasses.replace(inv, devices=devices)
-        plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force)
+        plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force, mdev=mdev)
         forced = [f"forced: {w}" for w in plan.forced]
         result = BindResult(already=list(plan.already), warnings=undone + forced)
         targets = [inv.devices[a] for a in plan.targets]

@@ -33,6 +33,7 @@ from vfio_dp.model.config_fields import ACTION, MATCH, RESOURCE_NAME, Kind, one_
 
 if TYPE_CHECKING:
     from vfio_dp.model.config import Selector
+    from vfio_dp.model.device import PciDevice
 
 STATIC = "static"
 ON_PREPARE = "onPrepare"
@@ -90,6 +91,13 @@ class MdevEntry:
 
     def describe(self) -> str:
         return f"{self.type_id} on {self.parent or 'the PCI parents its selector takes'}"
+
+    def names(self, dev: PciDevice) -> bool:
+        """Does this entry want instances made on ``dev`` (its PCI address, or a selector
+        that takes it: ``<root>/sys/bus/pci/devices/<bdf>``'s ids, whatever its driver)?"""
+        if self.parent is not None:
+            return self.parent == str(dev.address)
+        return self.parent_selector is not None and self.parent_selector.matches(dev)
 
     def resource_for(self, type_name: str | None, domain: str) -> str:
         """The resource a ``path: devicePlugin`` entry's instances are advertised under: its

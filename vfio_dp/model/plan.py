@@ -51,6 +51,23 @@ def not_passable(dev: PciDevice) -> str | None:
     return None
 
 
+def mdev_parent_wanted(dev: PciDevice, mdev: Sequence[MdevEntry]) -> str | None:
+    """Why ``dev`` may not go to a VFIO driver: the config's ``mdev:`` entry that wants
+    instances of it (a parent keeps its vendor driver, which is what offers
+    ``<root>/sys/class/mdev_bus/<bdf>/mdev_supported_types``), or None. The one rule for
+    ``vfioctl bind --config``, ``bind: true`` and ``bind: onPrepare`` alike."""
+    for entry in mdev:
+        if entry.names(dev):
+            return (
+                f"{dev.describe()} is the parent of the config's mdev entry {{parent: "
+                f"{entry.parent or 'a PCI selector'}, type: {entry.type_id}, path: {entry.path}}}: "
+                "a parent stays on its vendor driver while instances of it are wanted, so it "
+                "is never bound to a VFIO driver; remove that entry from the config's mdev: "
+                "section (or pass its mediated devices instead)"
+            )
+    return None
+
+
 def _device(inv: Inventory, addr: PciAddress, root_display: str) -> PciDevice:
     dev = inv.devices.get(addr)
     if dev is None:
@@ -76,13 +93,15 @@ def plan_bind(
     force: bool = False,
     groups_in_use: Mapping[int, bool] | None = None,
     root_display: str = "/",
+    mdev_entries: Sequence[MdevEntry] = (),
 ) -> BindPlan:
     """Plan ``vfioctl bind [--group] [--force] ADDR...``.
 
     Refuses: unknown addresses (raises), bridges, devices without an IOMMU group, a bind
     that would leave a group half on host drivers (fix: ``--group``), a group with a bridge
-    on a DMA-capable driver, and — unless ``force`` — devices the host is using and groups a
-    process holds open.
+    on a DMA-capable driver, a parent the config's ``mdev_entries`` want instances of
+    (:func:`mdev_parent_wanted`, even with ``force``), and — unless ``force`` — devices the
+    host is using and groups a process holds open.
     """
     refusals: list[str] = []
     forced: list[str] = []
@@ -137,6 +156,9 @@ def plan_bind(
         if dev.on_vfio:
             already.append(addr)
             continue
+        if mdev_entries and (why := mdev_parent_wanted(dev, mdev_entries)) is not None:
+            refusals.append(why)
+            continue
         for use in dev.in_use:
             msg = f"{dev.describe()} is in use by the host: {use}"
             if force:
@@ -154,6 +176,7 @@ def plan_bind(
 if TYPE_CHECKING:  # a type only: no Protocol class is built when `vfioctl unbind` starts
     from typing import Protocol
 
+    from vfio_dp.model.mdev_config import MdevEntry
     from vfio_dp.model.vfio_driver import VfioChoice
 
     class Recorded(Protocol):

@@ -311,6 +311,7 @@ class ClaimPreparer:
                     targets, group=True, probe=False, bound_by=holder,
                     inventory=inv,  # the claim's groups as just read (planned again under locks)
                     vfio_driver={a: c.unit.vfio_driver for c in chosen for a in c.unit.endpoints},
+                    mdev=self.config().mdev,
                 )  # fmt: skip
             except VfioError as e:
                 raise ClaimError(
