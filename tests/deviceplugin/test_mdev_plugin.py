@@ -55,9 +55,15 @@ def group_of(t: SysfsTree, uuid: str) -> int:
 
 
 async def daemon(
-    t: SysfsTree, kdir: str, config: Path, pod_resources: str | None = None
+    t: SysfsTree,
+    kdir: str,
+    config: Path,
+    pod_resources: str | None = None,
+    cdi_dir: Path | None = None,
 ) -> Daemon:
-    extra = {"pod_resources_socket": pod_resources} if pod_resources else {}
+    extra: dict[str, str] = {"pod_resources_socket": pod_resources} if pod_resources else {}
+    if cdi_dir is not None:
+        extra["cdi_dir"] = str(cdi_dir)
     d = Daemon(
         Options(root=str(t.root), kubelet_dir=kdir, config_path=str(config), resync=0.1,
                 metrics_port=0, uevents=False, **extra),  # type: ignore[arg-type]
@@ -197,3 +203,54 @@ def test_a_recorded_instance_that_is_gone_is_listed_unhealthy(tmp_path: Path) ->
         f"{SERIAL}: mdev {u} withdrawn: gone from /sys/bus/mdev/devices, or its entry from the config"
         for u in (OTHER, gone)
     ]
+
+
+async def test_allocate_names_cdi_devices_that_resolve_to_the_instances_group(
+    tree: SysfsTree, kubelet: KubeletStandin, kdir: str, tmp_path: Path
+) -> None:
+    """Issue 35 item 3 with ``--cdi-dir``: one spec per Healthy instance, naming
+    ``/dev/vfio/vfio`` and its ``/dev/vfio/<N>``; Allocate answers ``cdi_devices`` that resolve
+    to it (as a runtime resolves them), besides the unchanged env and device specs; a removed
+    instance's spec goes with it; the PCI specs and other vendors' files are left alone."""
+    from tests.deviceplugin.test_cdi import check_cdi_spec, read_specs, resolve
+
+    mdev_tree(tree)
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    (cdi_dir / "vfio.dra.vfio-dp.io-1234.json").write_text("{}")  # the DRA plugin's
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG % 2)
+    d = await daemon(tree, kdir, cfg, cdi_dir=cdi_dir)
+    try:
+        mine = made(tree)
+        await kubelet.wait_for("3 serial instances", lambda k: len(k.devices(SERIAL)) == 3)
+        ids = [mine[1], mine[0]]
+        resp = await kubelet.allocate(SERIAL, ids)
+        want = [f"deviceplugin.vfio-dp.io/vfio=mdev-{u}" for u in ids]
+        assert [c.name for c in resp.cdi_devices] == want
+        assert dict(resp.envs) == {"MDEV_PCI_RESOURCE_EXAMPLE_COM_SERIAL": ",".join(ids)}
+        for u, name in zip(ids, want, strict=True):
+            assert resolve(cdi_dir, name) == ["/dev/vfio/vfio", f"/dev/vfio/{group_of(tree, u)}"]
+        specs = read_specs(cdi_dir)
+        for u in [*mine, OTHER]:  # every listed instance has its spec
+            spec = specs[f"deviceplugin.vfio-dp.io_mdev-{u}.json"]
+            assert check_cdi_spec(spec) == [("deviceplugin.vfio-dp.io/vfio", f"mdev-{u}")]
+        assert [d.host_path for d in resp.devices] == [
+            "/dev/vfio/vfio",
+            *(resolve(cdi_dir, n)[1] for n in want),
+        ]
+        # the operator's instance goes: its spec is removed at the next snapshot
+        remove_instance(tree, OTHER)
+        gone = cdi_dir / f"deviceplugin.vfio-dp.io_mdev-{OTHER}.json"
+        await wait_until_async(lambda: not gone.exists(), what="the gone instance's spec removed")
+        assert (cdi_dir / "vfio.dra.vfio-dp.io-1234.json").read_text() == "{}"
+        # a spec deleted behind the daemon's back is written again before Allocate answers
+        spec1 = cdi_dir / f"deviceplugin.vfio-dp.io_mdev-{mine[0]}.json"
+        spec1.unlink()
+        resp = await kubelet.allocate(SERIAL, [mine[0]])
+        assert [c.name for c in resp.cdi_devices] == [
+            f"deviceplugin.vfio-dp.io/vfio=mdev-{mine[0]}"
+        ]
+        assert spec1.exists()
+    finally:
+        await d.stop()

@@ -10,7 +10,7 @@ Reads (under ``--root``, through the core): ``<root>/sys/bus/pci/devices/*``,
 ``Host.bind`` when a ``path: devicePlugin`` selector has ``bind: true``), one socket per
 resource in ``--kubelet-dir`` (a path as the daemon sees it, NOT under ``--root``):
 ``<kubelet-dir>/vfio_dp-<resource, / as _>.sock``; it dials ``<kubelet-dir>/kubelet.sock``.
-With ``--cdi-dir`` (also not under ``--root``): one CDI spec per advertised unit,
+With ``--cdi-dir`` (also not under ``--root``): one CDI spec per advertised unit or mdev instance,
 ``<cdi-dir>/deviceplugin.vfio-dp.io_pci-0000-65-00-0.json`` (:mod:`vfio_dp.deviceplugin.cdi`), and
 Allocate answers ``cdi_devices`` besides the unchanged envs and device specs.
 
@@ -63,6 +63,7 @@ from vfio_dp.deviceplugin.listing import Listing, changes, compute_listing
 from vfio_dp.deviceplugin.mdevs import (
     MdevUnits,
     allocate_mdev,
+    mdev_cdi_specs,
     mdev_changes,
     mdev_units,
     preferred_mdev,
@@ -306,7 +307,8 @@ class Daemon(FrontEnd):
         Allocate writes the specs it hands out again and fails if it cannot)."""
         assert self.cdi is not None
         try:
-            self.cdi.sync(cdi_specs(listing, self.host.device_nodes, self.cdi.vendor))
+            specs = cdi_specs(listing, self.host.device_nodes, self.cdi.vendor)
+            self.cdi.sync({**specs, **mdev_cdi_specs(self.mdev, self.cdi.vendor)})
         except OSError as e:
             log.error("cannot update the CDI specs in %s: %s", self.cdi.directory, e)
 
@@ -314,14 +316,19 @@ class Daemon(FrontEnd):
         """Before Allocate answers ``cdi_devices``: the specs they name are on disk and
         current, else :class:`DevicePluginError` (the runtime would fail later and less clearly)."""
         assert self.cdi is not None
-        wanted = {
-            cdi.spec_file_name(self.cdi.vendor, cdi_device_name(u))
-            for i in ids
-            if (u := listing.unit(resource, i)) is not None
-        }
-        specs = cdi_specs(listing, self.host.device_nodes, self.cdi.vendor)
+        vendor = self.cdi.vendor
+        if resource in self.mdev:  # an mdev resource: its instances' specs
+            specs = mdev_cdi_specs({resource: self.mdev[resource]}, vendor, ids)
+        else:
+            wanted = {
+                cdi.spec_file_name(vendor, cdi_device_name(u))
+                for i in ids
+                if (u := listing.unit(resource, i)) is not None
+            }
+            specs = cdi_specs(listing, self.host.device_nodes, vendor)
+            specs = {k: v for k, v in specs.items() if k in wanted}
         try:
-            self.cdi.write({k: v for k, v in specs.items() if k in wanted})
+            self.cdi.write(specs)
         except OSError as e:
             raise DevicePluginError(
                 f"{resource}: cannot write the CDI spec for {list(ids)} in "
@@ -389,17 +396,12 @@ class Daemon(FrontEnd):
     async def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation:
         listing = self._current()
         try:
+            vendor = self.cdi.vendor if self.cdi is not None else None
             if resource in self.mdev:
-                alloc = allocate_mdev(self.mdev[resource], resource, ids)
+                alloc = allocate_mdev(self.mdev[resource], resource, ids, vendor)
             else:
-                alloc = allocate(
-                    listing,
-                    resource,
-                    ids,
-                    self.host.device_nodes,
-                    cdi_vendor=self.cdi.vendor if self.cdi is not None else None,
-                )
-            if self.cdi is not None and resource not in self.mdev:
+                alloc = allocate(listing, resource, ids, self.host.device_nodes, vendor)
+            if self.cdi is not None:
                 await self.core.run(self._ensure_cdi, listing, resource, ids)
         except DevicePluginError as e:
             self.metrics.inc("vfio_dp_allocation_errors_total", resource=resource, call="Allocate")

@@ -20,6 +20,12 @@ instance's UUID (``/sys/bus/mdev/devices/<uuid>``). Health, from sysfs only:
 (:func:`vfio_dp.model.naming.kubevirt_mdev_env_var`; virt-launcher splits it on ``,``). The
 grants go into the same allocation record as PCI units (device ID = UUID), so
 PreStartContainer refuses an instance whose group was renumbered since.
+
+**CDI** (``vfioctl plugin --cdi-dir``), as for PCI units (:mod:`vfio_dp.deviceplugin.cdi`): each
+Healthy instance gets ONE spec ``<cdi-dir>/deviceplugin.vfio-dp.io_mdev-<uuid>.json`` whose
+device ``mdev-<uuid>`` has the ``deviceNodes`` ``/dev/vfio/vfio`` and ``/dev/vfio/<N>``, and
+Allocate adds ``deviceplugin.vfio-dp.io/vfio=mdev-<uuid>`` to ``cdi_devices``
+(:func:`mdev_cdi_specs`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from vfio_dp.deviceplugin.allocation import (
 )
 from vfio_dp.deviceplugin.listing import HEALTHY, UNHEALTHY
 from vfio_dp.errors import StaleAllocationError, UnhealthyDeviceError, UnknownDeviceError
-from vfio_dp.model import naming
+from vfio_dp.model import cdi, naming
 from vfio_dp.model.mdev import MdevInventory, MdevRecord
 from vfio_dp.model.mdev_config import MdevEntry
 
@@ -134,7 +140,9 @@ def mdev_changes(previous: MdevUnits, current: MdevUnits) -> list[str]:
         u, old = after[key], before.get(key)
         why = "" if u.healthy else ": " + "; ".join(u.reasons)
         if old is None:
-            out.append(f"{u.resource}: mdev {u.id} ({u.type_id} on {u.parent}) listed {u.health}{why}")
+            out.append(
+                f"{u.resource}: mdev {u.id} ({u.type_id} on {u.parent}) listed {u.health}{why}"
+            )
         elif old.reasons != u.reasons:
             out.append(f"{u.resource}: mdev {u.id} now {u.health}{why}")
     out += [
@@ -155,11 +163,38 @@ def _checked(units: Sequence[MdevUnit], resource: str, device_id: str) -> MdevUn
     return unit
 
 
+def mdev_cdi_name(uuid: str) -> str:
+    """``mdev-<uuid>``: an instance's CDI device name (a UUID is unique on the node, and
+    never looks like a PCI unit's ``pci-…`` name)."""
+    return f"mdev-{uuid}"
+
+
+def mdev_cdi_specs(
+    units: Mapping[str, Sequence[MdevUnit]], vendor: str, only: Iterable[str] | None = None
+) -> dict[str, dict[str, object]]:
+    """Spec file name (``<vendor>_mdev-<uuid>.json``) -> spec with the one device of that
+    instance, for every Healthy instance (``only``: of these UUIDs)."""
+    keep = None if only is None else set(only)
+    out: dict[str, dict[str, object]] = {}
+    for listed in units.values():
+        for u in listed:
+            if u.vfio_node is None or not u.healthy or (keep is not None and u.id not in keep):
+                continue
+            name = mdev_cdi_name(u.id)
+            device = cdi.CdiDevice(name, device_nodes=(VFIO_CONTAINER, u.vfio_node))
+            out[cdi.spec_file_name(vendor, name)] = cdi.build_spec(vendor, [device])
+    return out
+
+
 def allocate_mdev(
-    units: Sequence[MdevUnit], resource: str, device_ids: Sequence[str]
+    units: Sequence[MdevUnit],
+    resource: str,
+    device_ids: Sequence[str],
+    cdi_vendor: str | None = None,
 ) -> ContainerAllocation:
     """Answer one ``ContainerAllocateRequest`` for mdev instances (module docstring); raise a
-    :class:`~vfio_dp.errors.DevicePluginError` naming an unknown or unhealthy UUID."""
+    :class:`~vfio_dp.errors.DevicePluginError` naming an unknown or unhealthy UUID. With
+    ``cdi_vendor`` the answer also names each instance's CDI device (:func:`mdev_cdi_specs`)."""
     chosen = [_checked(units, resource, i) for i in _checked_ids(resource, "Allocate", device_ids)]
     paths: dict[str, None] = {VFIO_CONTAINER: None}
     grants: list[Grant] = []
@@ -171,6 +206,11 @@ def allocate_mdev(
         envs={naming.kubevirt_mdev_env_var(resource): ",".join(u.id for u in chosen)},
         devices=tuple(DeviceNode(p, p) for p in paths),
         grants=tuple(grants),
+        cdi_devices=(
+            tuple(cdi.device_id(cdi_vendor, mdev_cdi_name(u.id)) for u in chosen)
+            if cdi_vendor is not None
+            else ()
+        ),
     )
 
 
