@@ -193,3 +193,17 @@ def test_config_refusals(text: str, says: str) -> None:
 
 def test_a_record_names_its_maker() -> None:
     assert MdevRecord("u", "mtty", "mtty-2", "device-plugin").by == "device-plugin"
+
+
+def test_instances_of_types_the_parent_does_not_list_are_left_alone(tmp_path: Path) -> None:
+    """Issue 35 item 7: someone's instance of a type its parent does not list (a dangling
+    ``mdev_type``) is neither counted toward an entry's ``count`` nor ever removed, with the
+    entry there or gone."""
+    t = tree(tmp_path / "root")
+    stray = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1005"
+    add_instance(t, "mtty", "mtty-3", stray, group=75)
+    Pass(t).reconcile_sync(cfg(MTTY2 % 2), {})
+    assert len(ours(t, "mtty", "mtty-2")) == 2
+    Pass(t).reconcile_sync(cfg('selectors: [{vendor: "8086"}]\n'), {})
+    assert ours(t, "mtty", "mtty-2") == []
+    assert {i.uuid for i in read_mdevs(Pass(t).mdevs.host.fs).instances} == {OTHER, stray}

@@ -6,6 +6,7 @@ node core's mdev pass, then listed one kubelet device per instance (ID = UUID)."
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import grpc
@@ -254,3 +255,62 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_instances_group(
         assert spec1.exists()
     finally:
         await d.stop()
+
+
+def test_unknown_types_zero_room_and_a_gone_parent_in_the_listing(tmp_path: Path) -> None:
+    """Issue 35 item 7, what mtty cannot show, on the device-plugin side (pure): an instance
+    of a type its parent does not list is never served; a type with no room
+    (``available_instances`` 0) gives an empty resource; while a parent is gone from
+    ``/sys/class/mdev_bus`` (its driver unloaded) an entry with a ``resourceName`` keeps this
+    process's recorded instances listed Unhealthy (the kubelet's replay finds them after the
+    re-make), one without keeps nothing (its name comes from the parent's type)."""
+    from tests.mdev_tree import parent_dir
+    from tests.sysfs_tree import gpu_host
+    from vfio_dp.core.mdev_reconcile import wanted
+    from vfio_dp.deviceplugin.mdevs import with_gone_parents
+
+    t = gpu_host(tmp_path / "root")
+    mdev_tree(t)
+    stray = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1005"  # of a type mtty no longer lists
+    add_instance(t, "mtty", "mtty-3", stray, group=75)
+    ours = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1006"
+    add_instance(t, "mtty", "mtty-2", ours, group=76)
+    records = [MdevRecord(ours, "mtty", "mtty-2", "device-plugin")]
+    config = load_config_text(
+        "mdev:\n- {parent: mtty, type: mtty-2, count: 2, resourceName: example.com/serial}\n"
+        '- {parent: "0000:3b:00.0", type: nvidia-222, count: 1, resourceName: t4-1q}\n',
+        "t",
+    )
+    host = Host(t.root)
+
+    def listed() -> dict[str, list[tuple[str, str]]]:
+        inv = read_mdevs(host.fs)
+        wants, _ = wanted(host, config, inv, "devicePlugin")
+        served = with_gone_parents([(w.parent, w.entry) for w in wants], config.mdev, inv)
+        units = mdev_units(inv, served, records, "device-plugin", "devices.kubevirt.io")
+        return {r: [(u.id, u.health) for u in us] for r, us in units.items()}
+
+    assert listed() == {
+        SERIAL: [(OTHER, "Healthy"), (ours, "Healthy")],  # never the stray mtty-3 one
+        "devices.kubevirt.io/t4-1q": [],  # available_instances 0: no instance, no device
+    }
+    # the driver unloads: the parent and its instances go, the record stays
+    remove_instance(t, ours)
+    remove_instance(t, OTHER)
+    shutil.rmtree(parent_dir(t, "mtty"))
+    (t.root / "sys/class/mdev_bus/mtty").unlink()
+    inv = read_mdevs(host.fs)
+    wants, _ = wanted(host, config, inv, "devicePlugin")
+    served = with_gone_parents([(w.parent, w.entry) for w in wants], config.mdev, inv)
+    (unit,) = mdev_units(inv, served, records, "device-plugin", "devices.kubevirt.io")[SERIAL]
+    assert (unit.id, unit.health) == (ours, "Unhealthy")
+    assert unit.reasons == (
+        f"mdev {ours} (mtty-2 on mtty) is gone from /sys/bus/mdev/devices; the node's mdev "
+        "pass makes it again with this UUID when its parent is back (gone from "
+        "/sys/class/mdev_bus/mtty: is its vendor driver loaded?)",
+    )
+    nameless = load_config_text("mdev:\n- {parent: mtty, type: mtty-2}\n", "t")
+    assert (
+        mdev_units(inv, with_gone_parents([], nameless.mdev, inv), records, "device-plugin", "d.io")
+        == {}
+    )

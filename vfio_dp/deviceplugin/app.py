@@ -68,6 +68,7 @@ from vfio_dp.deviceplugin.mdevs import (
     mdev_units,
     preferred_mdev,
     verify_mdev_prestart,
+    with_gone_parents,
 )
 from vfio_dp.deviceplugin.options import Options
 from vfio_dp.errors import DevicePluginError, SocketPathError
@@ -194,7 +195,7 @@ class Daemon(FrontEnd):
         inv = mdevs.read()
         wants, _ = wanted(self.host, config, inv, DEVICE_PLUGIN)
         records, _ = mdevs.store.records()
-        served = [(w.parent, w.entry) for w in wants]
+        served = with_gone_parents([(w.parent, w.entry) for w in wants], config.mdev, inv)
         return mdev_units(inv, served, records, mdevs.by, config.resource_domain)
 
     async def rescan(self, trigger: str) -> Listing:

@@ -12,7 +12,9 @@ instance's UUID (``/sys/bus/mdev/devices/<uuid>``). Health, from sysfs only:
 - Unhealthy: either is missing, or the instance is gone while this process's record of it
   (``<root>/var/lib/vfio_dp/mdev/<uuid>.json``) says it should be there (the node core's
   mdev pass makes it again with that UUID, e.g. after a reboot; the kubelet replays
-  Allocate's env with the UUID). A gone instance without such a record is withdrawn.
+  Allocate's env with the UUID) -- also while its parent is gone from
+  ``/sys/class/mdev_bus`` (an entry with a ``resourceName``: :func:`with_gone_parents`).
+  A gone instance without such a record is withdrawn.
 
 **Allocate** answers, for the container, ``/dev/vfio/vfio`` and each instance's
 ``/dev/vfio/<N>`` (``mrw``, host path = container path) and KubeVirt's
@@ -42,8 +44,9 @@ from vfio_dp.deviceplugin.allocation import (
 from vfio_dp.deviceplugin.listing import HEALTHY, UNHEALTHY
 from vfio_dp.errors import StaleAllocationError, UnhealthyDeviceError, UnknownDeviceError
 from vfio_dp.model import cdi, naming
+from vfio_dp.model.config import DEVICE_PLUGIN
 from vfio_dp.model.mdev import MdevInventory, MdevRecord
-from vfio_dp.model.mdev_config import MdevEntry
+from vfio_dp.model.mdev_config import STATIC, MdevEntry
 
 #: the container's VFIO container node, handed out with every instance's group node
 VFIO_CONTAINER = "/dev/vfio/vfio"
@@ -90,14 +93,12 @@ def mdev_units(
     out: dict[str, dict[str, MdevUnit]] = {}
     for parent_name, entry in served:
         parent = parents.get(parent_name)
-        if parent is None:
-            continue
-        mdev_type = parent.type(entry.type_id)
-        if mdev_type is None:
-            continue
-        resource = entry.resource_for(mdev_type.name, domain)
+        mdev_type = parent.type(entry.type_id) if parent is not None else None
+        if mdev_type is None and (parent is not None or not entry.resource_name):
+            continue  # a type the parent does not offer; a gone parent's default name is unknown
+        resource = entry.resource_for(mdev_type.name if mdev_type else None, domain)
         units = out.setdefault(resource, {})
-        for inst in parent.instances:
+        for inst in parent.instances if parent is not None else ():
             if inst.type_id != entry.type_id:
                 continue
             reasons: list[str] = []
@@ -115,6 +116,10 @@ def mdev_units(
                 inst.uuid, resource, parent_name, entry.type_id, inst.iommu_group,
                 inst.vfio_node, tuple(reasons),
             )  # fmt: skip
+        gone = (
+            f" when its parent is back (gone from /sys/class/mdev_bus/{parent_name}: is its "
+            "vendor driver loaded?)"
+        )
         for rec in records:
             if (
                 rec.by == by
@@ -124,11 +129,29 @@ def mdev_units(
                 why = (
                     f"mdev {rec.uuid} ({rec.type_id} on {rec.parent}) is gone from "
                     "/sys/bus/mdev/devices; the node's mdev pass makes it again with this UUID"
-                )
+                ) + (gone if parent is None else "")
                 units[rec.uuid] = MdevUnit(
                     rec.uuid, resource, parent_name, rec.type_id, None, None, (why,)
                 )
     return {r: tuple(u[k] for k in sorted(u)) for r, u in sorted(out.items())}
+
+
+def with_gone_parents(
+    served: Sequence[tuple[str, MdevEntry]], entries: Iterable[MdevEntry], inv: MdevInventory
+) -> list[tuple[str, MdevEntry]]:
+    """``served`` (the parents :func:`vfio_dp.core.mdev_reconcile.wanted` names now) and each
+    parent a ``path: devicePlugin``, ``create: static`` entry names by name or address that
+    is gone from ``/sys/class/mdev_bus`` (its driver unloaded): with a ``resourceName`` its
+    recorded instances stay listed Unhealthy until the parent is back and they are made again
+    (:func:`mdev_units`)."""
+    present = {p.name for p in inv.parents} | {name for name, _ in served}
+    gone = [
+        (e.parent, e)
+        for e in entries
+        if e.parent is not None and e.parent not in present
+        and e.path == DEVICE_PLUGIN and e.create == STATIC
+    ]  # fmt: skip
+    return [*served, *gone]
 
 
 def mdev_changes(previous: MdevUnits, current: MdevUnits) -> list[str]:
