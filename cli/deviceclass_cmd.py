@@ -55,14 +55,19 @@ def deviceclasses(
     Each class's CEL selects exactly the driver's VFIO devices published under that
     resource; its extendedResourceName is the resource name, so a pod (a VM's virt-launcher)
     asking for it on a node where no device plugin advertises it gets a DRA claim instead.
-    Last, native.<driver>: the class of the container entries (personalities: [vm, container]).
+    Then native.<driver>: the class of the container entries (personalities: [vm, container]);
+    last, <type>.mdev.<driver> for each mdev type the config's path: dra entries name.
     """
 
     def body() -> int:
         import json
         import re
 
-        from vfio_dp.dra.deviceclasses import device_classes, native_device_class
+        from vfio_dp.dra.deviceclasses import (
+            device_classes,
+            mdev_device_classes,
+            native_device_class,
+        )
         from vfio_dp.model import naming
         from vm_translate.errors import InputError
         from vm_translate.inputs import load_config
@@ -77,6 +82,7 @@ def deviceclasses(
         config = load_config(config_path)
         classes = device_classes(config, driver_name, ids, config_path or "<default config>")
         classes.append(native_device_class(driver_name))  # the container entries' class
+        classes += mdev_device_classes(config, driver_name)  # one per mdev type (path: dra)
         if output == "json":
             sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
             sys.stdout.write("\n")

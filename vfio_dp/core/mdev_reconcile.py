@@ -56,15 +56,16 @@ class Want:
 
 
 def wanted(
-    host: Host, config: Config, inv: MdevInventory, path: str
+    host: Host, config: Config, inv: MdevInventory, path: str, create: str = STATIC
 ) -> tuple[list[Want], list[str]]:
-    """The ``create: static`` entries of ``path``, one :class:`Want` per parent they name
-    (the first entry naming a parent wins), and why an entry names none now."""
+    """The ``create: static`` (or ``create``) entries of ``path``, one :class:`Want` per
+    parent they name (the first entry naming a parent wins), and why an entry names none
+    now (the DRA slice feed asks for ``onPrepare`` entries too)."""
     out: dict[str, Want] = {}
     problems: list[str] = []
     by_name = {p.name: p for p in inv.parents}
     for entry in config.mdev:
-        if entry.path != path or entry.create != STATIC:
+        if entry.path != path or entry.create != create:
             continue
         if entry.parent is not None:
             if entry.parent not in by_name:

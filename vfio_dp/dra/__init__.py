@@ -10,7 +10,7 @@ One room per job (docs/architecture.md, "The DRA plugin's rooms"):
 - ``claimpath`` — Prepare, Unprepare and reconcile as recipes over pure helpers, with the files
   a claim leaves (CDI spec, device metadata) and the checkpoint. Loads no gRPC.
 - ``observers`` — what the node's state means for the pool: the health model by group state.
-- ``slices``, ``personalities``, ``deviceclasses`` (pure builders), ``options`` (the
+- ``slices``, ``personalities``, ``mdev_slices``, ``deviceclasses`` (pure builders), ``options`` (the
   command's options).
 
 Never imports :mod:`vfio_dp.deviceplugin` (import-linter contract), and this ``__init__``
@@ -24,6 +24,7 @@ __all__ = [
     "claimpath",
     "deviceclasses",
     "kubeletapi",
+    "mdev_slices",
     "observers",
     "options",
     "personalities",

@@ -221,6 +221,39 @@ def native_device_class(driver: str) -> dict[str, Any]:
     }
 
 
+def mdev_class_name(driver: str, type_id: str) -> str:
+    """``<type>.mdev.<driver>`` (``mtty-2.mdev.vfio.dra.vfio-dp.io``): the DeviceClass of
+    one mdev type's entries; the type id as a DNS label (a hash added when that lost
+    something: :func:`vfio_dp.model.naming.mdev_label`)."""
+    return f"{naming.mdev_label(type_id)}.mdev.{driver}"
+
+
+def mdev_device_class(driver: str, type_id: str) -> dict[str, Any]:
+    """The DeviceClass selecting ``driver``'s mediated-device entries (``kind: mdev``,
+    :mod:`vfio_dp.dra.mdev_slices`) of type ``type_id``: static instances and slots alike;
+    a claim narrows with CEL on ``mdevParent``, ``pciBusID`` or ``numaNode``."""
+    attr = f'device.attributes["{driver}"]'
+    expression = (
+        f'device.driver == "{driver}" && {kind_guard(driver, "mdev")} && '
+        f'{attr}.mdevType == "{type_id}"'
+    )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": mdev_class_name(driver, type_id),
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1], PART_OF[0]: PART_OF[1]},
+        },
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def mdev_device_classes(config: Config, driver: str) -> list[dict[str, Any]]:
+    """One :func:`mdev_device_class` per type the config's ``path: dra`` mdev entries name."""
+    types = dict.fromkeys(e.type_id for e in config.mdev if e.path == "dra")
+    return [mdev_device_class(driver, t) for t in types]
+
+
 def ours(device_class: Mapping[str, Any]) -> tuple[str, str] | None:
     """(driver, resource) when ``device_class`` selects exactly what :func:`device_class`
     makes it select (its one CEL selector is :func:`selector_expression` of them), else None:

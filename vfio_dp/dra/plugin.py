@@ -235,7 +235,9 @@ class DraPlugin(FrontEnd):
         self.metrics.clear("vfio_dp_dra_device_health")
         self.metrics.clear("vfio_dp_dra_device_tainted")
         for d in update.devices:
-            h = self.feed.health.states[dra_entry(d.name)[0]]  # a container entry: its group's
+            h = self.feed.health.states.get(dra_entry(d.name)[0])  # a container entry: its group's
+            if h is None:  # an mdev entry: published only while usable
+                continue
             self.metrics.set("vfio_dp_dra_device_health", 1, device=d.name, health=h.health)
             self.metrics.set("vfio_dp_dra_device_tainted", float(bool(d.taints)), device=d.name)
 

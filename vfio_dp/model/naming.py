@@ -275,6 +275,23 @@ def default_mdev_resource_name(
     return qualify(default_mdev_short_name(type_name, type_id), domain)
 
 
+_NOT_LABEL_CHARS = re.compile(r"[^a-z0-9]+")
+_PCI_NAME = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def mdev_label(text: str) -> str:
+    """An mdev parent's or type's name as part of a DNS label (DRA device and DeviceClass
+    names): lowercase, each run of other characters ``-`` (``0000:3b:00.0`` ->
+    ``0000-3b-00-0``, a one-to-one change); when that lost something (``i915-GVTg_V5_4``)
+    its first 12 characters and a hash of the original, so two names never meet."""
+    low = _NOT_LABEL_CHARS.sub("-", text.lower()).strip("-") or "x"
+    if low == text or _PCI_NAME.fullmatch(text):
+        return low
+    import hashlib
+
+    return f"{low[:12].rstrip('-')}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+
+
 def _env_suffix(resource_name: str) -> str:
     return resource_name.upper().replace("/", "_").replace(".", "_")
 

@@ -23,6 +23,7 @@ __all__ = [
     "edits",
     "extended",
     "holds",
+    "mdev",
     "metadata",
     "native",
     "outcome",

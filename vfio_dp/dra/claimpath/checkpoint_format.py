@@ -9,6 +9,11 @@
                              "iommuGroup": 45, "addresses": ["0000:3b:00.0"], "ids": ["8086:10d3"],
                              "adminAccess": false, "cdiDeviceIds": ["vfio.example.com/vfio=..."]}]}}}
 
+A device that is a mediated-device instance (:mod:`vfio_dp.dra.claimpath.mdev`) has no
+addresses, ``"iommuGroup": null`` and ``"mdevUUID": "<uuid>"`` (recorded before Prepare
+makes it); files without the key load as before, and an earlier release reading one with it
+ignores the key (a device holding no PCI function).
+
 Pure: no file is opened here. The store that reads and writes the file, and the read-only
 reader every other reader shares, are :mod:`vfio_dp.dra.claimpath.checkpoint`; this module
 is the one parser they both use (:func:`parse`).
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 
 from vfio_dp.errors import DraError
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.mdev import is_uuid
 
 VERSION = 1
 PREPARING = "preparing"
@@ -41,6 +47,9 @@ class DeviceRecord:
     ids: tuple[str, ...]  # vendor:device of each address, to notice changed hardware
     admin_access: bool = False
     cdi_device_ids: tuple[str, ...] = ()
+    #: an mdev entry's instance (``"mdevUUID"``; no addresses, no group): recorded before
+    #: Prepare makes it (:mod:`.mdev`); absent in files of older releases
+    mdev_uuid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,7 @@ def _device_to_json(d: DeviceRecord) -> dict[str, object]:
         "ids": list(d.ids),
         "adminAccess": d.admin_access,
         "cdiDeviceIds": list(d.cdi_device_ids),
+        **({"mdevUUID": d.mdev_uuid} if d.mdev_uuid else {}),
     }
 
 
@@ -105,7 +115,16 @@ def _device_from_json(d: object) -> DeviceRecord:
         ids=_strs(d.get("ids", []), "ids"),
         admin_access=bool(d.get("adminAccess", False)),
         cdi_device_ids=_strs(d.get("cdiDeviceIds", []), "cdiDeviceIds"),
+        mdev_uuid=_uuid(d.get("mdevUUID")),
     )
+
+
+def _uuid(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not is_uuid(value):
+        raise ValueError(f"mdevUUID {value!r} is not a lowercase UUID")
+    return value
 
 
 def _claim_from_json(c: object) -> ClaimRecord:

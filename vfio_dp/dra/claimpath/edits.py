@@ -1,6 +1,6 @@
 """What a prepared claim leaves on the node: its CDI edits and device-metadata files.
 
-:func:`build` is pure: from the claim, its resolved devices (:class:`~vfio_dp.dra.claimpath.resolve.Chosen`),
+:func:`build` is pure: from the claim, its resolved devices (:class:`Handed`: a group or an mdev instance),
 their published form (:class:`~vfio_dp.dra.slices.Device`: the metadata repeats the slice's
 attributes) and each group's device nodes, it makes :class:`ClaimFiles` -- one metadata file
 per request (:mod:`vfio_dp.dra.claimpath.metadata`), one CDI device per group handed over plus one per
@@ -25,11 +25,11 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from vfio_dp.dra.claimpath import cdi
 from vfio_dp.dra.claimpath import metadata as mdfile
-from vfio_dp.dra.claimpath.claims import ClaimRef, PreparedDevice
-from vfio_dp.dra.claimpath.resolve import Chosen
+from vfio_dp.dra.claimpath.claims import AllocationResult, ClaimRef, PreparedDevice
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import DraError
 from vfio_dp.host.atomic import sync_dir
@@ -58,6 +58,18 @@ def io_error(action: str, path: str, e: OSError) -> DraError:
     return DraError(f"{action} {path} failed: {e.strerror or e}; {fix}")
 
 
+class Handed(Protocol):
+    """A result and what it gets: a PCI group (:class:`~vfio_dp.dra.claimpath.resolve.Chosen`)
+    or an mdev instance (:class:`vfio_dp.dra.claimpath.mdev.Handed`)."""
+
+    @property
+    def result(self) -> AllocationResult: ...
+    @property
+    def gets_group(self) -> bool: ...
+    @property
+    def gets_nodes(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimFiles:
     """One claim's files and kubelet's answer (see the module docstring)."""
@@ -70,7 +82,7 @@ class ClaimFiles:
 def build(
     claim: ClaimRef,
     pod_claim_name: str | None,
-    chosen: Sequence[Chosen],
+    chosen: Sequence[Handed],
     *,
     driver: str,
     plugins_dir: str,

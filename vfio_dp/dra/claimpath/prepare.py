@@ -55,7 +55,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from vfio_dp.core.logs import claim_context
-from vfio_dp.dra.claimpath import cdi, extended, native, resolve
+from vfio_dp.dra.claimpath import cdi, extended, mdev, native, resolve
 from vfio_dp.dra.claimpath.checkpoint import (
     PREPARED,
     PREPARING,
@@ -150,6 +150,7 @@ class ClaimPreparer:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._loaded = False
+        self.mdev_costs: dict[tuple[str, str], int] = {}  # mdev_slices.type_cost's memory
 
     # -- plumbing ------------------------------------------------------------------------
     def _lock(self, uid: str) -> asyncio.Lock:
@@ -212,6 +213,8 @@ class ClaimPreparer:
             check_identity(claim, held.namespace, held.name)
         view = await self._read(claim)
         wanted = ours(view, self.driver, self.node, who)
+        if any(mdev.is_mdev(r.device) for r in wanted):  # mediated devices: .mdev
+            return await asyncio.to_thread(self._settle_mdev, claim, view, wanted)
         resources = await self._resources(view, wanted, who)
         return await asyncio.to_thread(self._settle, claim, view, wanted, resources)
 
@@ -252,6 +255,19 @@ class ClaimPreparer:
         devices = ", ".join(r.device for r in records) or "-"
         log.info("prepared claim %s: %s", who, devices, extra={"device": devices})
         return files.prepared, gen, keep
+
+    def _settle_mdev(
+        self, claim: ClaimRef, view: ClaimView, wanted: Sequence[AllocationResult]
+    ) -> tuple[tuple[PreparedDevice, ...], int, bool]:
+        """:func:`vfio_dp.dra.claimpath.mdev.prepare`, for a claim of mdev entries."""
+        claims = self.checkpoint.all()
+        entries = mdev.pool(self.host, self.config(), claims, self.mdev_costs)
+        return mdev.prepare(
+            self.host, _describe(claim), claim, view.pod_claim_name, wanted,
+            entries={m.device.name: m for m in entries}, claims=claims,
+            commit=self.checkpoint.commit, dirs=self.dirs,
+            record=lambda state, devices: self._record(claim, view, state, devices),
+        )  # fmt: skip
 
     async def _read(self, claim: ClaimRef) -> ClaimView:
         try:

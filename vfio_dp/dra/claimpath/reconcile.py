@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vfio_dp.dra.claimpath import mdev
 from vfio_dp.dra.claimpath.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
 from vfio_dp.dra.claimpath.claims import stale_reason
 from vfio_dp.dra.claimpath.edits import ClaimDirs
@@ -94,7 +95,10 @@ class Reconciler:
         (the caller runs :meth:`ClaimDirs.sync` once for a call's claims, then forgets
         them: :class:`~vfio_dp.dra.claimpath.commit.CallCommit`). Blocking."""
         self.dirs.remove(uid, durable=False)
+        removed, held = mdev.release(self.host, uid, self.checkpoint.get(uid))
         out = self.host.release(bound_by_claim(uid))
+        out.restored[:0] = removed
+        out.kept[:0] = held
         if out.kept:
             self.metric("vfio_dp_dra_held_groups", float(len(out.kept)))
             rec = self.checkpoint.get(uid)

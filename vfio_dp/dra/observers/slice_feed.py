@@ -34,7 +34,7 @@ from typing import Any
 
 from vfio_dp.core.health import DeviceHealth, HealthModel, assess
 from vfio_dp.core.node import NodeCore, Snapshot
-from vfio_dp.dra.claimpath import resolve
+from vfio_dp.dra.claimpath import mdev, resolve
 from vfio_dp.dra.claimpath.checkpoint import ClaimRecord
 from vfio_dp.dra.observers import health
 from vfio_dp.dra.personalities import Offer, with_personalities
@@ -92,6 +92,8 @@ class SliceFeed:
         #: from its selectors' ``personalities`` and its device nodes (:meth:`_offers_of`)
         self.offers: Callable[[Snapshot], Mapping[str, Offer]] | None = None
         self._offers: Mapping[str, Offer] = {}
+        #: each mdev type's cost in its parent's counter (vfio_dp.dra.mdev_slices.type_cost)
+        self.mdev_costs: dict[tuple[str, str], int] = {}
 
     async def update(self, snapshot: Snapshot) -> PoolUpdate:
         """The pool after ``snapshot`` (see the module docstring)."""
@@ -100,7 +102,10 @@ class SliceFeed:
         withheld, units = await self._withdraw_held(snapshot, records)
         holds = health.claim_holds(records)
         offers = await self._offers_of(snapshot, units)
-        key = (snapshot.generation, withheld, holds)
+        mdevs = await self.core.run(
+            mdev.pool, self.core.host, snapshot.config, self.records(), self.mdev_costs
+        )
+        key = (snapshot.generation, withheld, holds, tuple(m.device for m in mdevs))
         if key == self._idle_key and offers == self._offers and not self.health.waiting:
             # an idle resync: the same scan, claims and held groups give the same verdicts
             # and devices -- and the same devnodes: the core keeps its generation only while
@@ -139,6 +144,8 @@ class SliceFeed:
         )
         if offers:  # a group offered to containers too: two entries
             devices = with_personalities(devices, offers, self.driver)
+        if mdevs:  # mediated devices (vfio_dp.dra.mdev_slices), by name with the rest
+            devices = sorted([*devices, *(m.device for m in mdevs)], key=lambda d: d.name)
         self._offers = offers
         self.on_server = {}
         self._log_changes(snapshot, units, devices, update.changed)
