@@ -42,6 +42,10 @@ from vfio_dp.dra.slices import NodeRef, build_slices
 from vfio_dp.host import Host
 from vfio_dp.host.mdev_ops import Mdevs
 from vfio_dp.model.config import load_config_text
+from vm_translate.allocation import MdevSource, assign
+from vm_translate.dra import address_from
+from vm_translate.entries import ClaimEntry
+from vm_translate.hostdev import render
 
 GPU = "0000:3b:00.0"
 STATIC_UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
@@ -246,6 +250,13 @@ def test_prepare_makes_the_instance_with_its_checkpointed_uuid_and_unprepare_rem
     assert _nodes(tmp_path, "uid-1") == ["/dev/vfio/vfio", f"/dev/vfio/{group}"]
     attrs = _meta_attrs(tmp_path, "uid-1", "serial")
     assert attrs["mdevUUID"] == {"string": u} and attrs["kind"] == {"string": "mdev"}
+    # what vfioctl hostdev (as KubeVirt's launcher) takes from that file: the mdev by UUID
+    base = Path(mdfile.claims_dir(str(tmp_path / "plugins"), DRIVER)) / "uid-1" / "serial"
+    files = [(str(f), f.read_text()) for f in base.glob("*-metadata.json")]
+    entry = ClaimEntry("tty1", "tty", "serial", "gpu")
+    assert address_from(entry, files, str(base)) == MdevSource(u)
+    (hostdev,) = assign([entry], {}, {("tty", "serial"): MdevSource(u)})
+    assert f'<address uuid="{u}"/>' in render([hostdev]) and 'type="mdev"' in render([hostdev])
     # the slots stay 12 with the same names (11 available + the one the claim made)
     assert len([m for m in _pool(tree) if m.slot]) == 12
     assert run(p.prepare([ref]))["uid-1"].error == ""  # kubelet's retry: the same instance

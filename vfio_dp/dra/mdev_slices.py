@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from vfio_dp.dra.slices import KIND, PCI_BUS_ID, STANDARD, Consumption, Device, _string
-from vfio_dp.model.dra_metadata import Attribute
+from vfio_dp.model.dra_metadata import MDEV_UUID, Attribute
 from vfio_dp.model.mdev import MdevInventory, MdevParent, MdevRecord
 from vfio_dp.model.mdev_config import STATIC
 from vfio_dp.model.naming import mdev_label
@@ -45,8 +45,6 @@ from vfio_dp.model.naming import mdev_label
 KIND_MDEV = "mdev"
 #: the counter every slot of a parent consumes its type's cost of
 MDEV_COUNTER = "units"
-#: the bare attribute a prepared device's metadata carries (KubeVirt's launcher reads it)
-MDEV_UUID = "mdevUUID"
 PREFIX = "mdev-"
 
 
