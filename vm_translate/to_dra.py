@@ -41,6 +41,14 @@ attribute holds is refused with the reason (a vendor:device entry then selects o
 An entry whose path depends on what a VM spec does not say (the device's class, driver or
 address) is left, with the routes it could take; ``classes`` (``--pci-class``) settles the
 class.
+
+An entry naming a mediated-device type an ``mdev:`` entry with ``path: dra`` serves (by its
+``resourceName``, or its type id such as ``nvidia-222``) becomes a request of that type's
+class, ``<type>.mdev.<driver>`` (:func:`vfio_dp.dra.deviceclasses.mdev_device_class`), with
+no selector: one instance, static or made at Prepare::
+
+    - name: vgpu
+      exactly: {deviceClassName: nvidia-222.mdev.<driver>, count: 1}
 """
 
 from __future__ import annotations
@@ -51,8 +59,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vfio_dp.dra.deviceclasses import mdev_class_name
 from vfio_dp.model import naming
 from vfio_dp.model.config import DEVICE_PLUGIN, DRA, Config
+from vfio_dp.model.mdev_config import MdevEntry
 from vfio_dp.model.routes import ANY, Route, routes_for_ids, routes_for_name
 from vm_translate.entries import claim_request_problem, resolve_device_name
 from vm_translate.errors import Problem, SpecError, Unresolvable
@@ -175,6 +185,17 @@ def to_dra(
         if e.has_claim or not isinstance(e.device_name, str):
             continue  # already a DRA entry (kept as it is), or listed by the admission check
         where = e.where(prefix)
+        mdev = _dra_mdev(e.device_name, config)
+        if mdev is not None and isinstance(e.name, str):  # an mdev type the DRA plugin serves
+            problems[:] = [p for p in problems if p.where != f"{where}.deviceName"]
+            request = _request_name(e.name, taken)
+            taken.add(request)
+            cls = mdev_class_name(driver, mdev.type_id)
+            requests.append({"name": request, "exactly": {"deviceClassName": cls, "count": 1}})
+            moved.append((e.list_key, e.index, request))
+            why = f"an mdev: entry with path: dra serves it ({mdev.describe()}; class {cls})"
+            verdicts.append(EntryVerdict(where, e.name, e.device_name, DRA, True, why))
+            continue
         try:
             resource = resolve_device_name(e.device_name, config)
         except Unresolvable:
@@ -245,6 +266,21 @@ def to_dra(
         "spec": {"spec": {"devices": {"requests": requests}}},
     }
     return DraTranslation(subject, out, template, tuple(verdicts))
+
+
+def _dra_mdev(device_name: str, config: Config) -> MdevEntry | None:
+    """The ``mdev:`` entry with ``path: dra`` a ``deviceName`` names (case-folded): its
+    ``resourceName`` (with or without the domain) or its type id (``nvidia-222``); None."""
+    wanted = device_name.lower()
+    for m in config.mdev:
+        if m.path != DRA:
+            continue
+        names = {m.type_id.lower(), naming.qualify(m.type_id, config.resource_domain).lower()}
+        if m.resource_name:
+            names |= {m.resource_name.lower(), m.resource_name.partition("/")[2].lower()}
+        if wanted in names:
+            return m
+    return None
 
 
 def _request_name(entry_name: str, taken: set[str]) -> str:
