@@ -163,3 +163,18 @@ def test_command_errors_name_the_value() -> None:
     item, native = yaml.safe_load(ok.stdout)["items"]  # no config: the default selector
     assert item["spec"]["extendedResourceName"] == "devices.kubevirt.io/8086_10d3"
     assert native["metadata"]["name"] == f"native.{DRIVER}"
+
+
+def test_the_command_prints_a_class_per_dra_mdev_type(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "mdev:\n"
+        "  - {parent: mtty, type: mtty-2, create: onPrepare, count: all, path: dra}\n"
+        "  - {parent: '0000:3b:00.0', type: nvidia-222, path: devicePlugin}\n"
+    )
+    args = ["deviceclasses", "--config", str(config), "--device", "8086:10d3", "-o", "json"]
+    ok = CliRunner().invoke(vfioctl, args)
+    assert ok.exit_code == 0, ok.stderr
+    names = [c["metadata"]["name"] for c in yaml.safe_load(ok.stdout)["items"]]
+    # the default selector's class, the container entries', then the DRA mdev type's only
+    assert names[1:] == [f"native.{DRIVER}", f"mtty-2.mdev.{DRIVER}"]

@@ -26,7 +26,7 @@ from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.deploy.test_daemonset import ROOT_MOUNTS
 from tests.dra.cel_view import cel
 from tests.dra.topologies import dra_host
-from vfio_dp.dra.deviceclasses import kind_guard
+from vfio_dp.dra.deviceclasses import kind_guard, mdev_device_class
 from vfio_dp.dra.slices import published_devices
 from vfio_dp.host import Host
 from vfio_dp.host.topology import pcie_roots
@@ -177,6 +177,7 @@ def test_device_classes_select_exactly_the_intended_devices(
         "vfio-intel-82574l.vfio.dra.vfio-dp.io": set(),  # a device-plugin NIC here
         "vfio-mellanox-cx5-vf.vfio.dra.vfio-dp.io": {"pci-0000-af-00-1", "pci-0000-af-00-2"},
         "vfio-samsung-nvme.vfio.dra.vfio-dp.io": {"pci-0000-07-00-0"},
+        "nvidia-222.mdev.vfio.dra.vfio-dp.io": set(),  # no mdev entries in this pool
     }
     # a group's container entry (kind: native, no vendorID) is selected by none of them, and
     # evaluating them on it is no CEL error (the guard comes first)
@@ -187,6 +188,25 @@ def test_device_classes_select_exactly_the_intended_devices(
     }
     for dc in [main, *(dc for dc in examples if dc["kind"] == "DeviceClass")]:
         assert not cel(dc["spec"]["selectors"][0]["cel"]["expression"])(native)  # no error
+    # an mdev entry (kind: mdev, the parent's pciBusID, no vendorID) only by the mdev class
+    mdev = {
+        "driver": driver,
+        "name": "mdev-0000-3b-00-0-nvidia-222-0",
+        "attributes": {
+            driver: {"kind": "mdev", "mdevType": "nvidia-222", "mdevParent": "0000:3b:00.0"},
+            "resource.kubernetes.io": {"pciBusID": "0000:3b:00.0"},
+        },
+    }
+    picks = {
+        dc["metadata"]["name"]
+        for dc in [main, *(dc for dc in examples if dc["kind"] == "DeviceClass")]
+        if cel(dc["spec"]["selectors"][0]["cel"]["expression"])(mdev)  # no error either
+    }
+    assert picks == {"nvidia-222.mdev.vfio.dra.vfio-dp.io"}
+    assert (
+        mdev_device_class(driver, "nvidia-222")["spec"]
+        == find(examples, "DeviceClass", "nvidia-222.mdev.vfio.dra.vfio-dp.io")["spec"]
+    )  # the example is what vfioctl deviceclasses prints
 
 
 def test_examples_are_valid_and_the_template_names_an_example_class(examples: list[Obj]) -> None:
