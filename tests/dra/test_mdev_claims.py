@@ -389,3 +389,19 @@ def host_addr(text: str) -> Any:
     from vfio_dp.model.address import PciAddress
 
     return PciAddress.parse(text)
+
+
+def test_an_instance_of_a_claim_the_checkpoint_lost_is_removed_by_reconcile(
+    tree: SysfsTree, tmp_path: Path
+) -> None:
+    p = _preparer(tree, MdevKernel(tree), tmp_path)
+    ref = CLAIMS_API.add("tty", "uid-o", [result(SLOT0, request="serial")])
+    assert run(p.prepare([ref]))["uid-o"].error == ""
+    (made,) = _instances(tree) - {STATIC_UUID}
+    # the checkpoint set aside (corrupt), or an earlier release that dropped the claim
+    (tree.root / "var/lib/vfio_dp" / f"dra-{DRIVER}.checkpoint.json").unlink()
+    p = _preparer(tree, MdevKernel(tree), tmp_path)
+    report = run(p.reconcile())
+    assert not report.errors and made not in _instances(tree)
+    assert report.unprepared == ["(uid uid-o, not checkpointed): unknown"]
+    assert STATIC_UUID in _instances(tree)  # not a claim's: left

@@ -38,14 +38,14 @@ from vfio_dp.dra.slices import Device
 from vfio_dp.errors import ClaimError, HostError, RefusedError
 from vfio_dp.host import Host, sysfs
 from vfio_dp.host.mdev_ops import Mdevs
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN, bound_by_claim
+from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN, bound_by_claim, claim_of
 from vfio_dp.model.config import Config
 from vfio_dp.model.dra_metadata import MDEV_UUID, Attribute
 from vfio_dp.model.mdev_config import ON_PREPARE, STATIC
 
 log = logging.getLogger("vfio_dp.dra.claimpath.prepare")
 
-__all__ = ["is_mdev", "pool", "prepare", "release"]
+__all__ = ["claim_uids", "is_mdev", "pool", "prepare", "release"]
 
 
 def is_mdev(device: str) -> bool:
@@ -226,22 +226,29 @@ def prepare(
     return files.prepared, gen, keep
 
 
-def release(host: Host, uid: str, rec: ClaimRecord | None) -> tuple[list[str], list[str]]:
-    """Remove the instances the claim's Prepare made (their records say ``claim:<uid>``);
-    static ones stay. → (removed, why each held one stays: its ``/dev/vfio/<N>`` open).
-    An instance already gone loses its record. Blocking."""
-    uuids = [d.mdev_uuid for d in (rec.devices if rec else ()) if d.mdev_uuid]
-    if not uuids:
-        return [], []
+def claim_uids(host: Host) -> set[str]:
+    """The claims that made instances (records ``claim:<uid>`` under
+    ``<root>/var/lib/vfio_dp/mdev``): reconcile releases those the checkpoint does not name
+    (set aside as corrupt, or written by an earlier release that dropped the claim)."""
+    records, _bad = Mdevs(host, by=BOUND_BY_DRA_PLUGIN).store.records()
+    return {uid for r in records if (uid := claim_of(r.by)) is not None}
+
+
+def release(host: Host, uid: str) -> tuple[list[str], list[str]]:
+    """Remove the instances the claim's Prepare made (their records say ``claim:<uid>``:
+    the one source of what a claim made; static ones are not the claim's). → (removed, why
+    each held one stays: its ``/dev/vfio/<N>`` open). An instance already gone loses its
+    record. Blocking."""
     mdevs = Mdevs(host, by=BOUND_BY_DRA_PLUGIN)
     holder = bound_by_claim(uid)
+    records, _bad = mdevs.store.records()
+    uuids = [r.uuid for r in records if r.by == holder]
+    if not uuids:
+        return [], []
     present = {i.uuid for i in mdevs.read().instances}
     removed: list[str] = []
     kept: list[str] = []
     for u in uuids:
-        made = mdevs.store.get(u)
-        if made is None or made.by != holder:
-            continue  # a static instance, or never made (a crash before the create)
         if u not in present:
             mdevs.store.remove(u)
             continue

@@ -95,7 +95,7 @@ class Reconciler:
         (the caller runs :meth:`ClaimDirs.sync` once for a call's claims, then forgets
         them: :class:`~vfio_dp.dra.claimpath.commit.CallCommit`). Blocking."""
         self.dirs.remove(uid, durable=False)
-        removed, held = mdev.release(self.host, uid, self.checkpoint.get(uid))
+        removed, held = mdev.release(self.host, uid)
         out = self.host.release(bound_by_claim(uid))
         out.restored[:0] = removed
         out.kept[:0] = held
@@ -151,6 +151,7 @@ class Reconciler:
         # was written, or a checkpoint set aside as corrupt)
         holders = await asyncio.to_thread(self.host.record_holders)
         claimed = {u for h in holders.values() if (u := claim_of(h)) is not None}
+        claimed |= await asyncio.to_thread(mdev.claim_uids, self.host)  # mdevs claims made
         for uid in sorted(claimed - set(self.checkpoint.all()) - set(bad)):
             await self._release(uid, f"(uid {uid}, not checkpointed)", "unknown", report)
         self.metric("vfio_dp_dra_held_groups", float(len(report.kept)))
