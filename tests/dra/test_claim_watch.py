@@ -195,6 +195,7 @@ async def test_a_vm_claim_is_switched_ahead_and_prepare_binds_nothing(
         "Ready and ready in one entry",
         lambda: {"Ready", READY} <= set(_conditions(apiserver, "vm", VM_ENTRY)),
     )
+    assert _conditions(apiserver, "vm", VM_ENTRY)[READY] == ready  # kept, never rewritten
     # while the VM entry is allocated the container entry never is
     _claim(apiserver, "ct", "nvme-ct")
     with pytest.raises(Unschedulable):
