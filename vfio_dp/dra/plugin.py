@@ -56,11 +56,12 @@ from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.dra.kubeletapi.health_stream import HealthStream
 from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
 from vfio_dp.dra.observers import health
+from vfio_dp.dra.observers.api_fields import ApiFields, ApiFieldsStore
 from vfio_dp.dra.observers.claim_status import StatusFeed
 from vfio_dp.dra.observers.slice_feed import PoolUpdate, SliceFeed
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device
-from vfio_dp.errors import ApiCallError, UsageError
+from vfio_dp.errors import ApiCallError, UsageError, VfioError
 from vfio_dp.host import Host
 from vfio_dp.model.naming import dra_entry
 
@@ -108,6 +109,9 @@ class DraPlugin(FrontEnd):
             binding_conditions=options.binding_conditions,
         )
         self.publisher.on_published.append(self._published)
+        #: what the server keeps of our fields, for vfioctl list (written when it changes)
+        self.api_fields = ApiFieldsStore(self.core.host.fs, options.driver_name)
+        self._fields_written: ApiFields | None = None
         #: the claim path's API calls, each kind on threads and a connection pool of its own
         #: (never the host threads): claim reads, DeviceClass reads; the status writes'
         #: connection pool (their threads are the status feed's own)
@@ -307,6 +311,13 @@ class DraPlugin(FrontEnd):
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
+        fields = ApiFields(self.publisher.counters_kept, self.publisher.binding_kept)
+        if fields != self._fields_written:  # the slice lane's thread: one small file
+            try:
+                self.api_fields.put(fields)
+                self._fields_written = fields
+            except VfioError as e:
+                log.warning("what the API server keeps is not recorded for vfioctl list: %s", e)
 
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:

@@ -12,7 +12,7 @@ own steps (:class:`~.prepare.ClaimPreparer`: resolve, :func:`.native.check`, the
 records and refusals as ``vfioctl bind``) --
 
 1. checkpoints the claim ``switched`` (``"state": "switched"`` in
-   ``<root>/var/lib/vfio_dp/dra/<driver>/checkpoint.json``: "switched for claim X, not yet
+   ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``: "switched for claim X, not yet
    prepared") BEFORE anything is touched, when a switch is needed: a crash from here on
    leaves a record of the claim, which reconcile settles like any other (kept while the
    claim is allocated here, the switch done again by the watch's next list; released once
