@@ -37,7 +37,9 @@ def wait_for_vfio_fds(qemu: subprocess.Popen[str], timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and qemu.poll() is None:
         try:
-            fds = [os.readlink(f"/proc/{qemu.pid}/fd/{n}") for n in os.listdir(f"/proc/{qemu.pid}/fd")]
+            fds = [
+                os.readlink(f"/proc/{qemu.pid}/fd/{n}") for n in os.listdir(f"/proc/{qemu.pid}/fd")
+            ]
         except OSError:
             fds = []
         if has_vfio_device(fds):

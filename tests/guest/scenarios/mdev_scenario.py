@@ -135,7 +135,7 @@ for u in left:
 results["gone_before_remake"] = instances()
 reconcile("config_remake", "mdev:\n- {parent: mtty, type: mtty-1, count: 1}\n")
 results["remade_same"] = instances() == left
-reconcile("config_gone", "selectors: [{vendor: \"8086\"}]\n")
+reconcile("config_gone", 'selectors: [{vendor: "8086"}]\n')
 results["records_left"] = sorted(os.listdir("/var/lib/vfio_dp/mdev"))
 
 with open(f"{OUT}/mdev.json", "w") as f:
