@@ -22,7 +22,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rows import ANCHORS, FIGURES, FLEET_NOT_MEASURED, Side, floor_note, measure, met
+from bench.rows import (
+    ANCHORS,
+    FIGURES,
+    FLEET_NOT_MEASURED,
+    GUEST_ANCHORS,
+    GUEST_FIGURES,
+    Side,
+    floor_note,
+    measure,
+    met,
+)
 
 #: where the time of each row goes, from profiles (py-spy, cProfile) of this code
 WHERE = {
@@ -71,6 +81,9 @@ WHERE = {
     "through the API-server stand-in (its strict validation runs in the bench's own "
     "process: about half of the figure)",
     "fleet_*": "docs/performance.md, 'Fleet scale': where each fleet row's time goes",
+    "pool_*": "one guest boot (bench/pool_switch_bench.py, QEMU TCG: compare the rows with "
+    "their anchors only): a switch is the bind or unbind of the same device plus the claim "
+    "path (checkpoint, CDI spec, metadata) and, towards a container, the wait for its nodes",
 }
 
 
@@ -78,7 +91,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument(
-        "--skip", default="", help="groups to leave out: process,prepare,webhook,daemons,fleet"
+        "--skip",
+        default="",
+        help="groups to leave out: process,prepare,webhook,daemons,fleet,pool (pool: the "
+        "real-kernel guest rows, one QEMU boot of minutes)",
     )
     ap.add_argument(
         "--fleet-small", action="store_true", help="the fleet rows at small sizes (a test)"
@@ -87,7 +103,9 @@ def main() -> int:
     tree = Side("tree")
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     skip = {s for s in args.skip.split(",") if s}
-    results = measure([tree], args.rounds, skip, fleet_small=args.fleet_small)
+    results = measure(
+        [tree], args.rounds, skip, fleet_small=args.fleet_small, guest="pool" not in skip
+    )
     load = os.getloadavg()
     print(
         f"\n{started}, {platform.node()}: {os.cpu_count()} CPUs, load {load[0]:.1f}; "
@@ -97,7 +115,7 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     missed = 0
-    for fig in FIGURES:
+    for fig in (*FIGURES, *GUEST_FIGURES):
         values = results.get(fig.key, {}).get(tree.label)
         if not values:
             why = next(iter(tree.broken.values()), "skipped")
@@ -125,7 +143,7 @@ def main() -> int:
     for what, why in FLEET_NOT_MEASURED.items():
         print(f"{what:52} {'-':>9} {'':6} {'':18} not measured: {why}")
     print()
-    for key, what in ANCHORS.items():
+    for key, what in {**ANCHORS, **GUEST_ANCHORS}.items():
         for side, values in results.get(key, {}).items():
             print(f"anchor: {what}: {statistics.median(values):.3f} [{side}]")
     print("\nwhere the time goes:")

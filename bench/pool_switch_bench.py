@@ -84,8 +84,8 @@ def print_table(data: dict[str, Any], runs: int) -> None:
 def main() -> None:
     runs = int(os.environ.get("BENCH_RUNS", "5"))
     data = collect(runs)
-    if "--json" in sys.argv:
-        print(json.dumps(data, indent=1))
+    if "--json" in sys.argv:  # one line, last: what bench/rows.py's pool_rows reads
+        print(json.dumps(data))
         return
     print_table(data, runs)
 

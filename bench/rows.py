@@ -128,6 +128,20 @@ FIGURES = [
     Figure("fleet_idle_dp", "fleet 6: device-plugin daemon idle, 4,096 devices", "% CPU",
            "< 0.5 %"),
 ]  # fmt: skip
+#: the guest bench's rows (bench/pool_switch_bench.py: the QEMU guest rig, a real kernel);
+#: ``make bench`` runs them as the group ``pool``; never in bench/against.py (a ref's tree
+#: has no guest rig to boot with its own code)
+GUEST_FIGURES = [
+    Figure("pool_to_vm", "pool switch, real kernel: container -> VM (Prepare)", "s",
+           "stated", anchor="pool_bind"),
+    Figure("pool_to_ct", "pool switch, real kernel: VM -> container (Unprepare+Prepare)", "s",
+           "stated", anchor="pool_unbind"),
+]  # fmt: skip
+GUEST_ANCHORS = {
+    "pool_bind": "Host.bind of the same NVMe in the guest (same process)",
+    "pool_unbind": "Host.unbind of the same NVMe in the guest (same process)",
+}
+
 #: what bench/fleet.py does not measure yet (printed under the table with why)
 FLEET_NOT_MEASURED = {
     "fleet 3: numVfs: 256 on 4 PFs made and published (simulator)": "needs the kernel "
@@ -176,7 +190,7 @@ def floor_note(key: str, results: dict[str, dict[str, list[float]]], side: str) 
 
 def met(key: str, value: float, anchors: dict[str, float]) -> bool | None:
     """Whether a median meets its goal (None: no goal to meet)."""
-    fig = next(f for f in FIGURES if f.key == key)
+    fig = next(f for f in (*FIGURES, *GUEST_FIGURES) if f.key == key)
     a = anchors.get(fig.anchor or "")
     goals: dict[str, Callable[[], bool]] = {
         "list_big": lambda: a is not None and value <= a,
@@ -722,13 +736,43 @@ def fleet_rows(sides: list[Side], small: bool) -> dict[str, dict[str, list[float
     return out
 
 
+def pool_rows(sides: list[Side], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """``bench/pool_switch_bench.py --json`` (one guest boot, ``rounds`` switch rounds in it)
+    for the working tree only: the guest rig boots this checkout's code."""
+    out: dict[str, dict[str, list[float]]] = {}
+    script = str(REPO / "bench" / "pool_switch_bench.py")
+    for side in sides:
+        if side.label != "tree":
+            side.broken["pool"] = "a guest bench: the working tree only"
+            continue
+        res = subprocess.run(
+            [sys.executable, script, "--json"], env={**os.environ, "BENCH_RUNS": str(rounds)},
+            cwd=REPO, capture_output=True, text=True, timeout=3600,
+        )  # fmt: skip
+        if res.returncode != 0 or not res.stdout.strip():
+            tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            side.broken["pool"] = tail[:400] or f"exit {res.returncode}"
+            continue
+        rounds_data = json.loads(res.stdout.strip().splitlines()[-1])["rounds"]
+        for key, name in (("pool_to_vm", "container_to_vm"), ("pool_to_ct", "vm_to_container"),
+                          ("pool_bind", "host_bind"), ("pool_unbind", "host_unbind")):  # fmt: skip
+            out.setdefault(key, {})[side.label] = list(rounds_data[name])
+    return out
+
+
 # -- everything ------------------------------------------------------------------------------------
 def measure(
-    sides: list[Side], rounds: int, skip: set[str] = frozenset(), *, fleet_small: bool = False
-) -> dict[str, dict[str, list[float]]]:  # type: ignore[assignment]
+    sides: list[Side],
+    rounds: int,
+    skip: set[str] = frozenset(),  # type: ignore[assignment]
+    *,
+    fleet_small: bool = False,
+    guest: bool = False,
+) -> dict[str, dict[str, list[float]]]:
     """Every row for every side, ``rounds`` interleaved rounds each (the fleet rows: one run
     each). ``skip``: groups to leave out (``process``, ``daemons``, ``webhook``,
-    ``prepare``, ``fleet``); ``fleet_small``: the fleet rows at their small sizes."""
+    ``prepare``, ``fleet``, ``pool``); ``fleet_small``: the fleet rows at their small sizes;
+    ``guest``: the guest rows too (``pool``: ``make bench`` only)."""
     results: dict[str, dict[str, list[float]]] = {}
     for side in sides:
         compile_side(side)
@@ -751,6 +795,8 @@ def measure(
             ("daemons", lambda: daemon_rows(sides, rounds, work / "d")),
             ("fleet", lambda: fleet_rows(sides, fleet_small)),
         ]
+        if guest:
+            steps.append(("pool", lambda: pool_rows(sides, rounds)))
         for name, step in steps:
             if name in skip:
                 continue

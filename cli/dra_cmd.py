@@ -45,8 +45,9 @@ from vfio_dp.dra.options import DraOptions
     default=default_of(DraOptions, "binding_conditions"),
     show_default=True,
     help="Publish bindingConditions <driver>/ready and bindingFailureConditions <driver>/failed "
-    "on devices offered in two personalities (KEP-5007: the driver switch is done before the "
-    "pod is bound). Left out anyway where the API server drops them; false: never.",
+    "on devices offered in two personalities, and watch the claims allocated from this node's "
+    "pool to switch their devices before the pod is bound (KEP-5007). Left out anyway where "
+    "the API server drops them (Prepare switches then); false: never.",
 )
 @dir_option(
     "--kubelet-registry-dir",

@@ -94,7 +94,7 @@ def list_cmd(
         names = host.names(inv)
         serving, units = views.serving(inv, cfg)
         view = views.dra_view(host, inv, units, dra_driver)
-        native = views.native(host, inv, units)
+        native = views.native(host, inv, units, dra_driver)
         shown = {a: d for a, d in inv.devices.items() if views.wanted(d, driver, pci_class, vendor)}
         if output == "name":
             from vfio_dp.model.address import name_of

@@ -120,20 +120,33 @@ def view_json(v: GroupView | None) -> dict[str, object]:
 
 
 def native(
-    host: Host, inv: Inventory, units: list[DraUnit]
+    host: Host, inv: Inventory, units: list[DraUnit], driver: str
 ) -> dict[PciAddress, tuple[str | None, str | None]]:
     """Each function of a published group whose selectors offer ``container``: its group's
     container entry (``pci-…-native``) or why it is not offered
-    (:func:`vfio_dp.host.devnodes.container_problems`: no device nodes of its own)."""
+    (:func:`vfio_dp.host.devnodes.container_problems`: no device nodes of its own; or, as the
+    DRA plugin recorded, a cluster that drops counters: ``vm`` first, so ``vm`` alone)."""
     from vfio_dp.model.personality import Personality
 
     offering = [u for u in units if u.published and Personality.CONTAINER in u.personalities]
     if not offering:
         return {}
+    from vfio_dp.dra.observers.api_fields import ApiFieldsStore
+    from vfio_dp.errors import CorruptRecordError
     from vfio_dp.host.devnodes import container_problems
     from vfio_dp.model.naming import dra_native_name
 
     problems = container_problems(host.fs, inv, offering)
+    try:
+        fields = ApiFieldsStore(host.fs, driver).get()
+    except CorruptRecordError as e:
+        say(f"vfioctl: warning: {e}", err=True)
+        fields = None
+    for u in offering:
+        first = u.personalities[0]
+        why = fields.first_only(first) if fields and len(u.personalities) > 1 else None
+        if why and first != Personality.CONTAINER and u.name not in problems:
+            problems[u.name] = f"not offered as container: {why}"
     out: dict[PciAddress, tuple[str | None, str | None]] = {}
     for u in offering:
         why = problems.get(u.name)

@@ -43,6 +43,34 @@ def test_list_names_the_container_entry_and_why_a_nic_has_none(tmp_path: Path) -
     assert "pci-0000-01-00-0-native" in line
 
 
+def test_list_says_when_the_cluster_drops_counters_first_personality_only(
+    tmp_path: Path,
+) -> None:
+    """What the DRA plugin recorded of the API server (counters dropped: the record of
+    :mod:`vfio_dp.dra.observers.api_fields`) is what ``list`` says: the NVMe offered as vm
+    only, and why."""
+    from vfio_dp.dra.observers.api_fields import ApiFields, ApiFieldsStore
+    from vfio_dp.host.root import Root
+    from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
+
+    tree, _ = nvme_tree(tmp_path / "host")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG)
+    store = ApiFieldsStore(Root(str(tree.root)), DEFAULT_DRA_DRIVER)
+    store.put(ApiFields(counters=False, binding=False))
+    p = run("list", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rows[NVME]["dra_device"] == "pci-0000-01-00-0"
+    assert rows[NVME]["dra_native_device"] is None
+    why = rows[NVME]["not_offered_as_container"]
+    assert "drops ResourceSlice counters" in why and "first personality only (vm)" in why
+    store.put(ApiFields())  # the gate on again: the plugin rewrites the record
+    p = run("list", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rows[NVME]["dra_native_device"] == "pci-0000-01-00-0-native"
+
+
 def test_check_shows_the_nodes_a_container_would_get(tmp_path: Path) -> None:
     tree, _ = nvme_tree(tmp_path / "host")
     p = run("check", "--root", str(tree.root), NVME, NIC, "-o", "json")

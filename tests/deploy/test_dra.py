@@ -103,7 +103,8 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
         (g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
         for v in rule["verbs"]
     }  # fmt: skip
-    # what vfio_dp/dra/apiserver/publisher.py calls (its docstring lists them), plus claims for Prepare;
+    # what vfio_dp/dra/apiserver/publisher.py calls (its docstring lists them), plus claims for
+    # Prepare and the claim watch (vfio_dp/dra/apiserver/claim_watch.py: list, watch);
     # test_dra_policy.py derives the same set from the publisher's real requests
     needed = {
         ("", "nodes", "get"),
@@ -111,7 +112,7 @@ def test_rbac_is_exactly_what_the_plugin_calls(rendered: dict[str, list[Obj]]) -
             ("resource.k8s.io", "resourceslices", v)
             for v in ("list", "watch", "create", "update", "delete")
         ),
-        ("resource.k8s.io", "resourceclaims", "get"),
+        *(("resource.k8s.io", "resourceclaims", v) for v in ("get", "list", "watch")),
         ("resource.k8s.io", "deviceclasses", "get"),
         ("resource.k8s.io", "resourceclaims/status", "update"),
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),

@@ -28,6 +28,7 @@ from tests.deploy.helpers import command, container, parse_cli_args
 from tests.deploy.k8s_schema import check_object, deserialize_errors
 from tests.dra.apiserver_standin import CLAIMS, DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter, DeviceStatus
+from vfio_dp.dra.apiserver.claim_watch import ClaimWatch
 from vfio_dp.dra.apiserver.publisher import SlicePublisher, claim_reader, class_reader
 from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.slices import Device, NodeRef, build_slices
@@ -131,6 +132,13 @@ def plugin_requests(tmp_path: Path, driver: str) -> set[tuple[str, str]]:
         assert asyncio.run(read("vms", "gone")) is None
         ours += api.requests[before:]
         assert {r.code for r in api.requests[before:]} == {200, 404}
+        # the claim watch (binding conditions): its list, then one watch request
+        before = len(api.requests)
+        seen: list[str] = []
+        claims = ClaimWatch(client, driver, "node-a", lambda uid, c: seen.append(uid), seconds=1)
+        claims.relist()
+        claims.watch_once()
+        ours += api.requests[before:]
         # the claim's device status: written after Prepare, removed at Unprepare
         before = len(api.requests)
         assert _write_status(client, driver, got["metadata"]["uid"], [STATUS])
@@ -244,7 +252,8 @@ def test_rbac_verbs_equal_what_the_publisher_sends(
     assert used == {
         "nodes": {"get"},
         "resourceslices": {"list", "watch", "create", "update", "delete"},
-        "resourceclaims": {"get"},  # Prepare reads the one claim kubelet names
+        # Prepare reads the one claim kubelet names; the claim watch lists and watches
+        "resourceclaims": {"get", "list", "watch"},
         "deviceclasses": {"get"},  # and an extended-resource request's class
         "resourceclaims/status": {"update"},  # our entries of status.devices
     }

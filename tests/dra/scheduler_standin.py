@@ -59,6 +59,8 @@ class PreBind:
 
     outcome: str
     why: str = ""
+    #: the failure condition that decided it, as the claim held it before the deallocation
+    condition: dict[str, Any] | None = None
 
 
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,9 +181,15 @@ class SchedulerStandin:
         return stored
 
     def deallocate(self, namespace: str, name: str) -> None:
-        """Drop the claim's allocation (what the scheduler's PostFilter does)."""
+        """Drop the claim's allocation (what the scheduler's PostFilter does) and the device
+        statuses with it (upstream's validation allows ``status.devices`` only for allocated
+        devices)."""
         claim = self._claim(namespace, name)
-        status = {k: v for k, v in (claim.get("status") or {}).items() if k != "allocation"}
+        status = {
+            k: v
+            for k, v in (claim.get("status") or {}).items()
+            if k not in ("allocation", "devices")
+        }
         with self.api.lock:
             self.api._replace(CLAIMS, namespace, name, {**claim, "status": status}, status=True)
         self._allocated_at.pop((namespace, name), None)
@@ -202,7 +210,7 @@ class SchedulerStandin:
             for t in r.get("bindingFailureConditions") or []:
                 c = conditions.get(t)
                 if c is not None and c.get("status") == "True":
-                    return PreBind("deallocated", f"{r['device']}: {t}: {c.get('reason')}")
+                    return PreBind("deallocated", f"{r['device']}: {t}: {c.get('reason')}", dict(c))
             for t in r.get("bindingConditions") or []:
                 c = conditions.get(t)
                 if c is None or c.get("status") != "True":

@@ -144,6 +144,13 @@ async def test_a_server_dropping_the_fields_gets_the_first_personality(
         and f"{NVME}-native" not in pool(apiserver)[1]
         and not any("sharedCounters" in s["spec"] for s in pool(apiserver)[2]),
     )  # fmt: skip
+    # recorded for vfioctl list (which never asks the API server)
+    from vfio_dp.dra.observers.api_fields import ApiFields
+
+    await until(
+        "the record of what the server keeps",
+        lambda: plugin.api_fields.get() == ApiFields(counters=False, binding=False),
+    )
 
 
 CONFIG_BOTH = """

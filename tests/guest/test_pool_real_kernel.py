@@ -141,3 +141,30 @@ def test_switch_rounds_and_times_recorded(run: dict[str, Any]) -> None:
         assert len(r[k]) == 2 and all(t > 0 for t in r[k]), r
     assert run["vfioctl_bind_2"]["secs"] > 0 and run["vfioctl_unbind_2"]["secs"] > 0
     assert run["final"]["driver"] == "nvme", run["final"]
+
+
+def test_the_claim_watch_switches_a_vm_claim_ahead_and_prepare_binds_nothing(
+    run: dict[str, Any],
+) -> None:
+    """Issue 36 item 4 on the real kernel: the real DRA plugin's claim watch sees the VM
+    claim the scheduler stand-in allocated, puts the NVMe on vfio-pci before PreBind binds
+    (``<driver>/ready`` True), and the Prepare that follows calls neither ``Host.bind`` nor
+    ``Host.to_native``; Unprepare gives nvme back."""
+    w = run["watch"]
+    assert "crash" not in w, w.get("crash")
+    nvme, group = run["nvme"], run["group"]
+    vm = "pci-" + nvme.replace(":", "-").replace(".", "-")
+    assert vm in w["published"] and f"{vm}-native" in w["published"], w["published"]
+    assert w["before"]["driver"] == "nvme", w["before"]
+    (result,) = w["result"]
+    assert result["device"] == vm and result["bindingConditions"] == ["watch.example.com/ready"]
+    assert w["prebind"] == ["bound", ""], w["prebind"]
+    assert w["after_switch"]["driver"] == "vfio-pci" and group in w["after_switch"]["vfio_nodes"]
+    (entry,) = [d for d in w["status_devices"] if d["driver"] == "watch.example.com"]
+    ready = {c["type"]: c for c in entry["conditions"]}["watch.example.com/ready"]
+    assert ready["status"] == "True" and f"{nvme} on vfio-pci" in ready["message"]
+    assert w["checkpoint_state"] == "switched"
+    assert w["prepare"]["error"] == "", w["prepare"]
+    assert w["prepare_host_calls"] == [], w["prepare_host_calls"]
+    assert w["after_prepare"]["driver"] == "vfio-pci"
+    assert w["unprepare"] == "" and w["after_unprepare"]["driver"] == "nvme"

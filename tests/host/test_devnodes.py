@@ -14,6 +14,7 @@ from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.host import Host
 from vfio_dp.host.devnodes import MAX_DEPTH, discover, native_nodes
 from vfio_dp.model.address import PciAddress
+from vfio_dp.model.devnodes import container_problem, group_container_problem
 
 NVME = "0000:01:00.0"
 NIC = "0000:02:00.0"
@@ -59,6 +60,22 @@ def test_a_gpus_dri_nodes_keep_their_directory(tmp_path: Path) -> None:
     a = PciAddress.parse("0000:03:00.0")
     found = native_nodes(host.fs, host.scan(usage=False), [a])[a]
     assert found is not None and found.paths == ("/dev/dri/card0", "/dev/dri/renderD128")
+
+
+def test_a_nic_with_only_a_ptp_clock_is_not_offered_as_a_container(tmp_path: Path) -> None:
+    """A NIC's PTP hardware clock (``<bdf>/ptp/ptp0/dev`` → ``/dev/ptp0``) is found, but it
+    is a side facility: alone it gives the NIC no device nodes of its own for container; a
+    group with a function that has real nodes still is offered."""
+    t, k = nvme_tree(tmp_path)
+    t.add_devnode(NIC, "ptp/ptp0", kind="char", devno="248:0", devname="ptp0")
+    host = Host(t.root, kernel=k)
+    nic, nvme = PciAddress.parse(NIC), PciAddress.parse(NVME)
+    found = native_nodes(host.fs, host.scan(usage=False), [nic, nvme])
+    assert found[nic] is not None and found[nic].paths == ("/dev/ptp0",)  # type: ignore[union-attr]
+    why = container_problem(nic, "the NIC", found[nic])
+    assert why is not None and "only /dev/ptp0" in why and "PTP clock" in why
+    assert group_container_problem([nic], str, found) is not None
+    assert group_container_problem([nvme, nic], str, found) is None
 
 
 def test_the_record_answers_while_the_device_is_on_vfio_pci(tmp_path: Path) -> None:

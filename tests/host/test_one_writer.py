@@ -45,6 +45,7 @@ STORES = {
     "vfio_dp.dra.claimpath.checkpoint": "the DRA checkpoint dra-<driver>.checkpoint.json",
     "vfio_dp.deviceplugin.allocation_store": "the device plugin's allocations.json",
     "vfio_dp.host.devnodes": "device nodes on the native driver devnodes/<bdf>.json",
+    "vfio_dp.dra.observers.api_fields": "what the API server keeps dra-<driver>.api.json",
 }
 
 STATE_WRITERS = {"put", "remove", "begin", "save", "step", "finish"}

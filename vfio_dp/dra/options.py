@@ -30,7 +30,7 @@ class DraOptions(FrontEndOptions):
     plugins_dir: str = "/var/lib/kubelet/plugins"
     cdi_dir: str = "/var/run/cdi"  # Prepare writes one CDI spec per claim here
     metrics_port: int = 9110  # the device-plugin daemon holds 9109 on the same host network
-    #: publish binding conditions where the API keeps them (``--binding-conditions``); off
-    #: by default until the plugin itself switches allocated claims' devices ahead and writes
-    #: ``<driver>/ready`` (without that, the scheduler would wait out its 600 s timeout)
-    binding_conditions: bool = False
+    #: publish binding conditions where the API keeps them (``--binding-conditions``), and
+    #: watch the claims allocated from our pool to switch their devices ahead of the pod and
+    #: write ``<driver>/ready`` or ``<driver>/failed`` (:mod:`vfio_dp.dra.claimpath.ahead`)
+    binding_conditions: bool = True

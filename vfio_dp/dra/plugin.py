@@ -45,20 +45,23 @@ from vfio_dp.core.health import HealthModel
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
-from vfio_dp.dra.apiserver.client import TIMEOUT, Lanes
+from vfio_dp.dra.apiserver.claim_watch import ClaimWatch
+from vfio_dp.dra.apiserver.client import TIMEOUT, Lane, Lanes
 from vfio_dp.dra.apiserver.publisher import PublishError, SlicePublisher
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
+from vfio_dp.dra.claimpath.ahead import SwitchAhead
 from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.claimpath.holds import checkpoint_holds
 from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.dra.kubeletapi.health_stream import HealthStream
 from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
 from vfio_dp.dra.observers import health
+from vfio_dp.dra.observers.api_fields import ApiFields, ApiFieldsStore
 from vfio_dp.dra.observers.claim_status import StatusFeed
 from vfio_dp.dra.observers.slice_feed import PoolUpdate, SliceFeed
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device
-from vfio_dp.errors import UsageError
+from vfio_dp.errors import ApiCallError, UsageError, VfioError
 from vfio_dp.host import Host
 from vfio_dp.model.naming import dra_entry
 
@@ -106,6 +109,9 @@ class DraPlugin(FrontEnd):
             binding_conditions=options.binding_conditions,
         )
         self.publisher.on_published.append(self._published)
+        #: what the server keeps of our fields, for vfioctl list (written when it changes)
+        self.api_fields = ApiFieldsStore(self.core.host.fs, options.driver_name)
+        self._fields_written: ApiFields | None = None
         #: the claim path's API calls, each kind on threads and a connection pool of its own
         #: (never the host threads): claim reads, DeviceClass reads; the status writes'
         #: connection pool (their threads are the status feed's own)
@@ -134,6 +140,18 @@ class DraPlugin(FrontEnd):
             failed=lambda: self.metrics.inc("vfio_dp_dra_claim_status_errors_total"),
         )
         self._confirm: asyncio.TimerHandle | None = None
+        #: the switch ahead of the pod (binding conditions): the claims allocated from our
+        #: pool, watched; their conditions written on a lane of their own
+        self.ahead = SwitchAhead(self.claims)
+        self.claim_watch: ClaimWatch | None = None
+        self.binding_lane: Lane | None = None
+        if options.binding_conditions:
+            self.claim_watch = ClaimWatch(
+                client, options.driver_name, options.node_name, self._claim_seen
+            )
+            self.binding_lane = Lane(client, "binding", 1)
+        self._ahead_tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def health(self) -> HealthModel:
@@ -165,6 +183,9 @@ class DraPlugin(FrontEnd):
         self.feed.on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
+        self._loop = asyncio.get_running_loop()
+        if self.claim_watch is not None:  # after reconcile: a switch ahead starts settled
+            self.claim_watch.start()
         await self.kubelet.start()
         self.watch(self.kubelet.directories, self.kubelet.check, "kubelet socket watch")
         self.repeat(self.options.resync, self._reconcile_once, "reconcile claims")
@@ -175,6 +196,12 @@ class DraPlugin(FrontEnd):
         stopped (the slices stay)."""
         if self._confirm is not None:
             self._confirm.cancel()
+        if self.claim_watch is not None:
+            await asyncio.to_thread(self.claim_watch.stop)
+        for task in list(self._ahead_tasks):
+            task.cancel()
+        if self.binding_lane is not None:
+            self.binding_lane.close()
         self.health_stream.close()  # kubelet's streams end before the server goes
         await self.kubelet.stop()
         await self.status.close()
@@ -215,6 +242,38 @@ class DraPlugin(FrontEnd):
             if isinstance(d, dict) and "name" in d
         }
 
+    # -- the claim watch: switch ahead, write the binding conditions ------------------------
+    def _claim_seen(self, uid: str, claim: dict[str, Any] | None) -> None:
+        """The claim watch's thread: a claim of our pool, as it is now (None: gone)."""
+        loop = self._loop
+        if loop is not None and not self._stopping:
+            loop.call_soon_threadsafe(self._start_ahead, uid, claim)
+
+    def _start_ahead(self, uid: str, claim: dict[str, Any] | None) -> None:
+        task = asyncio.create_task(self._ahead(uid, claim), name=f"switch ahead {uid}")
+        self._ahead_tasks.add(task)
+        task.add_done_callback(self._ahead_tasks.discard)
+
+    async def _ahead(self, uid: str, claim: dict[str, Any] | None) -> None:
+        try:
+            if claim is None:
+                await self.ahead.gone(uid)
+                return
+            outcome = await self.ahead.allocated(claim)
+            if outcome is None or self.binding_lane is None:
+                return
+            meta = claim.get("metadata") or {}
+            ns, name = str(meta.get("namespace")), str(meta.get("name"))
+            await self.binding_lane.run(
+                f"writing the binding conditions of ResourceClaim {ns}/{name}",
+                self.status_writer.write_binding, ns, name, uid,
+                outcome.conditions(self.options.driver_name),
+            )  # fmt: skip
+        except ApiCallError as e:
+            log.error("claim %s: binding conditions not written: %s", uid, e)
+        except Exception:
+            log.exception("claim %s: the switch ahead of its pod", uid)
+
     # -- the core's observer: the slice feed's answer, carried to its peers ----------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         update = await self.feed.update(snapshot)
@@ -254,6 +313,13 @@ class DraPlugin(FrontEnd):
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
+        fields = ApiFields(self.publisher.counters_kept, self.publisher.binding_kept)
+        if fields != self._fields_written:  # the slice lane's thread: one small file
+            try:
+                self.api_fields.put(fields)
+                self._fields_written = fields
+            except VfioError as e:
+                log.warning("what the API server keeps is not recorded for vfioctl list: %s", e)
 
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:

@@ -121,10 +121,26 @@ def from_json(raw: bytes) -> NativeNodes:
     )  # fmt: skip
 
 
+#: sysfs classes below a function whose nodes are a side facility any kind of device may
+#: register, never the device itself: a NIC's PTP hardware clock (``<bdf>/ptp/ptp0/dev`` →
+#: ``/dev/ptp0``). A function with only these has no device nodes of its own for
+#: ``container``: a pod given ``/dev/ptp0`` alone gets a clock, not the NIC, while the
+#: switch to the native driver would hand the host a network interface (its data path is a
+#: netdev, which no device node carries into a container).
+AUXILIARY_CLASSES = frozenset({"ptp"})
+
+
+def auxiliary(node: DevNode) -> bool:
+    """Is ``node`` of an auxiliary class (:data:`AUXILIARY_CLASSES`), by its sysfs directory
+    (``ptp/ptp0``, or ``<via>/ptp/ptp0``)?"""
+    return any(part in AUXILIARY_CLASSES for part in node.sysfs.split("/")[:-1])
+
+
 def container_problem(address: PciAddress, describe: str, found: NativeNodes | None) -> str | None:
     """Why the function at ``address`` (``describe``: how messages name it) cannot be offered
-    as ``container`` (None: it can): no device nodes of its own on its native driver, or
-    none known (never seen on its native driver)."""
+    as ``container`` (None: it can): no device nodes of its own on its native driver (nodes
+    of an auxiliary class alone, :data:`AUXILIARY_CLASSES`, do not count), or none known
+    (never seen on its native driver)."""
     if found is None:
         return (
             f"{describe} has not been seen on its native driver, so its device nodes are "
@@ -135,6 +151,12 @@ def container_problem(address: PciAddress, describe: str, found: NativeNodes | N
         return (
             f"{describe} has no device nodes of its own on {found.driver} (no dev file below "
             f"/sys/bus/pci/devices/{address}): not offered as container"
+        )
+    if all(auxiliary(n) for n in found.nodes):
+        return (
+            f"{describe} has no device nodes of its own on {found.driver}, only "
+            f"{', '.join(found.paths)} (a PTP clock: a side facility, not the device): not "
+            "offered as container"
         )
     return None
 

@@ -204,6 +204,110 @@ def vfioctl(*args: str) -> dict[str, Any]:
     }
 
 
+async def claim_watch_leg() -> dict[str, Any]:
+    """The real DRA plugin in this process (its claim watch, its claim path, root ``/``)
+    over the API-server stand-in; the scheduler stand-in allocates a VM claim on the NVMe
+    and waits in PreBind; the plugin switches nvme -> vfio-pci and writes
+    ``<driver>/ready``; then Prepare: ``Host.bind`` and ``Host.to_native`` are counted
+    (wrapped here, in the test's process) and must not run. Driver ``watch.example.com``:
+    a checkpoint of its own."""
+    import tempfile
+
+    from tests.dra.apiserver_standin import CLAIMS as CLAIM_KIND
+    from tests.dra.apiserver_standin import DEVICE_CLASSES, NODES, ApiServerStandin
+    from tests.dra.scheduler_standin import SchedulerStandin
+    from vfio_dp.dra.options import DraOptions
+    from vfio_dp.dra.plugin import DraPlugin
+
+    drv = "watch.example.com"
+    out: dict[str, Any] = {}
+    work = tempfile.mkdtemp(prefix="pool-watch")
+    for sub in ("registry", "plugins"):
+        os.makedirs(f"{work}/{sub}")
+    with open(f"{work}/config.yaml", "w") as f:
+        f.write('selectors:\n  - class: "0108"\n    path: dra\n    bind: onPrepare\n'
+                "    personalities: [vm, container]\n")  # fmt: skip
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)  # the stand-in's loopback
+    api = ApiServerStandin(f"{work}/api")
+    api.start()
+    api.seed(NODES, {"metadata": {"name": NODE}})
+    api.seed(DEVICE_CLASSES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vm"},
+        "spec": {"selectors": [{"cel": {"expression":
+            f'device.driver == "{drv}" && device.attributes["{drv}"].kind == "vfio"'}}]},
+    })  # fmt: skip
+    host = Host("/")
+    calls: list[str] = []
+    for name in ("bind", "to_native"):
+        real = getattr(host, name)
+
+        def counted(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
+            calls.append(_name)
+            return _real(*a, **k)
+
+        setattr(host, name, counted)
+    plugin = DraPlugin(
+        DraOptions(
+            node_name=NODE, driver_name=drv, registry_dir=f"{work}/registry",
+            plugins_dir=f"{work}/plugins", cdi_dir=CDI_DIR, config_path=f"{work}/config.yaml",
+            root="/", resync=3600, metrics_port=0, uevents=False,
+        ),
+        api.client(),
+        host=host,
+    )  # fmt: skip
+    await plugin.start()
+    try:
+        sched = SchedulerStandin(api, binding_timeout=120, interval=0.5)
+        t0 = time.perf_counter()
+        names: set[str] = set()
+        while time.perf_counter() - t0 < 120:  # the whole pool at its newest generation
+            names = {
+                d["name"]
+                for slices in sched.pools(NODE).values()
+                for sl in slices
+                for d in sl["spec"].get("devices") or []
+            }
+            if entry(False) in names and plugin.claim_watch and plugin.claim_watch.synced:
+                break
+            await asyncio.sleep(0.2)
+        out["published"] = sorted(names)
+        out["publish_problem"] = plugin.publisher.problem
+        out["before"] = state()
+        api.seed(CLAIM_KIND, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "vmw", "namespace": "pool"},
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": {
+                "deviceClassName": "vm", "allocationMode": "ExactCount", "count": 1}}]}},
+        })  # fmt: skip
+        stored = sched.allocate("pool", "vmw", NODE)
+        out["result"] = stored["status"]["allocation"]["devices"]["results"]
+        t0 = time.perf_counter()
+        decision = await asyncio.to_thread(sched.prebind, "pool", "vmw")
+        results["timings"]["watch_switch_ahead"] = round(time.perf_counter() - t0, 3)
+        out["prebind"] = [decision.outcome, decision.why]
+        out["after_switch"] = state()
+        (claim,) = [c for c in api.objects(CLAIM_KIND, "pool") if c["metadata"]["name"] == "vmw"]
+        out["status_devices"] = (claim.get("status") or {}).get("devices") or []
+        uid = claim["metadata"]["uid"]
+        out["checkpoint_state"] = getattr(plugin.claims.checkpoint.get(uid), "state", None)
+        calls.clear()
+        ref = ClaimRef("pool", uid, "vmw")
+        t0 = time.perf_counter()
+        res = (await plugin.prepare([ref]))[uid]
+        results["timings"]["watch_prepare"] = round(time.perf_counter() - t0, 3)
+        out["prepare"] = {"error": res.error, "cdi": [x for d in res.devices
+                                                      for x in d.cdi_device_ids]}  # fmt: skip
+        out["prepare_host_calls"] = list(calls)
+        out["after_prepare"] = state()
+        out["unprepare"] = (await plugin.unprepare([ref]))[uid]
+        sched.deallocate("pool", "vmw")
+        out["after_unprepare"] = state()
+    finally:
+        await plugin.stop()
+        api.stop()
+    return out
+
+
 async def main() -> None:
     results["nvme"] = NVME
     results["group"] = group()
@@ -229,6 +333,13 @@ async def main() -> None:
     results["ct2"] = await prepare(p, ct2, "container_prepare_after_vm")
     results["ct2_podman"] = read_block(results["ct2"]["cdi"])
     results["ct2_unprepare"] = await unprepare(p, ct2, "container_unprepare_2")
+
+    # 2b. the claim watch: a VM claim switched ahead of its pod (binding conditions), the
+    # scheduler stand-in's PreBind, then a Prepare that binds nothing (its own report)
+    try:  # a loop of its own: the plugin makes its executor the loop's default and stops it
+        results["watch"] = await asyncio.to_thread(lambda: asyncio.run(claim_watch_leg()))
+    except Exception:
+        results["watch"] = {"crash": traceback.format_exc()}
 
     # 3a. the operator's binding (a plain vfioctl bind) is refused for a container claim
     results["vfioctl_bind"] = vfioctl("bind", NVME)

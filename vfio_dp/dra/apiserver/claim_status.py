@@ -33,7 +33,7 @@ is a blocking shell over the typed ``ResourceV1Api`` (``read_namespaced_resource
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kubernetes.client as k8s
@@ -45,7 +45,16 @@ from vfio_dp.errors import ApiCallError
 
 log = logging.getLogger("vfio_dp.dra")
 
-__all__ = ["ClaimStatusWriter", "DeviceStatus", "StatusError", "entry", "merged"]
+__all__ = [
+    "Binding",
+    "ClaimStatusWriter",
+    "DeviceStatus",
+    "StatusError",
+    "entry",
+    "merged",
+    "with_binding",
+    "with_condition",
+]
 
 RETRIES = 5
 MAX_MESSAGE = 32768  # metav1.Condition.message
@@ -59,19 +68,18 @@ def entry(driver: str, s: DeviceStatus, old: dict[str, Any] | None = None) -> di
     for c in (old or {}).get("conditions") or []:
         if c.get("type") == "Ready" and c.get("status") == status and c.get("lastTransitionTime"):
             since = c["lastTransitionTime"]
+    condition = {
+        "type": "Ready",
+        "status": status,
+        "reason": "DeviceReady" if ready else "DeviceUnhealthy",
+        "message": s.message[:MAX_MESSAGE],
+        "lastTransitionTime": since,
+    }
     return {
         "driver": driver,
         "pool": s.pool,
         "device": s.device,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": status,
-                "reason": "DeviceReady" if ready else "DeviceUnhealthy",
-                "message": s.message[:MAX_MESSAGE],
-                "lastTransitionTime": since,
-            }
-        ],
+        "conditions": with_condition((old or {}).get("conditions") or [], condition),
         "data": {
             "pciAddresses": list(s.addresses),
             "iommuGroup": s.iommu_group,
@@ -81,13 +89,51 @@ def entry(driver: str, s: DeviceStatus, old: dict[str, Any] | None = None) -> di
     }
 
 
+def with_condition(
+    conditions: Sequence[dict[str, Any]], condition: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``conditions`` merged by ``type`` with ``condition`` (its ``lastTransitionTime`` kept
+    while its status holds): the Ready condition and the binding conditions
+    (``<driver>/ready``, ``<driver>/failed``) of one entry never replace one another."""
+    out: list[dict[str, Any]] = []
+    for c in conditions:
+        if c.get("type") != condition["type"]:
+            out.append(dict(c))
+        elif c.get("status") == condition["status"] and c.get("lastTransitionTime"):
+            condition = {**condition, "lastTransitionTime": c["lastTransitionTime"]}
+    out.append(condition)
+    return sorted(out, key=lambda c: str(c.get("type")))
+
+
 def merged(
     devices: Sequence[dict[str, Any]], driver: str, ours: Sequence[DeviceStatus]
 ) -> list[dict[str, Any]]:
-    """``status.devices`` with our driver's entries replaced by ``ours`` (others kept)."""
+    """``status.devices`` with our driver's entries replaced by ``ours`` (others kept; an
+    entry's binding conditions, :func:`with_binding`, kept beside its Ready condition)."""
     old = {(d.get("pool"), d.get("device")): d for d in devices if d.get("driver") == driver}
     out = [dict(d) for d in devices if d.get("driver") != driver]
     out.extend(entry(driver, s, old.get((s.pool, s.device))) for s in ours)
+    return out
+
+
+#: ``(pool, device) -> condition`` of one claim: what :meth:`ClaimStatusWriter.write_binding` writes
+Binding = dict[tuple[str, str], dict[str, Any]]
+
+
+def with_binding(
+    devices: Sequence[dict[str, Any]], driver: str, binding: Binding
+) -> list[dict[str, Any]]:
+    """``status.devices`` with each ``binding`` condition merged by type into our entry of
+    its device (an entry made with only that condition when there is none yet)."""
+    out = [dict(d) for d in devices]
+    for (pool, device), condition in binding.items():
+        for d in out:
+            if (d.get("driver"), d.get("pool"), d.get("device")) == (driver, pool, device):
+                d["conditions"] = with_condition(d.get("conditions") or [], condition)
+                break
+        else:
+            out.append({"driver": driver, "pool": pool, "device": device,
+                        "conditions": [condition]})  # fmt: skip
     return out
 
 
@@ -107,6 +153,21 @@ class ClaimStatusWriter:
     def write(self, namespace: str, name: str, uid: str, ours: Sequence[DeviceStatus]) -> bool:
         """Make our entries of claim ``namespace/name`` (UID ``uid``) exactly ``ours``; False
         when the claim is gone or is another one now (nothing to write)."""
+        return self._update(namespace, name, uid, lambda ds: merged(ds, self.driver, ours))
+
+    def write_binding(self, namespace: str, name: str, uid: str, binding: Binding) -> bool:
+        """Merge ``binding``'s conditions (``<driver>/ready`` or ``<driver>/failed``) into
+        our entries of the claim's devices, by type (the Ready condition kept); False when
+        the claim is gone or is another one now."""
+        return self._update(namespace, name, uid, lambda ds: with_binding(ds, self.driver, binding))
+
+    def _update(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+    ) -> bool:
         claim_name = f"ResourceClaim {namespace}/{name}"
         for _ in range(RETRIES):
             try:
@@ -122,7 +183,7 @@ class ClaimStatusWriter:
                 return False
             status = dict(claim.get("status") or {})
             before = list(status.get("devices") or [])
-            after = merged(before, self.driver, ours)
+            after = change(before)
             if after == before:
                 return True
             status["devices"] = after

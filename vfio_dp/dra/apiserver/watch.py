@@ -1,4 +1,5 @@
-"""This node's ResourceSlices as the API server holds them, kept current by a watch.
+"""This node's ResourceSlices as the API server holds them, kept current by a watch (and
+the list-then-watch loop :class:`ListWatch` the claim watch, :mod:`.claim_watch`, shares).
 
 ::
 
@@ -55,23 +56,24 @@ MAX_BACKOFF = 10.0
 OnEvent = Callable[[str, str, str], None]
 
 
-class SliceWatch:
-    """Names and resourceVersions of this node's slices of our driver (see module doc)."""
+class ListWatch:
+    """The list-then-watch loop (module doc) over one list method of ``ResourceV1Api``;
+    subclasses say what a list and an event mean (:meth:`listed`, :meth:`changed`)."""
+
+    #: what is watched, for logs and errors ("this node's ResourceSlices")
+    what = ""
 
     def __init__(
         self,
-        client: k8s.ApiClient,
-        driver: str,
-        node: str,
-        on_event: OnEvent | None = None,
-        seconds: int = WATCH_SECONDS,
+        list_method: Callable[..., Any],
+        field_selector: str | None,
+        seconds: int,
+        thread_name: str,
     ) -> None:
-        self.api = k8s.ResourceV1Api(own_client(client))
-        self.selector = f"spec.nodeName={node},spec.driver={driver}"
-        self.on_event = on_event
+        self.list_method = list_method
+        self.selector = field_selector
         self.seconds = seconds
-        #: slice name -> resourceVersion, as last seen on the server (valid while synced)
-        self.versions: dict[str, str] = {}
+        self.thread_name = thread_name
         self.synced = False
         self.resource_version: str | None = None  # where the next watch starts; None: list
         self.lists = 0  # (tests, logs) lists made, the first included
@@ -81,13 +83,14 @@ class SliceWatch:
         self._deadline: Deadline | None = None
         self._thread: threading.Thread | None = None
 
-    def snapshot(self) -> dict[str, str] | None:
-        """The slices' versions now, None while not synced."""
-        with self._lock:
-            return dict(self.versions) if self.synced else None
+    def listed(self, items: list[dict[str, Any]]) -> None:
+        """A list's items (under no lock; called on the watch's thread)."""
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        """An ADDED / MODIFIED / DELETED event's object (the watch's thread)."""
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="vfio_dp-slice-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -104,7 +107,7 @@ class SliceWatch:
         while not self._stop.is_set():
             try:
                 # one deadline over the list and the watch: stop() cuts either off
-                with deadline(self.seconds + 2 * TIMEOUT, "the slice watch") as d:
+                with deadline(self.seconds + 2 * TIMEOUT, f"the watch of {self.what}") as d:
                     self._deadline = d
                     if self._stop.is_set():
                         return
@@ -116,47 +119,43 @@ class SliceWatch:
                 if self._stop.is_set():
                     return
                 if e.status == 410:
-                    log.info("the slice watch's resourceVersion expired (%s): listing again", e)
+                    log.info("the watch of %s: resourceVersion expired (%s): listing again",
+                             self.what, e)  # fmt: skip
                     self.expired += 1
                     self.resource_version = None
                     continue
-                log.warning("watching this node's ResourceSlices: %s; again in %.1f s", e, backoff)
+                log.warning("watching %s: %s; again in %.1f s", self.what, e, backoff)
                 with self._lock:
                     self.synced = False
                 self.resource_version = None  # events may have been missed: list again
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
 
+    def _selector(self) -> dict[str, Any]:
+        return {"field_selector": self.selector} if self.selector else {}
+
     def relist(self) -> None:
-        """List the slices: the versions, and where the next watch starts."""
+        """List: what :meth:`listed` makes of it, and where the next watch starts."""
         answer = call_json(
-            "listing this node's ResourceSlices (for the watch)",
-            self.api.list_resource_slice,
-            field_selector=self.selector,
+            f"listing {self.what} (for the watch)", self.list_method, **self._selector()
         )
-        items = answer.get("items") or []
-        versions = {s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in items}
-        with self._lock:
-            self.versions = versions
-            self.synced = True
+        self.listed(list(answer.get("items") or []))
         self.lists += 1
         self.resource_version = (answer.get("metadata") or {}).get("resourceVersion") or "0"
-        if self.on_event is not None:
-            self.on_event("LISTED", "", self.resource_version)
 
     def watch_once(self) -> None:
         """One watch request, from :attr:`resource_version` until the server ends it."""
-        what = "watching this node's ResourceSlices"
+        what = f"watching {self.what}"
         w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
 
-        def list_slices(**kwargs: Any) -> Any:  # no model declared: events stay JSON
-            return self.api.list_resource_slice(**kwargs)
+        def list_them(**kwargs: Any) -> Any:  # no model declared: events stay JSON
+            return self.list_method(**kwargs)
 
         with deadline(self.seconds + TIMEOUT, what) as d:
             try:
                 for event in w.stream(
-                    list_slices,
-                    field_selector=self.selector,
+                    list_them,
+                    **self._selector(),
                     resource_version=self.resource_version,
                     allow_watch_bookmarks=True,
                     timeout_seconds=self.seconds,
@@ -177,9 +176,54 @@ class SliceWatch:
         rv = meta.get("resourceVersion", "")
         if rv:
             self.resource_version = rv
-        name = meta.get("name", "")
-        if kind not in ("ADDED", "MODIFIED", "DELETED") or not name:
+        if kind not in ("ADDED", "MODIFIED", "DELETED") or not meta.get("name"):
             return  # a BOOKMARK: only the resourceVersion moves
+        self.changed(kind, obj)
+
+
+class SliceWatch(ListWatch):
+    """Names and resourceVersions of this node's slices of our driver (see module doc)."""
+
+    what = "this node's ResourceSlices"
+
+    def __init__(
+        self,
+        client: k8s.ApiClient,
+        driver: str,
+        node: str,
+        on_event: OnEvent | None = None,
+        seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.api = k8s.ResourceV1Api(own_client(client))
+        super().__init__(
+            self.api.list_resource_slice,
+            f"spec.nodeName={node},spec.driver={driver}",
+            seconds,
+            "vfio_dp-slice-watch",
+        )
+        self.on_event = on_event
+        #: slice name -> resourceVersion, as last seen on the server (valid while synced)
+        self.versions: dict[str, str] = {}
+
+    def snapshot(self) -> dict[str, str] | None:
+        """The slices' versions now, None while not synced."""
+        with self._lock:
+            return dict(self.versions) if self.synced else None
+
+    def relist(self) -> None:
+        super().relist()
+        if self.on_event is not None:
+            self.on_event("LISTED", "", self.resource_version or "0")
+
+    def listed(self, items: list[dict[str, Any]]) -> None:
+        versions = {s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in items}
+        with self._lock:
+            self.versions = versions
+            self.synced = True
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        name, rv = meta["name"], meta.get("resourceVersion", "")
         with self._lock:
             if kind == "DELETED":
                 self.versions.pop(name, None)

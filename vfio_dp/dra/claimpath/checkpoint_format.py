@@ -32,6 +32,7 @@ VERSION = 1
 PREPARING = "preparing"
 PREPARED = "prepared"
 RELEASING = "releasing"  # unprepared by kubelet, devices still to give back (held open)
+SWITCHED = "switched"  # switched ahead for the claim (binding conditions), not yet prepared
 MAX_BYTES = 64 << 20
 
 
@@ -133,7 +134,7 @@ def _claim_from_json(c: object) -> ClaimRecord:
     if not isinstance(c, dict):
         raise TypeError("claim must be an object")
     state = str(c.get("state", PREPARING))
-    if state not in (PREPARING, PREPARED, RELEASING):
+    if state not in (PREPARING, PREPARED, RELEASING, SWITCHED):
         raise ValueError(f"unknown claim state {state!r}")
     pcn = c.get("podClaimName")
     devices = c.get("devices", [])

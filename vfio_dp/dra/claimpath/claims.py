@@ -92,6 +92,9 @@ class AllocationResult:
     pool: str
     device: str
     admin_access: bool = False
+    #: the ``bindingConditions`` the scheduler copied from the device (KEP-5007): the device
+    #: is switched ahead of the pod (:mod:`.ahead`)
+    binding_conditions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,11 @@ def view_claim(obj: Mapping[str, Any]) -> ClaimView:
                 pool=_str(r, "pool", field),
                 device=_str(r, "device", field),
                 admin_access=r.get("adminAccess") is True,
+                binding_conditions=tuple(
+                    c
+                    for c in _list(r, f"{field}.bindingConditions", "bindingConditions", limit=4)
+                    if isinstance(c, str)
+                ),
             )
         )
     configs: list[tuple[str, tuple[str, ...]]] = []

@@ -4,4 +4,4 @@ group state, taints, the health list; design.md's table, decided purely), ``slic
 scan generation) and ``claim_status`` (which claims' device status to write, written in the
 background off the kubelet's path)."""
 
-__all__ = ["claim_status", "health", "slice_feed"]
+__all__ = ["api_fields", "claim_status", "health", "slice_feed"]

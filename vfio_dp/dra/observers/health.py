@@ -29,7 +29,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from vfio_dp.core.health import HEALTHY, UNHEALTHY, DeviceHealth, HealthModel, Held, assess
-from vfio_dp.dra.claimpath.checkpoint import PREPARED, PREPARING, RELEASING, ClaimRecord
+from vfio_dp.dra.claimpath.checkpoint import (
+    PREPARED,
+    PREPARING,
+    RELEASING,
+    SWITCHED,
+    ClaimRecord,
+)
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import NO_SCHEDULE
 from vfio_dp.model.device import Inventory, IommuGroup
@@ -60,7 +66,7 @@ def claim_holds(records: Iterable[ClaimRecord]) -> ClaimHolds:
         for d in rec.devices:
             if d.admin_access or d.iommu_group is None:
                 continue  # monitoring access: the group is not the claim's
-            if rec.state in (PREPARING, RELEASING):
+            if rec.state in (PREPARING, RELEASING, SWITCHED):
                 in_flight.add(d.device)
             if rec.state != PREPARED:
                 continue
