@@ -1,12 +1,12 @@
 """Keeps this node's ResourceSlices published: the slice writer of the DRA plugin.
 
 Talks to the API server through the ``kubernetes`` client (pinned in ``pyproject.toml`` to the
-tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``): reads through the typed
-``CoreV1Api`` / ``ResourceV1Api`` methods; writes with plain JSON bodies through the same
-``ApiClient`` (its kubeconfig / in-cluster auth and TLS), because ``ResourceV1Api``'s typed
-writes validate a dict body into pydantic models and dump it back: ~350 ms of CPU per
-1,024-device republish here against ~7 ms for ``json.dumps``. Its calls (what the DRA
-plugin's RBAC must allow)::
+tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``): reads slices through the
+typed ``ResourceV1Api``; writes, and the Node's read, with plain JSON through the same
+``ApiClient`` (its kubeconfig / in-cluster auth and TLS): typed writes validate a dict into
+pydantic models and back (~350 ms of CPU per 1,024-device republish against ~7 ms for
+``json.dumps``), and importing ``CoreV1Api`` builds every core model (~0.7 s of CPU per start,
+for one GET). Its calls (what the DRA plugin's RBAC must allow)::
 
     GET    /api/v1/nodes/<node>                                   (the owner reference's uid)
     GET    /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>
@@ -49,6 +49,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import kubernetes.client as k8s
 
@@ -112,7 +113,6 @@ class SlicePublisher:
         self.lane = Lane(client, "slices", 1, RECONCILE_DEADLINE)
         self.client = self.lane.client
         self.api = k8s.ResourceV1Api(self.client)
-        self.core = k8s.CoreV1Api(self.client)
         self.driver = driver
         self.node = NodeRef(node_name)
         #: the highest pool generation known (written by us or found on the server)
@@ -208,7 +208,7 @@ class SlicePublisher:
     def _send(
         self, what: str, method: str, path: str, body: Slice | None = None, strict: bool = False
     ) -> dict[str, Any]:
-        """One write with a plain JSON body through the ``ApiClient`` (see module doc); the
+        """One request with a plain JSON body through the ``ApiClient`` (see module doc); the
         answer's JSON. The body goes to the client's REST layer as it is (it json.dumps it):
         ``ApiClient.sanitize_for_serialization`` would walk every value in Python (~15 ms of
         each 1,024-device republish)."""
@@ -227,7 +227,7 @@ class SlicePublisher:
 
     def _read_node_uid(self) -> None:
         what = f"reading Node {self.node.name}"
-        node = call_json(what, self.core.read_node, self.node.name)
+        node = self._send(what, "GET", f"/api/v1/nodes/{quote(self.node.name, safe='')}")
         uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise PublishError(f"Node {self.node.name} has no metadata.uid")
