@@ -45,6 +45,7 @@ def test_guest_and_image_tests_get_their_own_limits() -> None:
     assert GUEST_TIMEOUT > 120 + 1500 + 15 + 60  # the rig's limit for its longest run
 
 
+@pytest.mark.guest  # selected with the guest tests (`make test`'s serial part), boots nothing
 def test_the_guest_tests_collected_here_carry_the_guest_limit(
     request: pytest.FixtureRequest,
 ) -> None:

@@ -14,6 +14,7 @@ from tests.dra.apiserver_standin import SLICES, ApiServerStandin
 from tests.dra.conftest import DRIVER, NODE, a_slice
 from tests.dra.kubelet_dra_standin import DraPluginView, KubeletDraStandin
 from tests.dra.recording_handler import RecordingHandler
+from tests.waiting import wait_until_async
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from vfio_dp.dra._pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
@@ -245,6 +246,8 @@ async def test_an_empty_endpoint_means_the_registration_socket_itself(
     try:
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins)
         assert kubelet.plugins[DRIVER].endpoint == path
+        # the stand-in, as kubelet, accepts first and then tells the plugin: wait for the call
+        await wait_until_async(lambda: plugin.statuses, what="NotifyRegistrationStatus")
         assert plugin.statuses == [(True, "")]
     finally:
         await server.stop(0)
