@@ -1152,6 +1152,8 @@ class ApiServerStandin:
         self.open_watches = 0
         self._watch_epoch = 0
         self._watches_paused = False
+        #: watch requests of these plurals to hang up on unanswered, one each (:meth:`hang_up_on`)
+        self._hang_ups: list[str] = []
         #: plurals whose lists wait unanswered (:meth:`hold_lists`), lists waiting now, and
         #: when a client hung up on a held list (monotonic times)
         self._held_lists: set[str] = set()
@@ -1257,6 +1259,21 @@ class ApiServerStandin:
             self._watch_epoch += 1
             self._watches_paused = pause
             self.lock.notify_all()
+
+    def hang_up_on(self, plural: str) -> None:
+        """The next watch request of ``plural`` is read and the connection closed with no
+        answer: what a client meets when it reuses a kept-alive connection the server (or a
+        proxy in front of it) had just closed -- urllib3's "Remote end closed connection
+        without response". Not recorded in :attr:`requests` (nothing was served)."""
+        with self.lock:
+            self._hang_ups.append(plural)
+
+    def _take_hang_up(self, plural: str) -> bool:
+        with self.lock:
+            if plural in self._hang_ups:
+                self._hang_ups.remove(plural)
+                return True
+            return False
 
     def resume_watches(self) -> None:
         with self.lock:
@@ -1832,6 +1849,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             if method == "GET" and not name and query.get("watch") in ("true", "1"):
+                if self.api._take_hang_up(kind.plural):
+                    self.close_connection = True  # no status line: the client sees a hang-up
+                    return
                 self._watch(kind, ns, query)
                 return
             if query.get("dryRun"):

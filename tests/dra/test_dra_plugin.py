@@ -256,6 +256,42 @@ async def test_a_watch_whose_resource_version_expired_lists_again(
     assert plugin.publisher.problem is None
 
 
+async def test_a_watch_the_server_ends_resumes_where_it_was_without_a_list(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """The server ends the open watches (a restart, or its own timeout) and its next answer is
+    a hang-up (the kept-alive connection it had closed: "Remote end closed connection without
+    response"): the watch starts again from the last resourceVersion seen, with no list, and
+    sees what changed meanwhile."""
+    plugin = await start_plugin(resync=60)
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    watch = plugin.publisher.watch
+    assert watch is not None
+    await until(
+        "the watch",
+        lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
+    )
+
+    def slice_watches() -> int:
+        return sum(
+            1 for r in list(apiserver.requests)
+            if r.path.endswith("/resourceslices") and r.query.get("watch") == "true"
+        )  # fmt: skip
+
+    await until("a watch open", lambda: slice_watches() >= 1)
+    for _ in range(3):
+        lists, expired, started = watch.lists, watch.expired, slice_watches()
+        apiserver.hang_up_on("resourceslices")
+        apiserver.end_watches()
+        await until("the watch started again", lambda n=started: slice_watches() > n)
+        assert (watch.lists, watch.expired) == (lists, expired)
+    (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
+    api = k8s.ResourceV1Api(apiserver.client())
+    await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
+    await until("republished", lambda: len(pool(apiserver)[2]) == 2, timeout=30)
+    assert watch.lists == lists
+
+
 async def test_a_server_refusing_watches_gets_full_lists(
     apiserver: ApiServerStandin, start_plugin: StartPlugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:

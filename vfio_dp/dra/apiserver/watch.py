@@ -9,8 +9,10 @@ the list-then-watch loop :class:`ListWatch` the claim watch, :mod:`.claim_watch`
 The list-then-watch loop of a Kubernetes informer, on one thread of its own: list (the
 names, their ``resourceVersion``, the list's ``resourceVersion``), then watch from there with
 ``kubernetes.watch.Watch``; a watch that ends (``timeoutSeconds``, a dropped connection) is
-started again from the last resourceVersion seen (a BOOKMARK moves it too); a ``410 Gone``
-(the server forgot that resourceVersion: an ERROR event, or the HTTP status) lists again.
+started again from the last resourceVersion seen (a BOOKMARK moves it too; so is one cut
+off before any answer, once and at once: a kept-alive connection the server had closed); a
+``410 Gone`` (the server forgot that resourceVersion: an ERROR event, or the HTTP status)
+lists again.
 Other failures are retried with backoff; meanwhile :attr:`SliceWatch.synced` is False and the
 publisher lists for itself, as it would without a watch.
 
@@ -104,6 +106,7 @@ class ListWatch:
 
     def _run(self) -> None:
         backoff = 0.2
+        resumed = False  # a watch cut off unanswered was started again once, at once
         while not self._stop.is_set():
             try:
                 # one deadline over the list and the watch: stop() cuts either off
@@ -114,10 +117,17 @@ class ListWatch:
                     if self.resource_version is None:
                         self.relist()
                     self.watch_once()
-                backoff = 0.2
+                backoff, resumed = 0.2, False
             except ApiCallError as e:
                 if self._stop.is_set():
                     return
+                if e.status is None and not e.expired and not resumed and self.resource_version:
+                    # no answer at all (a kept-alive connection the server had closed, a
+                    # restart): once, at once, from where it was; 410 if that is too old
+                    log.debug("watching %s: %s; starting again from %s", self.what, e,
+                              self.resource_version)  # fmt: skip
+                    resumed = True
+                    continue
                 if e.status == 410:
                     log.info("the watch of %s: resourceVersion expired (%s): listing again",
                              self.what, e)  # fmt: skip
