@@ -45,6 +45,7 @@ The claim path's readers live in :mod:`vfio_dp.dra.apiserver.readers` (re-export
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -164,7 +165,7 @@ class SlicePublisher:
         a call under way is cut off, the watch ends."""
         if self._task is not None:
             self._task.cancel()
-            with _suppress_cancel():
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.lane.close()
         if self.watch is not None:
@@ -365,12 +366,8 @@ class SlicePublisher:
             self.metrics.observe("vfio_dp_dra_publish_seconds", time.perf_counter() - started)
         log.info(
             "published %d device(s) in %d ResourceSlice(s) (%d written), pool %s generation %d",
-            len(devices),
-            len(wanted),
-            len(changed),
-            self.node.name,
-            generation,
-        )
+            len(devices), len(wanted), len(changed), self.node.name, generation,
+        )  # fmt: skip
         for cb in self.on_published:
             cb(generation, wanted)
 
@@ -448,11 +445,3 @@ class SlicePublisher:
         except PublishError as e:
             if e.status != 404:
                 raise
-
-
-class _suppress_cancel:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et: object, e: object, tb: object) -> bool:
-        return et is asyncio.CancelledError
