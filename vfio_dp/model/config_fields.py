@@ -103,6 +103,9 @@ PERSONALITIES = Kind(
     "nodes, for a container)",
 )
 VFIO_DRIVER = Kind("vfioDriver", "`auto`, `vfio-pci` or a kernel driver's name (`mlx5_vfio_pci`)")
+#: the top-level ``mdev:`` list (its entries' own fields: :mod:`vfio_dp.model.mdev_config`,
+#: loaded only where one is parsed or used)
+MDEV_ENTRIES = Kind("mdevEntries", "a list of mdev entries ([below](#mediated-devices))")
 
 
 @dataclass(frozen=True, slots=True)
