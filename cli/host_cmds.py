@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.host import BindResult, Host
     from vfio_dp.host.sriov import SriovResult
     from vfio_dp.model.address import PciAddress
+    from vfio_dp.model.device import Inventory
     from vfio_dp.model.mdev_config import MdevEntry
 
 
@@ -344,14 +345,14 @@ def unbind_cmd(
 
 
 def _native_nodes(
-    host: Host, addresses: list[PciAddress]
+    host: Host, inv: Inventory, addresses: list[PciAddress]
 ) -> dict[PciAddress, tuple[list[str] | None, str | None]]:
     """Each device's own nodes on its native driver (found now, or as recorded) and, when
-    it has none, why it is not offered as a container (``personalities``)."""
+    it has none, why it is not offered as a container (``personalities``); ``inv``: the
+    devices' groups, as the check read them."""
     from vfio_dp.host.devnodes import native_nodes
     from vfio_dp.model.devnodes import container_problem
 
-    inv = host.scan_groups(addresses, usage=False)
     found = native_nodes(host.fs, inv, addresses)
     out: dict[PciAddress, tuple[list[str] | None, str | None]] = {}
     for a in addresses:
@@ -381,8 +382,9 @@ def check_cmd(addresses: tuple[str, ...], root: str, output: str, vfio_driver: s
         if vfio_driver != "auto" and not host.valid_driver_name(vfio_driver):
             fail(f"--vfio-driver {vfio_driver!r} is not a kernel driver name", 2)
         addrs = _parse(addresses)
-        reports = host.check(addrs, vfio_driver=vfio_driver)
-        native = _native_nodes(host, addrs)
+        inv = host.scan_groups(addrs)  # read once: the check and the native nodes ask it
+        reports = host.check(addrs, vfio_driver=vfio_driver, inv=inv)
+        native = _native_nodes(host, inv, addrs)
         if output == "name":
             from vfio_dp.model.address import name_of
 

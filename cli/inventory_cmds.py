@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.model.config import Config
 
 
+_NO_NATIVE: tuple[None, None] = (None, None)
+
+
 def _config(path: str | None, node: str | None = None) -> Config:
     from vfio_dp.host.files import load_config
 
@@ -92,7 +95,10 @@ def list_cmd(
         host = host_for(root)
         inv = host.scan()
         names = host.names(inv)
-        serving, units = views.serving(inv, cfg)
+        from vfio_dp.model.serving import choose
+
+        chosen = choose(inv, cfg)  # one selector match per device: serving and vfioDriver
+        serving, units = views.serving(inv, cfg, chosen)
         view = views.dra_view(host, inv, units, dra_driver)
         native = views.native(host, inv, units, dra_driver)
         shown = {a: d for a, d in inv.devices.items() if views.wanted(d, driver, pci_class, vendor)}
@@ -104,7 +110,7 @@ def list_cmd(
         # what a bind would choose: only for -o wide and machines (plain list never reads
         # modules.alias), with each selector's vfioDriver
         choices = (
-            host.vfio_choices(inv, shown, views.wanted_drivers(inv, cfg, shown))
+            host.vfio_choices(inv, shown, views.wanted_drivers(chosen, shown))
             if output == "wide" or output in MACHINE
             else {}
         )
@@ -112,10 +118,11 @@ def list_cmd(
             {
                 **views.device_json(d, serving[a], names, choices.get(a)),
                 **views.view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
-                "dra_native_device": native.get(a, (None, None))[0],
-                "not_offered_as_container": native.get(a, (None, None))[1],
+                "dra_native_device": nat[0],
+                "not_offered_as_container": nat[1],
             }
             for a, d in shown.items()
+            for nat in (native.get(a, _NO_NATIVE),)
         ]
         if output in MACHINE:
             print_json(rows, output)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from cli.common import say
 
 if TYPE_CHECKING:  # types only: each function imports what it uses when it runs
-    from collections.abc import Iterable
+    from collections.abc import Container
 
     from vfio_dp.dra.observers.health import GroupView
     from vfio_dp.host import Host
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.config import Config
     from vfio_dp.model.device import Inventory, PciDevice
-    from vfio_dp.model.serving import DeviceServing, DraUnit
+    from vfio_dp.model.serving import Chosen, DeviceServing, DraUnit
     from vfio_dp.model.vfio_driver import VfioChoice
 
 
@@ -74,13 +74,17 @@ def device_json(
     }
 
 
-def serving(inv: Inventory, cfg: Config) -> tuple[dict[PciAddress, DeviceServing], list[DraUnit]]:
+def serving(
+    inv: Inventory, cfg: Config, chosen: Chosen | None = None
+) -> tuple[dict[PciAddress, DeviceServing], list[DraUnit]]:
     """What each path would serve of ``inv`` under ``cfg`` (the daemons' own pure rules), and
-    the DRA units it was computed from (for :func:`dra_view`: computed once)."""
+    the DRA units it was computed from (for :func:`dra_view`: computed once); ``chosen``:
+    :func:`vfio_dp.model.serving.choose` of them, when the caller has it."""
     from vfio_dp.deviceplugin.listing import compute_listing
     from vfio_dp.model.serving import choose, device_serving, dra_units
 
-    chosen = choose(inv, cfg)  # one selector match per device, shared by both paths' rules
+    if chosen is None:  # one selector match per device, shared by both paths' rules
+        chosen = choose(inv, cfg)
     listing = compute_listing(inv, cfg, chosen=chosen)
     units = dra_units(inv, cfg, chosen)
     return device_serving(inv, cfg, listing.membership, units, chosen), units
@@ -159,16 +163,12 @@ def joined(*parts: str | None, sep: str = " ") -> str | None:
     return sep.join(p for p in parts if p) or None
 
 
-def wanted_drivers(
-    inv: Inventory, cfg: Config, shown: Iterable[PciAddress]
-) -> dict[PciAddress, str]:
-    """Each device's ``vfioDriver`` from the selector that takes it (``auto`` otherwise)."""
-    out = {}
-    for a in shown:
-        sel = cfg.select(inv.devices[a])
-        if sel is not None:
-            out[a] = sel.vfio_driver
-    return out
+def wanted_drivers(chosen: Chosen, shown: Container[PciAddress]) -> dict[PciAddress, str]:
+    """Each shown device's ``vfioDriver`` from the selector that takes it (``auto``
+    otherwise), from the one selector match per device (``chosen``, as :func:`serving` used)."""
+    return {
+        d.address: sel.vfio_driver for d, sel in chosen if sel is not None and d.address in shown
+    }
 
 
 def choice_cell(choice: VfioChoice | None) -> str | None:

@@ -111,3 +111,30 @@ def test_the_dra_view_of_list_loads_neither_the_slice_format_nor_openssl(tmp_pat
     check = "assert devices[0]['dra_health'] == 'HEALTHY', devices"
     modules = ("vfio_dp.dra.slices", "vfio_dp.model.dra_metadata", "_hashlib")
     assert _list_loads(tree.root, check, modules) == []
+
+
+def test_list_without_mdevs_or_modules_alias_loads_no_mdev_model_nor_logging(
+    tmp_path: Path,
+) -> None:
+    # start-up of `vfioctl list -o json` (issue 34, bench row list_small): a host without
+    # mdevs loads no mdev model (the scan's parent marking only lists /sys/class/mdev_bus), no
+    # config loads the mdev entries' model, and the missing modules.alias is said on stderr
+    # as logging's last resort would say it, without loading logging (~3 ms with traceback)
+    from tests.sysfs_tree import Dev, SysfsTree
+
+    tree = SysfsTree(tmp_path)
+    tree.add(Dev("0000:00:1f.6", "8086", "15bb", "020000", driver="e1000e", group=1))
+    tree.add(Dev("0000:01:00.0", "10de", "1eb8", "030200", driver="vfio-pci", group=2))
+    check = "assert devices[1]['vfioDriver']['driver'] == 'vfio-pci', devices"
+    modules = ("vfio_dp.model.mdev", "vfio_dp.model.mdev_config", "logging")
+    assert _list_loads(tree.root, check, modules) == []
+    out = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", "list", "--root",
+         str(tree.root), "-o", "json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    alias = tree.root / "lib" / "modules" / "unknown" / "modules.alias"
+    assert out.stderr == (
+        f"{alias} cannot be read (No such file or directory): vfio-pci is used for every device\n"
+    )

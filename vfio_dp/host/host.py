@@ -409,16 +409,22 @@ class Host:
 
     # -- readiness ---------------------------------------------------------------------
     def check(
-        self, addresses: Sequence[PciAddress], *, vfio_driver: str = "auto"
+        self,
+        addresses: Sequence[PciAddress],
+        *,
+        vfio_driver: str = "auto",
+        inv: Inventory | None = None,
     ) -> list[CheckReport]:
         """Is each device ready for passthrough right now? Every reason, each with its fix
         (:func:`vfio_dp.model.plan.plan_check`), from the devices' groups read alone
-        (:meth:`scan_groups`); the groups of devices on VFIO are probed. Each report says
-        the VFIO driver a bind would choose (``vfio_driver``: ``auto``, ``vfio-pci`` or a
-        driver's name; :meth:`vfio_choices`)."""
+        (:meth:`scan_groups`; ``inv``: that read, made by a caller that asks more of the same
+        groups); the groups of devices on VFIO are probed. Each report says the VFIO driver a
+        bind would choose (``vfio_driver``: ``auto``, ``vfio-pci`` or a driver's name;
+        :meth:`vfio_choices`)."""
         from vfio_dp.model.plan import plan_check
 
-        inv = self.scan_groups(addresses)
+        if inv is None:
+            inv = self.scan_groups(addresses)
         groups = {
             g.number: g
             for a in addresses

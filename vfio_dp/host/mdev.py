@@ -25,11 +25,15 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from vfio_dp.errors import AddressError, PathEscapeError
 from vfio_dp.host.root import Root, read_text
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.mdev import MdevInstance, MdevInventory, MdevParent, MdevType, is_uuid
+
+if TYPE_CHECKING:  # the values are made only by the readers below: the scan's parent marking
+    # (:func:`parent_names`, every `vfioctl list`) does not load the mdev model
+    from vfio_dp.model.mdev import MdevInstance, MdevInventory, MdevParent, MdevType
 
 MDEV_BUS = ("sys", "class", "mdev_bus")
 MDEV_DEVICES = ("sys", "bus", "mdev", "devices")
@@ -89,6 +93,8 @@ def _address(name: str) -> PciAddress | None:
 
 
 def _read_type(root: Root, parent: str, type_id: str) -> MdevType:
+    from vfio_dp.model.mdev import MdevType
+
     base = (*MDEV_BUS, parent, "mdev_supported_types", type_id)
 
     def attr(name: str) -> str | None:
@@ -113,6 +119,8 @@ def _read_type(root: Root, parent: str, type_id: str) -> MdevType:
 
 def _read_instance(root: Root, uuid: str) -> tuple[str | None, MdevInstance | None]:
     """(parent name, instance); (None, None) when it vanished or is not one."""
+    from vfio_dp.model.mdev import MdevInstance
+
     target = _link(root, *MDEV_DEVICES, uuid)
     if target is None or posixpath.basename(target) != uuid:
         return None, None
@@ -144,6 +152,8 @@ def parent_names(root: Root) -> frozenset[str]:
 
 def read_mdevs(root: Root) -> MdevInventory:
     """Every parent under ``<root>/sys/class/mdev_bus`` with its types and instances."""
+    from vfio_dp.model.mdev import MdevInventory, MdevParent, is_uuid
+
     problems: list[str] = []
     by_parent: dict[str, list[MdevInstance]] = {}
     for uuid in _listdir(root, *MDEV_DEVICES):

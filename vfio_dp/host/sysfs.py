@@ -29,6 +29,7 @@ from vfio_dp.host.sysfs_values import hex_value as _hex
 from vfio_dp.host.sysfs_values import int_value as _int
 from vfio_dp.host.sysfs_values import name_value as _name
 from vfio_dp.host.sysfs_values import override_value as _override
+from vfio_dp.host.warn import warning
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import VFIO_PCI, PciDevice
 
@@ -36,17 +37,15 @@ _SAID: set[str] = set()  # skip reasons already logged by this process (bounded 
 
 
 def _skip(e: SysfsValueError) -> None:
-    """Say why a device is left out: through ``logging`` (imported only now, so a clean scan
-    never pays for it); with no handler configured, logging prints it on stderr. The daemon
-    rescans every few seconds: each reason is logged once per process, not at every rescan."""
+    """Say why a device is left out (:func:`vfio_dp.host.warn.warning`: through ``logging``
+    where a process set it up, else on stderr). The daemon rescans every few seconds: each
+    reason is logged once per process, not at every rescan."""
     text = str(e)
     if text in _SAID:
         return
     if len(_SAID) < 4096:
         _SAID.add(text)
-    import logging
-
-    logging.getLogger("vfio_dp.host").warning("%s", text)
+    warning(text)
 
 
 def skipped(e: SysfsValueError) -> None:

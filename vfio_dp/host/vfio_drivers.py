@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from vfio_dp.errors import AddressError, PathEscapeError
 from vfio_dp.host.mdev import parent_names
 from vfio_dp.host.root import Root, read_text, safe_component
+from vfio_dp.host.warn import warning
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import DMA_SAFE_DRIVERS, VFIO_PCI, Inventory, PciDevice
 from vfio_dp.model.vfio_driver import (
@@ -52,13 +53,6 @@ MAX_ALIASES_BYTES = 64 << 20
 _lock = threading.Lock()
 #: (root prefix, release) -> (the vfio_pci: aliases or None, why they are None)
 _CACHE: dict[tuple[str, str], tuple[tuple[VfioAlias, ...] | None, str]] = {}
-
-
-def _log_warning(msg: str, *args: object) -> None:
-    """Through ``logging`` (imported now: said once per process)."""
-    import logging
-
-    logging.getLogger("vfio_dp.host").warning(msg, *args)
 
 
 def kernel_release(root: Root) -> str:
@@ -101,7 +95,7 @@ def vfio_aliases(root: Root) -> tuple[tuple[VfioAlias, ...] | None, str]:
     except (OSError, PathEscapeError) as e:
         why = getattr(e, "strerror", None) or str(e)
         found = (None, f"{path} cannot be read ({why}): vfio-pci is used for every device")
-        _log_warning("%s", found[1])
+        warning(found[1])
     with _lock:
         _CACHE[key] = found
     return found

@@ -70,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vfio_dp.model import config_yaml, naming
 from vfio_dp.model.address import PciAddress
@@ -83,6 +84,7 @@ from vfio_dp.model.config_fields import (
     HEX4,
     HEX_PREFIX,
     MATCH,
+    MDEV_ENTRIES,
     NODE_PATTERNS,
     PERSONALITIES,
     RESOURCE_NAME,
@@ -96,8 +98,11 @@ from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
 from vfio_dp.model.device import VFIO_PCI, PciDevice
-from vfio_dp.model.mdev_config import MDEV_ENTRIES, MdevEntry
 from vfio_dp.model.personality import Personality
+
+if TYPE_CHECKING:  # made by the checker (config_check) only: a config without ``mdev:`` and
+    # `vfioctl list` do not load the mdev entries' model
+    from vfio_dp.model.mdev_config import MdevEntry
 
 #: The two node processes a selector can give its devices to.
 DEVICE_PLUGIN = "devicePlugin"

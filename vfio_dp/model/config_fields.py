@@ -44,8 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -60,10 +59,13 @@ ACTION: Role = "action"
 _META = "vfio_dp.yaml"
 
 
-@dataclass(frozen=True, slots=True)
-class Kind:
+class Kind(NamedTuple):
     """What a field's value may be: ``name`` picks the parser (``config_check._PARSERS``),
-    ``text`` is what the docs say it takes; a choice lists its ``choices`` (value, meaning)."""
+    ``text`` is what the docs say it takes; a choice lists its ``choices`` (value, meaning).
+
+    (This and :class:`YamlField` are NamedTuples, not frozen dataclasses: every ``vfioctl``
+    command that reads a config defines them at start-up, and a NamedTuple costs about a
+    sixth of a frozen slotted dataclass to define.)"""
 
     name: str
     text: str
@@ -103,10 +105,12 @@ PERSONALITIES = Kind(
     "nodes, for a container)",
 )
 VFIO_DRIVER = Kind("vfioDriver", "`auto`, `vfio-pci` or a kernel driver's name (`mlx5_vfio_pci`)")
+#: the top-level ``mdev:`` list (its entries' own fields: :mod:`vfio_dp.model.mdev_config`,
+#: loaded only where one is parsed or used)
+MDEV_ENTRIES = Kind("mdevEntries", "a list of mdev entries ([below](#mediated-devices))")
 
 
-@dataclass(frozen=True, slots=True)
-class YamlField:
+class YamlField(NamedTuple):
     """One YAML key of a config dataclass: the attribute it fills and what
     :func:`yaml_field` declared with it."""
 

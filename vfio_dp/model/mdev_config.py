@@ -49,7 +49,6 @@ CREATE_KIND = one_of(
     STATIC, ON_PREPARE, meanings={STATIC: "by the node process", ON_PREPARE: "at Prepare"}
 )
 PATH_KIND = one_of("devicePlugin", "dra")
-MDEV_ENTRIES = Kind("mdevEntries", "a list of mdev entries ([below](#mediated-devices))")
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vfio_dp.model.device import VFIO_PCI, PciDevice
 
@@ -34,9 +34,12 @@ VFIO_PCI_MODULE = "vfio_pci"
 _PREFIX = "alias vfio_pci:"
 
 
-@dataclass(frozen=True, slots=True)
-class VfioAlias:
-    """One ``alias vfio_pci:<pattern> <module>`` line of ``modules.alias``."""
+class VfioAlias(NamedTuple):
+    """One ``alias vfio_pci:<pattern> <module>`` line of ``modules.alias``.
+
+    (This and :class:`VfioChoice` are NamedTuples, not frozen dataclasses: ``vfioctl list``
+    and ``check`` define them at start-up, and a NamedTuple costs about a sixth of a frozen
+    slotted dataclass to define.)"""
 
     pattern: str  # "vfio_pci:v000015B3d0000101Esv*sd*bc*sc*i*"
     module: str  # "mlx5_vfio_pci"
@@ -51,8 +54,7 @@ class VfioAlias:
         return self.pattern.count("*") + self.pattern.count("?")
 
 
-@dataclass(frozen=True, slots=True)
-class VfioChoice:
+class VfioChoice(NamedTuple):
     """The VFIO driver a bind writes to ``driver_override`` for one device, and why.
 
     ``problem`` set: the device cannot be served as asked (nothing is bound; the message

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from vfio_dp.errors import DraError
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.mdev import is_uuid
 
 VERSION = 1
 PREPARING = "preparing"
@@ -123,6 +122,9 @@ def _device_from_json(d: object) -> DeviceRecord:
 def _uuid(value: object) -> str | None:
     if value is None:
         return None
+    # imported here: `vfioctl list` peeks at the checkpoint without loading the mdev model
+    from vfio_dp.model.mdev import is_uuid
+
     if not isinstance(value, str) or not is_uuid(value):
         raise ValueError(f"mdevUUID {value!r} is not a lowercase UUID")
     return value
