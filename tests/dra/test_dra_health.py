@@ -235,3 +235,36 @@ async def test_a_restart_publishes_the_same_taint(rig: Rig) -> None:
     assert rig.plugin.publisher.writes == 0  # adopted: exactly what is on the server
     assert rig.devices()[GPU_DEVICE]["taints"] == before
     assert rig.plugin.health.states[GPU_DEVICE].held
+
+
+async def test_a_held_device_is_republished_only_once_its_change_is_confirmed(rig: Rig) -> None:
+    """Issue 39 row 1: a prepared VF unbound underneath changes its slice device (no
+    ``vfioDriver`` now) and its health; the health waits for a confirming scan, and so does
+    the device: the pool is written ONCE, with the taint. Before, the first scan wrote the
+    whole pool without the taint and the confirming one wrote it again (1,024 VFs unbound at
+    once: 16 slices written twice, the tainted ones queued behind the useless ones)."""
+    body = claim("vm-vf", [{"request": "nic", "driver": DRIVER, "pool": NODE,
+                            "device": VF_DEVICE}])  # fmt: skip
+    m = rig.api.seed(CLAIMS, body)["metadata"]
+    await rig.kubelet.run_pod(DRIVER, "virt-launcher-vf", "vms", [(m["uid"], m["name"])])
+    await rig.wait("the VF healthy and held", lambda: (h := rig.plugin.health.states.get(
+        VF_DEVICE)) is not None and h.held and h.health == "HEALTHY")  # fmt: skip
+    await rig.wait("the pool written", lambda: rig.plugin.publisher.written_devices is not None)
+    shown: list[dict[str, Any]] = []  # the VF as each publication wrote it
+    rig.plugin.publisher.on_published.append(
+        lambda _g, slices: shown.extend(
+            d for s in slices for d in s["spec"].get("devices") or [] if d["name"] == VF_DEVICE
+        )
+    )
+    mark = len(rig.api.requests)
+    rig.tree.set_driver("0000:af:00.1", None)  # unbound under the VM
+    await rig.wait("the taint", lambda: rig.devices().get(VF_DEVICE, {}).get("taints"))
+    assert shown and all(d.get("taints") for d in shown), shown  # no write before the taint
+
+    def writes() -> list[str]:
+        return [f"{r.method} {r.path}" for r in list(rig.api.requests)[mark:]
+                if r.method in ("PUT", "POST")]  # fmt: skip
+
+    await rig.wait("the claim's status written", lambda: any("/status" in w for w in writes()))
+    first = next(i for i, w in enumerate(writes()) if "/status" in w)
+    assert any("resourceslices" in w for w in writes()[:first]), writes()  # the taint first

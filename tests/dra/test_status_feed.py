@@ -133,3 +133,25 @@ async def test_close_leaves_a_stuck_write_after_its_grace_and_says_so(
     feed.claim_changed("vms", "claim-a", "a")  # closed: taken no more
     assert feed.busy == 0
     writer.go.set()
+
+
+async def test_a_hold_keeps_writes_queued_until_released_or_run_out() -> None:
+    """Issue 39 row 1: when held devices change health the plugin holds the status writes
+    until the tainted slices are written (1,024 status GETs and PUTs raced the 16 slice
+    writes); the claims asked for meanwhile are written at the release, coalesced; a hold
+    nobody releases runs out by itself."""
+    claims = {u: record(u) for u in ("a", "b")}
+    writer = Writer()
+    feed = feed_of(writer, claims)
+    feed.hold(GUARD)
+    feed.device_changed("pci-0000-3b-00-0")
+    feed.device_changed("pci-0000-3b-00-0")
+    await asyncio.sleep(0.2)
+    assert writer.calls == [] and feed.busy == 2  # queued, not started
+    feed.release()
+    await until(lambda: feed.busy == 0)
+    assert sorted(uid for uid, _ in writer.calls) == ["a", "b"]  # once each
+    feed.hold(0.1)  # never released: runs out
+    feed.claim_changed("vms", "claim-a", "a")
+    await until(lambda: len(writer.calls) == 3)
+    await feed.close()

@@ -35,6 +35,7 @@ records).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,8 @@ log = logging.getLogger("vfio_dp.dra")
 
 #: a held group's new health is confirmed by a second scan this soon (debounce, < 1 s)
 CONFIRM_DELAY = 0.2
+#: claim-status writes wait this long at most for the slices of a health change
+STATUS_HOLD = 2.0
 
 
 def health_timeout(resync: float) -> int:
@@ -175,6 +178,7 @@ class DraPlugin(FrontEnd):
             self.options.registry_dir,
             self.options.plugins_dir,
         )
+        self._loop = asyncio.get_running_loop()
         self.publisher.start()
         # the first scan must know the prepared claims: a held group is never withdrawn
         # (blocking reads on the core's executor, which core.start makes the default anyway)
@@ -183,7 +187,6 @@ class DraPlugin(FrontEnd):
         self.feed.on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
-        self._loop = asyncio.get_running_loop()
         if self.claim_watch is not None:  # after reconcile: a switch ahead starts settled
             self.claim_watch.start()
         await self.kubelet.start()
@@ -285,6 +288,8 @@ class DraPlugin(FrontEnd):
         held = [h for h in update.changed if h.held]
         for h in held:
             self.metrics.inc("vfio_dp_dra_health_changes_total", health=h.health)
+        if held:  # the taints are written first (the scheduler's), then the claims' status
+            self.status.hold(STATUS_HOLD)
         self.status.devices_changed({h.device for h in held})
         if update.pending and self._confirm is None and not self._stopping:
             self._confirm = asyncio.get_running_loop().call_later(CONFIRM_DELAY, self._confirm_scan)
@@ -311,6 +316,7 @@ class DraPlugin(FrontEnd):
         self.core.kick("health confirm")
 
     def _published(self, generation: int, slices: list[dict[str, Any]]) -> None:
+        """After each pool write (the publisher's thread)."""
         self.metrics.inc("vfio_dp_dra_publishes_total")
         self.metrics.set("vfio_dp_dra_pool_generation", generation)
         fields = ApiFields(self.publisher.counters_kept, self.publisher.binding_kept)
@@ -320,6 +326,9 @@ class DraPlugin(FrontEnd):
                 self._fields_written = fields
             except VfioError as e:
                 log.warning("what the API server keeps is not recorded for vfioctl list: %s", e)
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process stops
+                self._loop.call_soon_threadsafe(self.status.release)
 
     # -- the kubelet shell's handler -----------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:

@@ -153,6 +153,7 @@ class StatusFeed:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: dict[str, _Key] = {}  # asked for while its write ran
         self._closed = False
+        self._hold: asyncio.TimerHandle | None = None  # writes wait until :meth:`release`
 
     # -- what changed ----------------------------------------------------------------------
     def claim_changed(self, namespace: str, name: str, uid: str) -> None:
@@ -180,6 +181,23 @@ class StatusFeed:
             if rec.state == PREPARED and any(d.device in devices for d in rec.devices):
                 self.claim_changed(rec.namespace, rec.name, rec.uid)
 
+    def hold(self, seconds: float) -> None:
+        """Start no write for up to ``seconds`` (until :meth:`release`): the tainted slices
+        go to the API server first. 1,024 held devices going bad were 1,024 status GETs and
+        PUTs queued ahead of, and racing, the 16 slice writes scheduling depends on. Writes
+        under way go on; the ones asked for meanwhile are only queued (coalesced)."""
+        if self._hold is not None:
+            self._hold.cancel()
+        self._hold = asyncio.get_running_loop().call_later(seconds, self.release)
+
+    def release(self) -> None:
+        """Writes may start again (the slices were written, or the hold ran out)."""
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+            if not self._closed:
+                self._pump()
+
     @property
     def busy(self) -> int:
         """Writes queued or running."""
@@ -187,6 +205,8 @@ class StatusFeed:
 
     # -- writing ---------------------------------------------------------------------------
     def _pump(self) -> None:
+        if self._hold is not None and not self._closed:
+            return
         while self._queue and len(self._running) < self.workers:
             uid = next(iter(self._queue))
             key = self._queue.pop(uid)
@@ -228,6 +248,9 @@ class StatusFeed:
         """Stop taking changes; give the writes queued and running ``grace`` seconds, then
         leave the rest (logged: a write stuck on the API server ends with the process)."""
         self._closed = True
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
         end = time.monotonic() + grace
         while self._queue and len(self._running) < self.workers:
             self._pump()  # queued writes still get their chance within the grace

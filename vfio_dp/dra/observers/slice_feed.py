@@ -129,6 +129,9 @@ class SliceFeed:
             verdicts, held=set(holds.held), in_flight=holds.in_flight | busy, now=time.time()
         )
         built = self._devices(shown, inv)
+        for name in update.pending:  # a held device's news waits for its confirming scan:
+            if name in self._last:  # published as it was until then (1,024 VFs unbound at
+                built[name] = self._last[name]  # once were every slice written twice)
         self._last = {n: d for n, d in {**self._last, **built}.items() if n in verdicts}
         self._effects = {
             **{n: e for n, e in self._effects.items() if n in verdicts},
