@@ -233,7 +233,8 @@ class SimulatedKernel:
         next_group = max(groups, default=0) + 1
         for i in range(count):
             devfn = (slot << 3 | func) + 1 + i  # First VF Offset 1, VF Stride 1
-            vf = f"{domain}:{bus}:{devfn >> 3:02x}.{devfn & 7:x}"
+            vbus = int(bus, 16) + (devfn >> 8)  # past function 0xff: the next bus (256 VFs)
+            vf = f"{domain}:{vbus:02x}:{(devfn & 0xFF) >> 3:02x}.{devfn & 7:x}"
             group = parent.group if pf in self.vf_group_with_pf else next_group + i
             self.tree.add(
                 Dev(

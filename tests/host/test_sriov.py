@@ -247,3 +247,18 @@ def test_kernel_rules_in_the_simulator(nvme_tree: SysfsTree, sim: SimulatedKerne
     assert e.value.errno == errno.ERANGE
     sim.write(path, "0")
     assert VF1 not in nvme_tree.devs and not list(nvme_tree.dev_dir(PF).glob("virtfn*"))
+
+
+def test_256_vfs_go_past_function_ff_onto_the_next_bus(tmp_path: Path) -> None:
+    """The simulator as the kernel (``pci_iov_virtfn_bus``): VF 256 of a PF at 40:00.0
+    (offset 1, stride 1) is routing ID 0x100 past the PF's, i.e. 41:00.0 (the bench's row 3,
+    ``numVfs: 256`` on 4 PFs, made invalid addresses like 40:20.0 before)."""
+    t = SysfsTree(tmp_path / "root")
+    t.add(Dev("0000:00:1b.0", "8086", "a113", "060400", driver="pcieport", group=8))
+    t.add(Dev("0000:40:00.0", "1b36", "0010", "010802", driver="nvme", group=9,
+              parent="0000:00:1b.0", sriov_totalvfs=256, sriov_numvfs=0))  # fmt: skip
+    kernel = SimulatedKernel(t)
+    kernel.write(str(t.sys("bus/pci/devices/0000:40:00.0/sriov_numvfs")), "256")  # Sriov.set
+    vfs = sorted(str(a) for a, d in Host(t.root).scan().devices.items() if d.physfn is not None)
+    assert len(vfs) == 256 and vfs[0] == "0000:40:00.1" and vfs[-1] == "0000:41:00.0"
+    assert "0000:40:1f.7" in vfs
