@@ -163,3 +163,23 @@ def test_bind_unbind_check_and_release_read_only_their_groups(
     # check, bind, release (its holdings, then the group it gives back), bind, unbind
     assert h.group_reads == [["0000:03:01.0"], ["0000:03:01.0"], both, both,
                              ["0000:03:01.0"], both]  # fmt: skip
+
+
+def test_a_group_read_reads_the_bind_records_of_its_own_devices_only(tmp_path: Path) -> None:
+    """Issue 39 row 3: ``numVfs: 256`` on 4 PFs bound 1,024 VFs one group at a time, and each
+    bind's group read read every bind record on the node (~500,000 reads). It reads its own
+    group's now; what it says of them is unchanged (the record's driver)."""
+    tree = gpu_host(tmp_path / "gpu")
+    host = Host(tree.root)
+    host.state.put(OriginalDriver("0000:3b:00.0", "nvidia", None, "10de", "1eb8"))
+    for i in range(40):  # other devices' records (bound VFs elsewhere on the node)
+        host.state.put(OriginalDriver(f"0000:{0x80 + i:02x}:00.1", "mlx5_core", None, "15b3",
+                                      "101c"))  # fmt: skip
+    files = host.state.files
+    read, names = [], []
+    real_read, real_names = files.read, files.names
+    files.read = lambda d, n: read.append(n) or real_read(d, n)  # type: ignore[method-assign]
+    files.names = lambda d: names.append(d) or real_names(d)  # type: ignore[method-assign]
+    inv = host.scan_groups([PciAddress.parse("0000:3b:00.0")])
+    assert inv.devices[PciAddress.parse("0000:3b:00.0")].original_driver == "nvidia"
+    assert names == [] and len(read) <= len(inv.devices), read  # its group's records only
