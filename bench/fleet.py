@@ -174,6 +174,65 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
     return out
 
 
+# -- row 4: the webhook at cluster scale ---------------------------------------------------------
+def webhook_row(work: Path, nodes: int, devices: int, reviews: int) -> dict[str, float]:
+    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
+    API-server stand-in holding ``nodes`` Nodes that each advertise ``devices`` of one device
+    plugin resource, and a DeviceClass of ours with a slice of ``devices`` DRA devices per node
+    (the DRA-aware lookup, KEP-5004). ``--node-cache-seconds 1``: the 100 nodes and 6,400
+    devices are listed again every second of the run. ``reviews`` AdmissionReviews (a VMI
+    asking for both) at 64 connections: p99; the webhook's RSS after a warm-up and after
+    them."""
+    from bench.webhook_bench import level, rss_kib, start_server
+    from tests.dra.apiserver_standin import DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
+    from vfio_dp.dra.deviceclasses import selector_expression
+
+    driver = "vfio.dra.vfio-dp.io"
+    dra_res, dp_res = "devices.kubevirt.io/10de_1eb8", "devices.kubevirt.io/10de_10f8"
+    api = ApiServerStandin(str(work / "api"))
+    api.start()
+    api.seed(DEVICE_CLASSES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "vfio-10de-1eb8"},
+        "spec": {"extendedResourceName": dra_res,
+                 "selectors": [{"cel": {"expression": selector_expression(driver, dra_res)}}]},
+    })  # fmt: skip
+    for i in range(nodes):
+        node = f"node-{i:03d}"
+        api.seed(NODES, {"metadata": {"name": node},
+                         "status": {"allocatable": {"cpu": "64", dp_res: str(devices)}}})  # fmt: skip
+        api.seed(SLICES, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}-0"},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"pci-0000-{j + 1:02x}-00-0",
+                                  "attributes": {"resourceName": {"string": dra_res}}}
+                                 for j in range(devices)]},
+        })  # fmt: skip
+    proc, url, ctx = start_server(
+        str(work / "certs"), ("--check-nodes", "--node-cache-seconds", "1"),
+        {"KUBECONFIG": api.kubeconfig},
+    )  # fmt: skip
+    try:
+        asyncio.run(level(url, ctx, 64, 640, 60))  # warm-up: connections, caches
+        rss0 = rss_kib(proc.pid) / 1024
+        cpu0 = cpu_ns(proc.pid)
+        got = asyncio.run(level(url, ctx, 64, reviews, 600))
+        grew = rss_kib(proc.pid) / 1024 - rss0
+        log(f"row 4: {got['requests']} reviews, p50 {got['p50_ms']:.1f} ms, p99 "
+            f"{got['p99_ms']:.1f} ms, {got['rps']:.0f}/s, webhook CPU "
+            f"{(cpu_ns(proc.pid) - cpu0) / 1e9:.1f} s, RSS {rss0:.0f} MB {grew:+.1f} MB, "
+            f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        lists = sum(1 for r in api.requests if r.method == "GET" and r.path.endswith("/nodes"))
+        log(f"row 4: the node list was read {lists} times")
+    finally:
+        proc.kill()
+        proc.wait()
+        api.stop()
+    return {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
+
+
 # -- row 3c: numVfs on the simulator (the DRA plugin in-process) ---------------------------------
 async def sriov_row(work: Path, pfs: int, vfs: int) -> dict[str, float]:
     """``numVfs: <vfs>`` on ``pfs`` SR-IOV PFs (QEMU NVMe ids, on ``nvme``) of a temp tree with
@@ -426,7 +485,11 @@ def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> di
 
 # -- all -------------------------------------------------------------------------------------------
 def measure(
-    small: bool, soak: float | None, only: set[str], devices: int | None = None
+    small: bool,
+    soak: float | None,
+    only: set[str],
+    devices: int | None = None,
+    reviews: int | None = None,
 ) -> tuple[dict[str, float], dict[str, str]]:
     side = Side("tree", Path(os.environ["BENCH_CODE"]) if os.environ.get("BENCH_CODE") else None)
     big, k1, claims, rounds = (256, 64, 100, 2) if small else (4096, 1024, 1000, 3)
@@ -457,6 +520,9 @@ def measure(
             "fleet_dp_health": statistics.median(dp_health_row(side, work, k1, rounds))})  # fmt: skip
         step("3 SR-IOV", lambda: asyncio.run(
             sriov_row(work / "sriov", 2 if small else 4, 16 if small else 256)))  # fmt: skip
+        step("4 webhook", lambda: webhook_row(
+            work / "webhook", 100 if not small else 10, 64 if not small else 8,
+            reviews or (500 if small else 20_000)))  # fmt: skip
         step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
         step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
     finally:
@@ -471,11 +537,13 @@ def main() -> int:
     ap.add_argument("--soak", type=float, default=None, help="row 5's soak, seconds")
     ap.add_argument("--only", default="", help="rows to run, e.g. 1,2")
     ap.add_argument("--devices", type=int, default=None, help="rows 1 and 3: devices (1,024)")
+    ap.add_argument("--reviews", type=int, default=None,
+                    help="row 4: reviews (20,000; the issue's 100,000 is --reviews 100000)")  # fmt: skip
     args = ap.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     started = time.monotonic()
     figures, broken = measure(
-        args.small, args.soak, {s for s in args.only.split(",") if s}, args.devices
+        args.small, args.soak, {s for s in args.only.split(",") if s}, args.devices, args.reviews
     )
     if args.json:
         print(json.dumps({"figures": figures, "broken": broken}))

@@ -64,14 +64,18 @@ REVIEW = {
 }
 
 
-def start_server(cert_dir: str) -> tuple[subprocess.Popen[str], str, ssl.SSLContext]:
+def start_server(
+    cert_dir: str, extra: tuple[str, ...] = (), env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str, ssl.SSLContext]:
+    """``extra``: more webhook flags (bench/fleet.py row 4: ``--check-nodes``), ``env_extra``:
+    more environment (its ``KUBECONFIG``)."""
     cmd = [
         sys.executable, "-c", "from cli.main import main; main()", "webhook", "--self-signed",
         "--address", "127.0.0.1", "--port", "0", "--cert-dir", cert_dir, "--log-level", "warning",
         # the held connections of the memory row stay open while they are measured
-        "--handshake-timeout", "60", "--idle-timeout", "60",
+        "--handshake-timeout", "60", "--idle-timeout", "60", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "VFIOCTL_CONFIG": ""}
+    env = {**os.environ, "VFIOCTL_CONFIG": "", **(env_extra or {})}
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

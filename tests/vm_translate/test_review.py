@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from vfio_dp.model.config import Config
-from vm_translate.errors import ReviewError
+from vm_translate.errors import NodeCheckError, ReviewError
 from vm_translate.nodes import NodeCache, NodeResources, capacity_problems, nodes_from_list
 from vm_translate.review import decide, parse_review
 
@@ -174,5 +175,39 @@ async def test_node_cache_fetches_once_per_ttl() -> None:
     now[0] += 29
     assert (await cache.get())[0].name == "1"
     now[0] += 2
+    # expired: the old list answers at once while one fetch runs (issue 39 row 4)
+    assert (await cache.get())[0].name == "1"
+    assert (await cache.get())[0].name == "1"  # the same fetch, not a second one
+    await asyncio.sleep(0)
     assert (await cache.get())[0].name == "2"
+    assert calls == 2
+
+
+async def test_no_review_waits_for_a_refetch_and_a_failed_one_is_said() -> None:
+    """Issue 39 row 4: once a list is known, an expired one answers while the API server is
+    asked again (a review never waits for the 100 nodes' lists after the first); a refetch
+    that fails drops the old list: the next callers get its error, as an unreachable API
+    server's first fetch does."""
+    gate = asyncio.Event()
+    calls = 0
+    now = [100.0]
+
+    async def fetch() -> list[NodeResources]:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await gate.wait()  # the API server is slow
+            raise NodeCheckError("cannot list nodes")
+        return [NodeResources("a")]
+
+    cache = NodeCache(fetch, ttl=30, clock=lambda: now[0])
+    assert (await cache.get())[0].name == "a"
+    now[0] += 31
+    got = await asyncio.wait_for(cache.get(), 1.0)  # not held by the slow fetch
+    assert got[0].name == "a" and calls == 2
+    gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    with pytest.raises(NodeCheckError):
+        await cache.get()
     assert calls == 2
