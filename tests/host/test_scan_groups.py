@@ -175,11 +175,11 @@ def test_a_group_read_reads_the_bind_records_of_its_own_devices_only(tmp_path: P
     for i in range(40):  # other devices' records (bound VFs elsewhere on the node)
         host.state.put(OriginalDriver(f"0000:{0x80 + i:02x}:00.1", "mlx5_core", None, "15b3",
                                       "101c"))  # fmt: skip
-    files = host.state.files
-    read, names = [], []
-    real_read, real_names = files.read, files.names
-    files.read = lambda d, n: read.append(n) or real_read(d, n)  # type: ignore[method-assign]
-    files.names = lambda d: names.append(d) or real_names(d)  # type: ignore[method-assign]
+    state = host.state
+    got, listed = [], []
+    real_get, real_all = state.get, state.all
+    state.get = lambda a: got.append(a) or real_get(a)  # type: ignore[method-assign]
+    state.all = lambda: listed.append(1) or real_all()  # type: ignore[method-assign]
     inv = host.scan_groups([PciAddress.parse("0000:3b:00.0")])
     assert inv.devices[PciAddress.parse("0000:3b:00.0")].original_driver == "nvidia"
-    assert names == [] and len(read) <= len(inv.devices), read  # its group's records only
+    assert listed == [] and len(got) <= len(inv.devices), got  # its group's records only
