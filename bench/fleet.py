@@ -164,8 +164,10 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
             if bad:
                 out.append(max(seen, written))
                 # the CPU of this process (plugin and stand-ins, every thread) meanwhile
-                log(f"row 1 round {r // 2 + 1}: stream {seen:.2f} s, slices {written:.2f} s, "
-                    f"CPU {time.process_time() - cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+                log(
+                    f"row 1 round {r // 2 + 1}: stream {seen:.2f} s, slices {written:.2f} s, "
+                    f"CPU {time.process_time() - cpu:.2f} s, load {os.getloadavg()[0]:.1f}"
+                )
     finally:
         await plugin.stop()
         await kubelet.stop()
@@ -471,8 +473,10 @@ def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> di
             rss_mb(dp.proc.pid) - out["fleet_rss_dp"],
         )
         out["fleet_rss_growth"] = sum(grew)  # both daemons; each one said in the log
-        log(f"row 5: {i} changes over {soak:.0f} s: RSS DRA {grew[0]:+.1f} MB, "
-            f"device plugin {grew[1]:+.1f} MB")
+        log(
+            f"row 5: {i} changes over {soak:.0f} s: RSS DRA {grew[0]:+.1f} MB, "
+            f"device plugin {grew[1]:+.1f} MB"
+        )
     finally:
         if kubelet is not None:
             loop.run(kubelet.stop())
@@ -522,7 +526,7 @@ def measure(
             sriov_row(work / "sriov", 2 if small else 4, 16 if small else 256)))  # fmt: skip
         step("4 webhook", lambda: webhook_row(
             work / "webhook", 100 if not small else 10, 64 if not small else 8,
-            reviews or (500 if small else 20_000)))  # fmt: skip
+            reviews or (300 if small else 20_000)))  # fmt: skip
         step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
         step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
     finally:
