@@ -15,6 +15,7 @@ act on it. Every journalled operation names its runner (:attr:`Host.runner`: ``v
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -134,25 +135,17 @@ class Host:
 
     def _records_of(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, OriginalDriver]:
         """The bind records (``<root>/var/lib/vfio_dp/original/<bdf>.json``) of ``addresses``
-        only, one file each; an unreadable one is skipped, as :meth:`StateStore.all` skips it.
-        (A group's bind read every record: ``numVfs: 256`` on 4 PFs bound 1,024 VFs one group
-        at a time, ~500,000 record reads.)"""
+        only (not all: 1,024 VFs bound a group at a time were ~500,000 reads); an unreadable
+        one skipped, as :meth:`StateStore.all` skips it."""
         out: dict[PciAddress, OriginalDriver] = {}
         for a in addresses:
-            try:
-                rec = self.state.get(a)
-            except HostError:
-                continue
-            if rec is not None:
-                out[a] = rec
+            with contextlib.suppress(HostError):
+                if (rec := self.state.get(a)) is not None:
+                    out[a] = rec
         return out
 
-    def _annotate(
-        self,
-        devices: dict[PciAddress, PciDevice],
-        usage: bool,
-        records: Mapping[PciAddress, OriginalDriver] | None = None,
-    ) -> None:
+    def _annotate(self, devices: dict[PciAddress, PciDevice], usage: bool,
+                  records: Mapping[PciAddress, OriginalDriver] | None = None) -> None:  # fmt: skip
         """Set each device's ``original_driver`` from the bind records (``records``, or every
         one) and, with ``usage``, its ``in_use`` (in place)."""
         records = self.state.all() if records is None else records
