@@ -10,11 +10,11 @@ The list-then-watch loop of a Kubernetes informer, on one thread of its own: lis
 names, their ``resourceVersion``, the list's ``resourceVersion``), then watch from there with
 ``kubernetes.watch.Watch``; a watch that ends (``timeoutSeconds``, a dropped connection) is
 started again from the last resourceVersion seen (a BOOKMARK moves it too; so is one cut
-off before any answer, once and at once: a kept-alive connection the server had closed); a
-``410 Gone`` (the server forgot that resourceVersion: an ERROR event, or the HTTP status)
-lists again.
-Other failures are retried with backoff; meanwhile :attr:`SliceWatch.synced` is False and the
-publisher lists for itself, as it would without a watch.
+off before any answer, at once, up to three in a row: kept-alive connections the server had
+closed); a ``410 Gone`` (the server forgot that resourceVersion: an ERROR event, or the HTTP
+status) lists again. Other failures are retried with backoff; meanwhile
+:attr:`SliceWatch.synced` is False and the publisher lists for itself, as it would without a
+watch.
 
 Why not ``kubernetes.informer.SharedInformer``: it turns every event into a typed model
 (``V1ResourceSlice``: ~0.17 ms per device here, ~180 ms of CPU per 1,024-device republish,
@@ -53,6 +53,9 @@ log = logging.getLogger("vfio_dp.dra")
 #: how long one watch request lasts (the server ends it; the next starts where it stopped)
 WATCH_SECONDS = 300
 MAX_BACKOFF = 10.0
+#: watches cut off before any answer started again at once, in a row (each stale kept-alive
+#: connection of the pool costs one), before the next is a failure like any other
+MAX_UNANSWERED = 3
 
 #: ``(event type, slice name, resourceVersion)`` -- called on the watch's thread
 OnEvent = Callable[[str, str, str], None]
@@ -106,7 +109,7 @@ class ListWatch:
 
     def _run(self) -> None:
         backoff = 0.2
-        resumed = False  # a watch cut off unanswered was started again once, at once
+        unanswered = 0  # watches in a row cut off before any answer, started again at once
         while not self._stop.is_set():
             try:
                 # one deadline over the list and the watch: stop() cuts either off
@@ -117,16 +120,18 @@ class ListWatch:
                     if self.resource_version is None:
                         self.relist()
                     self.watch_once()
-                backoff, resumed = 0.2, False
+                backoff, unanswered = 0.2, 0
             except ApiCallError as e:
                 if self._stop.is_set():
                     return
-                if e.status is None and not e.expired and not resumed and self.resource_version:
-                    # no answer at all (a kept-alive connection the server had closed, a
-                    # restart): once, at once, from where it was; 410 if that is too old
+                if e.status is None and not e.expired and unanswered < MAX_UNANSWERED and (
+                    self.resource_version
+                ):
+                    # no answer at all (kept-alive connections the server had closed, a
+                    # restart): at once, from where it was; 410 if that is too old
                     log.debug("watching %s: %s; starting again from %s", self.what, e,
                               self.resource_version)  # fmt: skip
-                    resumed = True
+                    unanswered += 1
                     continue
                 if e.status == 410:
                     log.info("the watch of %s: resourceVersion expired (%s): listing again",
