@@ -164,6 +164,19 @@ def native(
     return out
 
 
+def pool_hold(holder: str | None) -> str | None:
+    """``held by pool:<driver> (…)`` for a device its bind record says a DRA pool holds
+    (:func:`vfio_dp.host.state.pool_of`), else None."""
+    from vfio_dp.host.state import pool_of
+
+    if holder is None or pool_of(holder) is None:
+        return None
+    return (
+        f"held by {holder} (a claim switched it ahead of its pod and went away: that pool's "
+        "next claim takes it over; vfioctl unbind gives it back)"
+    )
+
+
 def joined(*parts: str | None, sep: str = " ") -> str | None:
     return sep.join(p for p in parts if p) or None
 

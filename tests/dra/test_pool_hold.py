@@ -231,3 +231,20 @@ def test_the_previous_release_reads_a_pool_hold_and_leaves_it_alone(
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout)
     assert seen == {"held": {NVME: POOL}, "claims": [None], "restores": [[NVME, "nvme"]]}
+
+
+def test_vfioctl_list_shows_the_pool_hold_and_how_to_give_it_back(
+    tree: SysfsTree, kernel: SimulatedKernel, tmp_path: Path
+) -> None:
+    from tests.cli.test_host_commands import run
+
+    _pool_held(tree, kernel)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG)
+    p = run("list", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rows[NVME]["held_by"] == POOL and rows[NVME]["driver"] == "vfio-pci"
+    p = run("list", "--root", str(tree.root), "--config", str(cfg))
+    line = next(x for x in p.stdout.splitlines() if x.startswith(NVME))
+    assert f"held by {POOL}" in line and "vfioctl unbind gives it back" in line, p.stdout
