@@ -15,8 +15,8 @@ as ``vfioctl bind``) --
    ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``: "switched for claim X, not yet
    prepared") BEFORE anything is touched, when a switch is needed: a crash from here on
    leaves a record of the claim, which reconcile settles like any other (kept while the
-   claim is allocated here, the switch done again by the watch's next list; released once
-   it is not);
+   claim is allocated here, the switch done again by the watch's next list; held by the
+   pool once it is not, as below);
 2. switches: a VFIO entry's group bound to its VFIO driver (bind record
    ``bound_by: claim:<uid>``), a container entry's functions put on their native driver and
    their device nodes waited for;
@@ -33,9 +33,9 @@ VFIO switch's group on its VFIO driver, held by the pool (bind records ``bound_b
 pool:<driver>``, :meth:`~vfio_dp.dra.claimpath.reconcile.Reconciler.hold_for_pool`: nothing
 unowned). The pool's next claim takes it over -- a VFIO claim with no driver work, a
 container claim switching it back to its native driver -- and nobody else may
-(:func:`vfio_dp.host.state.pool_refusal`); ``vfioctl unbind`` gives it back. Without the API fields (``bindingConditions`` dropped by the server, or
-``--binding-conditions=false``) no result carries binding conditions and Prepare does the
-switch as before.
+(:func:`vfio_dp.host.state.pool_refusal`); ``vfioctl unbind`` gives it back. Without the
+API fields (``bindingConditions`` dropped by the server, or ``--binding-conditions=false``)
+no result carries binding conditions and Prepare does the switch as before.
 """
 
 from __future__ import annotations
