@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # types only: each command imports what it uses when it runs
     from vfio_dp.model.config import Config
 
 
-_NO_NATIVE: tuple[None, None] = (None, None)
+_NO_NATIVE: tuple[None, None, None] = (None, None, None)
 
 
 def _config(path: str | None, node: str | None = None) -> Config:
@@ -101,6 +101,7 @@ def list_cmd(
         serving, units = views.serving(inv, cfg, chosen)
         view = views.dra_view(host, inv, units, dra_driver)
         native = views.native(host, inv, units, dra_driver)
+        holders = host.record_holders()  # who holds each binding (a pool hold named below)
         shown = {a: d for a, d in inv.devices.items() if views.wanted(d, driver, pci_class, vendor)}
         if output == "name":
             from vfio_dp.model.address import name_of
@@ -120,6 +121,8 @@ def list_cmd(
                 **views.view_json(view.get(d.iommu_group) if d.iommu_group is not None else None),
                 "dra_native_device": nat[0],
                 "not_offered_as_container": nat[1],
+                "not_offered_as_vm": nat[2],
+                "held_by": holders.get(a),
             }
             for a, d in shown.items()
             for nat in (native.get(a, _NO_NATIVE),)
@@ -161,12 +164,13 @@ def list_cmd(
                         (
                             serving[a].resource or serving[a].dra_resource,
                             serving[a].served_by,
-                            views.joined(serving[a].dra_device, native.get(a, (None, None))[0]),
+                            views.joined(None if nat[2] else serving[a].dra_device, nat[0]),
                             views.dra_cell(view, d.iommu_group, serving[a].dra_device),
                             views.joined(
                                 serving[a].not_served,
-                                (why := native.get(a, (None, None))[1])
-                                and f"not offered as container: {why}",
+                                nat[1] and f"not offered as container: {nat[1]}",
+                                nat[2] and f"not offered as vm: {nat[2]}",
+                                views.pool_hold(holders.get(a)),
                                 sep="; ",
                             ),
                         )
@@ -175,6 +179,7 @@ def list_cmd(
                     ),
                 )
                 for a, d in shown.items()
+                for nat in (native.get(a, _NO_NATIVE),)
             ],
             wide=output == "wide",
         )

@@ -125,11 +125,13 @@ def view_json(v: GroupView | None) -> dict[str, object]:
 
 def native(
     host: Host, inv: Inventory, units: list[DraUnit], driver: str
-) -> dict[PciAddress, tuple[str | None, str | None]]:
+) -> dict[PciAddress, tuple[str | None, str | None, str | None]]:
     """Each function of a published group whose selectors offer ``container``: its group's
     container entry (``pci-…-native``) or why it is not offered
     (:func:`vfio_dp.host.devnodes.container_problems`: no device nodes of its own; or, as the
-    DRA plugin recorded, a cluster that drops counters: ``vm`` first, so ``vm`` alone)."""
+    DRA plugin recorded in ``<root>/var/lib/vfio_dp/dra-<driver>.api.json``, a cluster that
+    drops counters: ``[vm, container]`` publishes ``vm`` alone), and why its VFIO entry is
+    not offered (None: it is; ``[container, vm]`` on that cluster: ``container`` alone)."""
     from vfio_dp.model.personality import Personality
 
     offering = [u for u in units if u.published and Personality.CONTAINER in u.personalities]
@@ -146,17 +148,33 @@ def native(
     except CorruptRecordError as e:
         say(f"vfioctl: warning: {e}", err=True)
         fields = None
+    no_vm: dict[str, str] = {}
     for u in offering:
-        first = u.personalities[0]
-        why = fields.first_only(first) if fields and len(u.personalities) > 1 else None
-        if why and first != Personality.CONTAINER and u.name not in problems:
-            problems[u.name] = f"not offered as container: {why}"
-    out: dict[PciAddress, tuple[str | None, str | None]] = {}
+        why = fields.first_only([p.value for p in u.personalities]) if fields else None
+        if why and u.personalities[0] == Personality.CONTAINER:
+            no_vm[u.name] = why
+        elif why and u.name not in problems:
+            problems[u.name] = why
+    out: dict[PciAddress, tuple[str | None, str | None, str | None]] = {}
     for u in offering:
         why = problems.get(u.name)
         for a in u.endpoints:
-            out[a] = (None, why) if why else (dra_native_name(u.name), None)
+            name = None if why else dra_native_name(u.name)
+            out[a] = (name, why, no_vm.get(u.name))
     return out
+
+
+def pool_hold(holder: str | None) -> str | None:
+    """``held by pool:<driver> (…)`` for a device its bind record says a DRA pool holds
+    (:func:`vfio_dp.host.state.pool_of`), else None."""
+    from vfio_dp.host.state import pool_of
+
+    if holder is None or pool_of(holder) is None:
+        return None
+    return (
+        f"held by {holder} (a claim switched it ahead of its pod and went away: that pool's "
+        "next claim takes it over; vfioctl unbind gives it back)"
+    )
 
 
 def joined(*parts: str | None, sep: str = " ") -> str | None:

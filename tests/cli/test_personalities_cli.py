@@ -71,6 +71,33 @@ def test_list_says_when_the_cluster_drops_counters_first_personality_only(
     assert rows[NVME]["dra_native_device"] == "pci-0000-01-00-0-native"
 
 
+def test_list_names_the_vfio_entry_left_out_when_container_comes_first(
+    tmp_path: Path,
+) -> None:
+    """``personalities: [container, vm]`` on a cluster that drops counters: the container
+    entry alone is published, and ``list`` says the VFIO entry (vm) is left out, and why."""
+    from vfio_dp.dra.observers.api_fields import ApiFields, ApiFieldsStore
+    from vfio_dp.host.root import Root
+    from vfio_dp.model.naming import DEFAULT_DRA_DRIVER
+
+    tree, _ = nvme_tree(tmp_path / "host")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG.replace("[vm, container]", "[container, vm]"))
+    ApiFieldsStore(Root(str(tree.root)), DEFAULT_DRA_DRIVER).put(ApiFields(counters=False))
+    p = run("list", "--root", str(tree.root), "--config", str(cfg), "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["address"]: r for r in json.loads(p.stdout)}
+    assert rows[NVME]["dra_native_device"] == "pci-0000-01-00-0-native"
+    assert rows[NVME]["not_offered_as_container"] is None
+    why = rows[NVME]["not_offered_as_vm"]
+    assert why is not None and "drops ResourceSlice counters" in why
+    assert "first personality only (container); vm left out" in why
+    p = run("list", "--root", str(tree.root), "--config", str(cfg))
+    line = next(x for x in p.stdout.splitlines() if x.startswith(NVME))
+    assert "not offered as vm: the API server drops ResourceSlice counters" in line
+    assert " pci-0000-01-00-0 " not in line and "pci-0000-01-00-0-native" in line
+
+
 def test_check_shows_the_nodes_a_container_would_get(tmp_path: Path) -> None:
     tree, _ = nvme_tree(tmp_path / "host")
     p = run("check", "--root", str(tree.root), NVME, NIC, "-o", "json")

@@ -467,3 +467,26 @@ async def test_the_daemon_serves_only_device_plugin_devices_and_binds_only_its_o
     assert NIC not in kubelet.plugins and set(daemon.endpoints) == {pair}
     assert tree.driver_of("0000:af:00.1") == "mlx5_core"  # a DRA bind: true VF: not ours
     assert daemon.metrics.get("vfio_dp_binds_total") == 0
+
+
+async def test_a_device_a_dra_pool_holds_is_listed_unhealthy_naming_the_hold(
+    tree: SysfsTree, kubelet: KubeletStandin, start_daemon: StartDaemon
+) -> None:
+    """A claim switched the NIC to vfio-pci ahead of its pod and went away (bind record
+    ``bound_by: pool:<driver>``): the device plugin never hands it to a pod; ``vfioctl
+    unbind`` (the record gone) would give it back, and then it is served again."""
+    from vfio_dp.host.state import OriginalDriver, StateStore
+
+    host = Host(tree.root)
+    store = StateStore(host.fs)
+    store.put(OriginalDriver(NIC_ID, "e1000e", None, "8086", "10d3", "pool:vfio.dp.io"))
+    daemon = await start_daemon()
+    await kubelet.wait_for("the NIC listed Unhealthy", listed(NIC, {NIC_ID: "Unhealthy"}))
+    (unit,) = daemon.listing.units(NIC)
+    assert any(
+        "held by the DRA pool of vfio.dp.io" in r and f"vfioctl unbind {NIC_ID}" in r
+        for r in unit.reasons
+    ), unit.reasons
+    store.remove(PciAddress.parse(NIC_ID))  # the hold taken over (or given back)
+    await daemon.core.rescan("test")
+    await kubelet.wait_for("the NIC Healthy again", listed(NIC, {NIC_ID: "Healthy"}))

@@ -1159,6 +1159,9 @@ class ApiServerStandin:
         self._held_lists: set[str] = set()
         self.lists_held = 0
         self.held_hangups: list[float] = []
+        #: (method, plural, status subresource) -> how many more such requests fail with 503
+        #: (:meth:`fail_next`)
+        self._failing: dict[tuple[str, str, bool], int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1279,6 +1282,20 @@ class ApiServerStandin:
         with self.lock:
             self._watches_paused = False
             self.lock.notify_all()
+
+    def fail_next(self, method: str, plural: str, count: int, *, status: bool = False) -> None:
+        """The next ``count`` ``method`` requests on ``plural`` (its ``/status`` with
+        ``status``) are answered 503 ServiceUnavailable, as an overloaded server does."""
+        with self.lock:
+            self._failing[(method, plural, status)] = count
+
+    def _take_failure(self, method: str, plural: str, status: bool) -> None:
+        with self.lock:
+            left = self._failing.get((method, plural, status), 0)
+            if left <= 0:
+                return
+            self._failing[(method, plural, status)] = left - 1
+        raise ApiError(503, "ServiceUnavailable", "the server is currently unable to handle it")
 
     def hold_lists(self, plural: str) -> None:
         """List requests of ``plural`` (GET of the collection, not a watch) wait unanswered
@@ -1848,6 +1865,7 @@ class _Handler(BaseHTTPRequestHandler):
                 name,
             )
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            self.api._take_failure(method, kind.plural, sub)
             if method == "GET" and not name and query.get("watch") in ("true", "1"):
                 if self.api._take_hang_up(kind.plural):
                     self.close_connection = True  # no status line: the client sees a hang-up

@@ -86,7 +86,7 @@ def test_hanging_gets_fail_their_claims_at_the_deadline_and_starve_nothing(
     async def scenario() -> tuple[bool, object, object]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(2))  # the node core's host-I/O threads
-        await prep._ensure_loaded()
+        await prep.loaded()
         gets = asyncio.ensure_future(prep.prepare(hanging))
         # the GETs are in flight: the server has accepted their connections
         with ThreadPoolExecutor(1) as own:  # not the host threads the old code starved

@@ -272,20 +272,31 @@ async def test_a_driver_that_refuses_the_device_says_failed_and_leaves_it_as_it_
 
 
 async def test_a_claim_deleted_before_prepare_has_its_record_dropped(
-    apiserver: ApiServerStandin, plugin: DraPlugin, tree: SysfsTree
+    apiserver: ApiServerStandin, plugin: DraPlugin, tree: SysfsTree, kernel: SimulatedKernel
 ) -> None:
+    """The device stays where the switch put it, held by the pool (nothing unowned); the
+    pool's next claim, a container one, takes it over: back on nvme, the pool hold gone."""
     sched = SchedulerStandin(apiserver, binding_timeout=60, interval=0.5)
-    _claim(apiserver, "ct", "pair-ct")
     _claim(apiserver, "vm", "nvme-vm")
     sched.allocate("default", "vm", NODE)
     assert await _prebind(sched, "vm") == "bound"
     uid = _ref(apiserver, "vm").uid
     assert plugin.claims.checkpoint.get(uid) is not None
+    before = len(_bind_writes(kernel))
     k8s.ResourceV1Api(apiserver.client()).delete_namespaced_resource_claim("vm", "default")
     await until("the record dropped", lambda: plugin.ahead.dropped == 1)
     assert plugin.claims.checkpoint.get(uid) is None
-    assert plugin.core.host.record_holders() == {}  # nothing unowned
-    assert tree.driver_of(NVME) == "nvme"  # a VFIO switch is given back, as Unprepare does
+    assert tree.driver_of(NVME) == "vfio-pci" and _bind_writes(kernel)[before:] == []
+    assert plugin.core.host.record_holders() == {PCI(NVME): f"pool:{DRIVER}"}  # not unowned
+    # the pool's next claim: a container one switches it back and the pool hold drops
+    _claim(apiserver, "ct", "nvme-ct")
+    sched.allocate("default", "ct", NODE)
+    assert await _prebind(sched, "ct") == "bound"
+    assert tree.driver_of(NVME) == "nvme"
+    assert plugin.core.host.record_holders() == {}
+    ct = _ref(apiserver, "ct")
+    out = (await plugin.prepare([ct]))[ct.uid]
+    assert out.error == "", out.error
 
 
 async def test_a_record_a_crash_left_before_the_switch_is_settled_at_start(
@@ -324,3 +335,37 @@ async def test_a_record_a_crash_left_before_the_switch_is_settled_at_start(
         assert set(second.claims.checkpoint.all()) == {uid}
     finally:
         await second.stop()
+
+
+async def test_a_failed_condition_write_is_retried_with_a_bounded_backoff(
+    apiserver: ApiServerStandin, plugin: DraPlugin, tree: SysfsTree
+) -> None:
+    """The status write fails 3 times (503): it is written again after 1, 2 and 4 s, not at
+    the watch's next list (up to 300 s later); the scheduler binds."""
+    assert plugin.binding is not None
+    apiserver.fail_next("PUT", "resourceclaims", 3, status=True)
+    sched = SchedulerStandin(apiserver, binding_timeout=60, interval=0.5)
+    _claim(apiserver, "vm", "nvme-vm")
+    sched.allocate("default", "vm", NODE)
+    assert await _prebind(sched, "vm") == "bound"
+    assert plugin.binding.failures == 3
+    assert _conditions(apiserver, "vm", VM_ENTRY)[READY]["status"] == "True"
+    assert tree.driver_of(NVME) == "vfio-pci"
+
+
+async def test_a_condition_write_still_retried_is_dropped_when_the_claim_goes(
+    apiserver: ApiServerStandin, plugin: DraPlugin
+) -> None:
+    assert plugin.binding is not None
+    apiserver.fail_next("PUT", "resourceclaims", 1000, status=True)
+    sched = SchedulerStandin(apiserver, binding_timeout=60, interval=0.5)
+    _claim(apiserver, "vm", "nvme-vm")
+    sched.allocate("default", "vm", NODE)
+    uid = _ref(apiserver, "vm").uid
+    await until("a failed write, retried", lambda: plugin.binding.failures >= 2)  # type: ignore[union-attr]
+    assert plugin.binding.pending(uid)
+    k8s.ResourceV1Api(apiserver.client()).delete_namespaced_resource_claim("vm", "default")
+    await until("the retry given up", lambda: not plugin.binding.pending(uid))  # type: ignore[union-attr]
+    failures = plugin.binding.failures
+    await asyncio.sleep(2.5)  # past the next retry it would have made (2 s, then 4 s)
+    assert plugin.binding.failures == failures

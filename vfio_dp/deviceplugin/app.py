@@ -174,7 +174,8 @@ class Daemon(FrontEnd):
     # -- the core's observer -----------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
         """Recompute every resource's list from the core's new view and publish changes."""
-        listing = compute_listing(snapshot.inventory, snapshot.config, self.listing)
+        holders = await self.core.run(self.host.record_holders)  # a DRA pool's hold: refused
+        listing = compute_listing(snapshot.inventory, snapshot.config, self.listing, None, holders)
         if any(e.path == DEVICE_PLUGIN for e in snapshot.config.mdev) or self.mdev:
             mdev = await self.core.run(self._read_mdev, snapshot.config)
             for line in mdev_changes(self.mdev, mdev):

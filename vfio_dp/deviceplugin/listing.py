@@ -24,16 +24,21 @@ Invariants (tested):
   the reason.
 - Bridges are never listed; companions of a group that no selector takes (a GPU's audio
   function) are not listed but must be vfio/DMA-safe for the group to be viable.
+- A unit one of whose endpoints a DRA pool holds (its bind record
+  ``<root>/var/lib/vfio_dp/original/<bdf>.json`` says ``bound_by: pool:<driver>``: a claim
+  switched it to VFIO ahead of its pod and went away) is Unhealthy, the hold and the fix as
+  the reason: only that pool's claims take it over (:func:`vfio_dp.host.state.pool_refusal`).
 - Lists are sorted by ID, so equal inventories give equal lists (no spurious updates).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from vfio_dp.errors import no_iommu_group
+from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN, pool_refusal
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first
@@ -112,9 +117,11 @@ def compute_listing(
     config: Config,
     previous: Listing | None = None,
     chosen: Chosen | None = None,
+    holders: Mapping[PciAddress, str] | None = None,
 ) -> Listing:
     """Every resource's units from one inventory (see the module docstring for the rules).
-    Linear in the devices: one selector match each (``chosen``, when the caller has it)."""
+    Linear in the devices: one selector match each (``chosen``, when the caller has it).
+    ``holders``: the bind records' holders by address (a pool hold is refused)."""
     chosen = choose(inventory, config) if chosen is None else chosen
     names = ResourceNames(config)
     claimed: dict[PciAddress, str] = {}
@@ -150,6 +157,9 @@ def compute_listing(
         for dev in devs:
             if not dev.on_vfio:
                 reasons.append(_not_on_vfio(dev, dev.address in sticky))
+            held = (holders or {}).get(dev.address)
+            if held and (why := pool_refusal(dev.address, held, BOUND_BY_DEVICE_PLUGIN)):
+                reasons.append(why)
         if g is None:
             reasons.append(no_iommu_group(str(devs[0].address)))
         else:

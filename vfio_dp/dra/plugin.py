@@ -46,7 +46,7 @@ from vfio_dp.core.health import HealthModel
 from vfio_dp.core.node import NodeCore, Snapshot
 from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
-from vfio_dp.dra.apiserver.claim_watch import ClaimWatch
+from vfio_dp.dra.apiserver.claim_watch import BindingWrites, ClaimWatch
 from vfio_dp.dra.apiserver.client import TIMEOUT, Lane, Lanes
 from vfio_dp.dra.apiserver.publisher import PublishError, SlicePublisher
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
@@ -62,7 +62,7 @@ from vfio_dp.dra.observers.claim_status import StatusFeed
 from vfio_dp.dra.observers.slice_feed import PoolUpdate, SliceFeed
 from vfio_dp.dra.options import DraOptions
 from vfio_dp.dra.slices import Device
-from vfio_dp.errors import ApiCallError, UsageError, VfioError
+from vfio_dp.errors import UsageError, VfioError
 from vfio_dp.host import Host
 from vfio_dp.model.naming import dra_entry
 
@@ -148,11 +148,13 @@ class DraPlugin(FrontEnd):
         self.ahead = SwitchAhead(self.claims)
         self.claim_watch: ClaimWatch | None = None
         self.binding_lane: Lane | None = None
+        self.binding: BindingWrites | None = None  # the conditions written, retried
         if options.binding_conditions:
             self.claim_watch = ClaimWatch(
                 client, options.driver_name, options.node_name, self._claim_seen
             )
             self.binding_lane = Lane(client, "binding", 1)
+            self.binding = BindingWrites(self.binding_lane, self.status_writer.write_binding)
         self._ahead_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -183,7 +185,7 @@ class DraPlugin(FrontEnd):
         # the first scan must know the prepared claims: a held group is never withdrawn
         # (blocking reads on the core's executor, which core.start makes the default anyway)
         asyncio.get_running_loop().set_default_executor(self.core.executor)
-        await self.claims._ensure_loaded()
+        await self.claims.loaded()
         self.feed.on_server = await self._published_on_server()
         await self.core.start()
         await self._reconcile_once()  # before kubelet can call: what a crash left is settled
@@ -203,6 +205,8 @@ class DraPlugin(FrontEnd):
             await asyncio.to_thread(self.claim_watch.stop)
         for task in list(self._ahead_tasks):
             task.cancel()
+        if self.binding is not None:
+            self.binding.close()
         if self.binding_lane is not None:
             self.binding_lane.close()
         self.health_stream.close()  # kubelet's streams end before the server goes
@@ -260,20 +264,16 @@ class DraPlugin(FrontEnd):
     async def _ahead(self, uid: str, claim: dict[str, Any] | None) -> None:
         try:
             if claim is None:
+                if self.binding is not None:
+                    self.binding.drop(uid)  # a write still retried is given up
                 await self.ahead.gone(uid)
                 return
             outcome = await self.ahead.allocated(claim)
-            if outcome is None or self.binding_lane is None:
+            if outcome is None or self.binding is None:
                 return
             meta = claim.get("metadata") or {}
             ns, name = str(meta.get("namespace")), str(meta.get("name"))
-            await self.binding_lane.run(
-                f"writing the binding conditions of ResourceClaim {ns}/{name}",
-                self.status_writer.write_binding, ns, name, uid,
-                outcome.conditions(self.options.driver_name),
-            )  # fmt: skip
-        except ApiCallError as e:
-            log.error("claim %s: binding conditions not written: %s", uid, e)
+            self.binding.write(uid, ns, name, outcome.conditions(self.options.driver_name))
         except Exception:
             log.exception("claim %s: the switch ahead of its pod", uid)
 

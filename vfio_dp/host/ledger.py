@@ -6,7 +6,8 @@ Files (formats in :mod:`.state`)::
     <root>/var/lib/vfio_dp/ops/<id>.json         the journal of one bind or unbind while it runs
 
 Holders (the record's ``bound_by``): ``operator`` (``vfioctl bind``), ``device-plugin`` / ``dra-plugin``
-(a selector's ``bind: true`` in that front-end), ``claim:<uid>`` (a DRA claim's Prepare);
+(a selector's ``bind: true`` in that front-end), ``claim:<uid>`` (a DRA claim's Prepare),
+``pool:<driver>`` (a pool hold: who may take it, :func:`vfio_dp.host.state.pool_refusal`);
 ``daemon``, what versions before the split wrote for either front-end, still reads as an
 automatic front-end binding (never a claim's), and its interrupted operations are recovered
 by either front-end (:func:`vfio_dp.host.state.recovers`).

@@ -37,6 +37,7 @@ from vfio_dp.errors import (
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
 from vfio_dp.host.recovery import executor, recover
+from vfio_dp.host.state import pool_refusal
 from vfio_dp.host.vfio_drivers import mark_on_vfio
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
@@ -107,14 +108,23 @@ def _plan_bind(
     *,
     group: bool,
     force: bool,
+    holder: str,
     mdev: Sequence[MdevEntry] = (),
 ) -> BindPlan:
+    """:func:`vfio_dp.model.plan.plan_bind`, and a device on VFIO already that a DRA pool
+    holds refused to every other ``holder`` (:func:`vfio_dp.host.state.pool_refusal`)."""
     plan = plan_bind(
         inv, addresses, group=group, force=force, groups_in_use=in_use,
         root_display=host.fs.display, mdev_entries=mdev,
     )  # fmt: skip
-    if plan.refusals:
-        raise RefusedError(list(plan.refusals))
+    refusals = list(plan.refusals)
+    for a in plan.already:
+        with contextlib.suppress(HostError):  # unreadable: read (and named) by an unbind
+            rec = host.ledger.record(a)
+            if rec is not None and (why := pool_refusal(a, rec.bound_by, holder)) is not None:
+                refusals.append(why)
+    if refusals:
+        raise RefusedError(refusals)
     return plan
 
 
@@ -152,7 +162,9 @@ def bind(
     inv = inventory if inventory is not None and not undone else host.scan_groups(addresses)
     _check_escapes(host, inv, addresses)
     in_use = groups_in_use(host, inv, addresses) if probe else None
-    plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force, mdev=mdev)
+    plan = _plan_bind(
+        host, inv, addresses, in_use, group=group, force=force, holder=bound_by, mdev=mdev
+    )
     planner = Binder(host.fs, host.kernel)
     if dry_run:
         result = BindResult(
@@ -182,7 +194,9 @@ def bind(
         }
         mark_on_vfio(host.fs, devices)  # on VFIO as the groups are now (a provider's node)
         inv = dataclasses.replace(inv, devices=devices)
-        plan = _plan_bind(host, inv, addresses, in_use, group=group, force=force, mdev=mdev)
+        plan = _plan_bind(
+            host, inv, addresses, in_use, group=group, force=force, holder=bound_by, mdev=mdev
+        )
         forced = [f"forced: {w}" for w in plan.forced]
         result = BindResult(already=list(plan.already), warnings=undone + forced)
         targets = [inv.devices[a] for a in plan.targets]

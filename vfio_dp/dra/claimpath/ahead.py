@@ -7,16 +7,16 @@ claim's ``status.allocation.devices.results[]`` and binds the pod only once ever
 condition is True in ``status.devices[].conditions``. The claim watch
 (:mod:`vfio_dp.dra.apiserver.claim_watch`) hands each claim allocated from our pool to
 :meth:`SwitchAhead.allocated`, which -- under the claim's Prepare lock, through Prepare's
-own steps (:class:`~.prepare.ClaimPreparer`: resolve, :func:`.native.check`, the bind of
-``_take`` or :func:`.native.switch`, the verifications; the same locks, journal, bind
-records and refusals as ``vfioctl bind``) --
+own steps (:class:`~.steps.DeviceSteps`: resolve, check, take -- the bind or
+:func:`.native.switch` -- and verify; the same locks, journal, bind records and refusals
+as ``vfioctl bind``) --
 
 1. checkpoints the claim ``switched`` (``"state": "switched"`` in
    ``<root>/var/lib/vfio_dp/dra-<driver>.checkpoint.json``: "switched for claim X, not yet
    prepared") BEFORE anything is touched, when a switch is needed: a crash from here on
    leaves a record of the claim, which reconcile settles like any other (kept while the
-   claim is allocated here, the switch done again by the watch's next list; released once
-   it is not);
+   claim is allocated here, the switch done again by the watch's next list; held by the
+   pool once it is not, as below);
 2. switches: a VFIO entry's group bound to its VFIO driver (bind record
    ``bound_by: claim:<uid>``), a container entry's functions put on their native driver and
    their device nodes waited for;
@@ -27,12 +27,15 @@ records and refusals as ``vfioctl bind``) --
 
 Prepare then finds the devices where they must be and does no driver work: it writes the
 files and records the claim ``prepared``. A claim deallocated or deleted before its pod
-starts (:meth:`SwitchAhead.gone`) has its ``switched`` record dropped through the same
-release as Unprepare: a container switch stays on its native driver, a VFIO switch's group
-goes back to its native driver (a group on vfio-pci nobody holds would be an unowned
-binding). Without the API fields (``bindingConditions`` dropped by the server, or
-``--binding-conditions=false``) no result carries binding conditions and Prepare does the
-switch as before.
+starts (:meth:`SwitchAhead.gone`, or reconcile after a restart) has its ``switched`` record
+dropped and its devices left where they are: a container switch on its native driver, a
+VFIO switch's group on its VFIO driver, held by the pool (bind records ``bound_by:
+pool:<driver>``, :meth:`~vfio_dp.dra.claimpath.reconcile.Reconciler.hold_for_pool`: nothing
+unowned). The pool's next claim takes it over -- a VFIO claim with no driver work, a
+container claim switching it back to its native driver -- and nobody else may
+(:func:`vfio_dp.host.state.pool_refusal`); ``vfioctl unbind`` gives it back. Without the
+API fields (``bindingConditions`` dropped by the server, or ``--binding-conditions=false``)
+no result carries binding conditions and Prepare does the switch as before.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vfio_dp.dra.claimpath import native, resolve
+from vfio_dp.dra.claimpath import resolve
 from vfio_dp.dra.claimpath.checkpoint import PREPARED, SWITCHED
 from vfio_dp.dra.claimpath.claims import (
     AllocationResult,
@@ -124,7 +127,7 @@ class SwitchAhead:
         """Switch the devices of ``claim`` (its API JSON) that carry binding conditions; the
         outcome to write, or None when there is nothing to do (none carries them, or our
         conditions are written already)."""
-        await self.p._ensure_loaded()
+        await self.p.loaded()
         try:
             view = view_claim(claim)
         except Malformed as e:
@@ -137,7 +140,7 @@ class SwitchAhead:
             return None
         devices = tuple((r.pool, r.device) for r in wanted)
         ref = ClaimRef(view.namespace, view.uid, view.name)
-        async with self.p._lock(view.uid):
+        async with self.p.lock(view.uid):
             held = self.p.checkpoint.get(view.uid)
             if held is not None and held.state == PREPARED:  # Prepare came first: it switched
                 return Outcome(devices, True, "Prepared", f"claim {who} is prepared")
@@ -164,24 +167,21 @@ class SwitchAhead:
         devices: tuple[tuple[str, str], ...],
     ) -> Outcome:
         """Prepare's steps up to the files (module doc). Blocking; under the claim's lock."""
-        p, uid = self.p, ref.uid
+        p, steps, uid = self.p, self.p.steps, ref.uid
         who = describe(ref.namespace, ref.name, uid)
         try:
-            inv, chosen = p._resolve(who, uid, results)
-            expected = native.check(p.host, p.checkpoint.all(), who, uid, chosen, inv)
+            inv, chosen = steps.resolve(who, uid, results)
+            expected = steps.check(p.checkpoint.all(), who, uid, chosen, inv)
         except VfioError as e:
             return Outcome(devices, False, REFUSED, str(e))
-        binds = bool(resolve.to_bind(chosen, inv)) or bool(native.to_switch(chosen, inv))
-        if binds and p.checkpoint.get(uid) is None:  # durable before anything is touched
+        if steps.moves(chosen, inv) and p.checkpoint.get(uid) is None:  # durable first
             records = resolve.device_records(chosen, inv)
-            p.checkpoint.commit(p._record(ref, view, SWITCHED, records))
+            p.checkpoint.commit(p.record(ref, view, SWITCHED, records))
         reason = SWITCH_FAILED
         try:
-            inv = p._take(who, uid, chosen, inv)
-            inv, _ = native.switch(p.host, who, chosen, inv, expected, p.node_timeout)
+            inv, _ = steps.take(who, uid, chosen, inv, expected)
             reason = NOT_READY
-            resolve.verify(who, chosen, inv, p.published() if p.published else None)
-            native.verify(who, chosen, inv)
+            steps.verify(who, chosen, inv)
         except VfioError as e:
             self._release(uid, who, "the switch failed")
             return Outcome(devices, False, reason, str(e))
@@ -205,14 +205,23 @@ class SwitchAhead:
 
     async def gone(self, uid: str) -> bool:
         """The claim is no longer allocated here (deallocated or deleted): a ``switched``
-        record of it is dropped (True). A prepared claim is kubelet's to unprepare."""
-        await self.p._ensure_loaded()
-        async with self.p._lock(uid):
+        record of it is dropped (True), its devices left where the switch put them, what it
+        bound to VFIO held by the pool
+        (:meth:`~vfio_dp.dra.claimpath.reconcile.Reconciler.hold_for_pool`). A prepared
+        claim is kubelet's to unprepare."""
+        await self.p.loaded()
+        async with self.p.lock(uid):
             rec = self.p.checkpoint.get(uid)
             if rec is None or rec.state != SWITCHED:
                 return False
-            if not await asyncio.to_thread(self._release, uid, rec.ref, "no longer allocated"):
+            try:
+                held = await asyncio.to_thread(self.p.reconciler.hold_for_pool, uid, rec.ref)
+            except VfioError as e:  # reconcile retries it
+                log.error("claim %s: handing its switch ahead to the pool: %s", rec.ref, e)
                 return False
             self.dropped += 1
-        log.info("claim %s is no longer allocated here: its switch ahead is dropped", rec.ref)
+        log.info(
+            "claim %s is no longer allocated here: its switch ahead is dropped%s", rec.ref,
+            f"; the pool holds {', '.join(map(str, held))}" if held else "",
+        )  # fmt: skip
         return True

@@ -21,6 +21,7 @@ the two steps over the host, :func:`check` and :func:`switch` (blocking).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 from vfio_dp.dra.claimpath.checkpoint import ClaimRecord
@@ -28,7 +29,7 @@ from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import PCI_BUS_ID, STANDARD, Device
 from vfio_dp.errors import ClaimError, HostError, VfioError
 from vfio_dp.host import Host, devnodes
-from vfio_dp.host.state import claim_of
+from vfio_dp.host.state import bound_by_claim, claim_takes, pool_refusal
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.devnodes import NativeNodes, group_container_problem
@@ -58,13 +59,17 @@ def refusals(
     uid: str,
     holders: Mapping[PciAddress, str],
     others: Sequence[ClaimRecord],
+    driver: str,
 ) -> None:
     """:class:`ClaimError` before anything is touched, when a group of the claim is held by
-    someone else in the other personality: bound to VFIO by the operator or a front-end
-    (``holders``: the bind records' holders), or prepared for another claim of ours
-    (``others``: the checkpoint's other claims) as VFIO for a container entry, or as a
-    container for a VFIO entry. The scheduler gives out one entry of a group at a time
-    (a counter of value 1): this is the node's own check of the same rule."""
+    someone else: a pool hold this claim may not take (another DRA driver's pool:
+    :func:`vfio_dp.host.state.pool_refusal`), or in the other personality: bound to VFIO by
+    the operator or a front-end (``holders``: the bind records' holders), or prepared for
+    another claim of ours (``others``: the checkpoint's other claims) as VFIO for a
+    container entry, or as a container for a VFIO entry. The scheduler gives out one entry
+    of a group at a time (a counter of value 1): this is the node's own check of the same
+    rule. A stale claim's binding and ``driver``'s own pool hold are taken over
+    (:func:`vfio_dp.host.state.claim_takes`)."""
     theirs: dict[str, tuple[str, bool]] = {}  # group name -> (claim, as a container)
     for rec in others:
         if rec.uid == uid:
@@ -85,11 +90,14 @@ def refusals(
                 "personality at a time: it is handed over once that claim is unprepared",
                 c.result.device,
             )
-        if not c.gets_nodes:
-            continue
         for a in c.unit.endpoints:
             holder = holders.get(a)
-            if holder is not None and claim_of(holder) is None:
+            if holder is None:
+                continue
+            why = pool_refusal(a, holder, bound_by_claim(uid), driver)
+            if why is not None:
+                raise ClaimError(who, why, c.result.device)
+            if c.gets_nodes and not claim_takes(holder, driver):
                 raise ClaimError(
                     who,
                     f"{a} is bound to VFIO by {holder}, not by a claim; give it back first "
@@ -180,9 +188,10 @@ def check(
     uid: str,
     chosen: Sequence[Chosen],
     inv: Inventory,
+    driver: str,
 ) -> dict[PciAddress, tuple[str, ...]]:
-    """Before anything is touched: refuse a group held in the other personality
-    (:func:`refusals`); record the device nodes of every function of a group offered as a
+    """Before anything is touched: refuse a group held by someone else (:func:`refusals`;
+    ``driver``: the claim's DRA driver); record the device nodes of every function of a group offered as a
     container that is on its native driver now (a VFIO claim's too, before its bind takes
     them away); for a container claim, the nodes each function is known to have (what
     :func:`switch` waits for). Blocking."""
@@ -195,8 +204,12 @@ def check(
     if not offered:  # VM-only groups (today's pools): nothing to check, nothing read
         return {}
     wants_nodes = bool(containers(chosen))
-    holders = host.record_holders() if wants_nodes else {}
-    refusals(who, chosen, uid, holders, list(checkpointed.values()))
+    holders: dict[PciAddress, str] = {}
+    for a in offered:  # these groups' records only; an unreadable one refuses at the bind
+        with contextlib.suppress(HostError):
+            if (rec := host.ledger.record(a)) is not None:
+                holders[a] = rec.bound_by
+    refusals(who, chosen, uid, holders, list(checkpointed.values()), driver)
     found = devnodes.native_nodes(host.fs, inv, offered)
     return known_nodes(who, chosen, inv, found) if wants_nodes else {}
 

@@ -13,14 +13,15 @@ Prepare, for each claim kubelet names (namespace, uid, name), is a recipe over p
    few devices on a host of thousands) -- and checkpoint the claim as ``preparing`` when it
    has a group to bind (before the bind; a claim with nothing to bind is recorded once,
    ``prepared``; the checkpoint format: :mod:`.checkpoint`);
-3. **take ownership**: for ``bind: onPrepare`` bind every group of the claim not yet on
+3. **take ownership** (:class:`~.steps.DeviceSteps`, the switch ahead's steps too): for
+   ``bind: onPrepare`` bind every group of the claim not yet on
    vfio-pci in ONE :meth:`vfio_dp.host.Host.bind` (``group=True``: the same refusals, the
    same rollback and the same durable record, holder ``claim:<uid>``; never ``probe``: the
    plugin does not open group nodes; it plans from the read of step 2, and again under the
    devices' locks), re-read those groups' devices only then
-   (:meth:`vfio_dp.host.Host.reread`), and adopt bind records a stale
-   claim left on these groups; then verify each group is viable, on vfio-pci, and still has
-   the number published;
+   (:meth:`vfio_dp.host.Host.reread`), and adopt bind records a stale claim or the
+   claim's pool (``pool:<driver>``) left on these groups; then verify each group is
+   viable, on vfio-pci, and still has the number published;
 4. **write** the KEP-5304 metadata file per request and the claim's CDI spec (:mod:`.edits`);
    for a claim the scheduler made for a pod's extended-resource limits (KEP-5004), each
    request's devices also carry the variables the device plugin's Allocate gives
@@ -75,20 +76,18 @@ from vfio_dp.dra.claimpath.claims import (
     ours,
 )
 from vfio_dp.dra.claimpath.commit import CallCommit
-from vfio_dp.dra.claimpath.edits import ClaimDirs, ClaimFiles, build, io_error
+from vfio_dp.dra.claimpath.edits import ClaimDirs, ClaimFiles, build
 from vfio_dp.dra.claimpath.outcome import outcome
 from vfio_dp.dra.claimpath.reconcile import ClaimReader, Reconciler, ReconcileReport
 from vfio_dp.dra.claimpath.resolve import Chosen
+from vfio_dp.dra.claimpath.steps import DeviceSteps
 from vfio_dp.dra.slices import Device, device_for
 from vfio_dp.errors import ClaimError, VfioError
 from vfio_dp.host import Host
-from vfio_dp.host.state import bound_by_claim, claim_of
-from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.devnodes import NativeNodes
-from vfio_dp.model.serving import dra_units
 
 __all__ = ["ClaimPreparer", "ClaimReader", "ReconcileReport"]
 
@@ -127,7 +126,6 @@ class ClaimPreparer:
         publisher last wrote, by name; None: compare with the current scan. ``node_timeout``:
         how long a container claim waits for its device nodes after the switch to the
         native driver (kubelet's own deadline is ~45 s)."""
-        self.node_timeout = node_timeout
         self.host = host
         self.driver = cdi.check_driver(driver)
         self.node = node
@@ -138,6 +136,11 @@ class ClaimPreparer:
         self.published = published
         self.metrics = metrics
         self.checkpoint = checkpoint or Checkpoint.for_host(host, driver)
+        #: the steps over a claim's devices, Prepare's and the switch ahead's
+        self.steps = DeviceSteps(
+            host=host, driver=self.driver, config=config, published=published,
+            node_timeout=node_timeout,
+        )  # fmt: skip
         self.reconciler = Reconciler(
             host=host,
             driver=self.driver,
@@ -145,21 +148,24 @@ class ClaimPreparer:
             dirs=self.dirs,
             checkpoint=self.checkpoint,
             read_claim=read_claim,
-            lock=self._lock,
+            lock=self.lock,
             metric=self._metric,
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._loaded = False
         self.mdev_costs: dict[tuple[str, str], int] = {}  # mdev_slices.type_cost's memory
 
-    # -- plumbing ------------------------------------------------------------------------
-    def _lock(self, uid: str) -> asyncio.Lock:
+    # -- what the switch ahead (.ahead) and the plugin use ----------------------------------
+    def lock(self, uid: str) -> asyncio.Lock:
+        """The claim's lock: one worker at a time per claim (Prepare, Unprepare, reconcile,
+        the switch ahead)."""
         lock = self._locks.get(uid)
         if lock is None:
             lock = self._locks[uid] = asyncio.Lock()
         return lock
 
-    async def _ensure_loaded(self) -> None:
+    async def loaded(self) -> None:
+        """The checkpoint read (once; its unreadable records logged)."""
         if not self._loaded:
             await asyncio.to_thread(self.checkpoint.load)
             for p in self.checkpoint.problems:
@@ -176,7 +182,7 @@ class ClaimPreparer:
 
     # -- NodePrepareResources ------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        await self._ensure_loaded()
+        await self.loaded()
         once = list({c.uid: c for c in reversed(claims)}.values())  # a UID named twice: once
         call = CallCommit(self.checkpoint, len(once))
         results = await asyncio.gather(*(self._prepare_serialized(c, call) for c in once))
@@ -184,7 +190,7 @@ class ClaimPreparer:
 
     async def _prepare_serialized(self, claim: ClaimRef, call: CallCommit) -> ClaimResult:
         claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
-        async with self._lock(claim.uid):  # a retry while its Prepare runs reads after it
+        async with self.lock(claim.uid):  # a retry while its Prepare runs reads after it
             try:
                 try:
                     devices, gen, keep = await self._prepare(claim)
@@ -230,24 +236,21 @@ class ClaimPreparer:
         step was a tenth of a Prepare). Blocking; under the claim's lock. → (the devices,
         the number of the staged ``prepared`` record for the call's commit, whether the
         claim was prepared before: its files stay if that commit fails)."""
-        who = _describe(claim)
-        inv, chosen = self._resolve(who, claim.uid, wanted)
-        expected = native.check(self.host, self.checkpoint.all(), who, claim.uid, chosen, inv)
+        who, steps = _describe(claim), self.steps
+        inv, chosen = steps.resolve(who, claim.uid, wanted)
+        expected = steps.check(self.checkpoint.all(), who, claim.uid, chosen, inv)
         records = resolve.device_records(chosen, inv)
         previous = self.checkpoint.get(claim.uid)
-        binds = bool(resolve.to_bind(chosen, inv)) or bool(native.to_switch(chosen, inv))
         keep = previous is not None and previous.state == PREPARED
-        if binds and not keep:  # durable before the bind
-            self.checkpoint.commit(self._record(claim, view, PREPARING, records))
-        inv = self._take(who, claim.uid, chosen, inv)
-        inv, found = native.switch(self.host, who, chosen, inv, expected, self.node_timeout)
-        resolve.verify(who, chosen, inv, self.published() if self.published else None)
-        native.verify(who, chosen, inv)
+        if steps.moves(chosen, inv) and not keep:  # durable before the bind
+            self.checkpoint.commit(self.record(claim, view, PREPARING, records))
+        inv, found = steps.take(who, claim.uid, chosen, inv, expected)
+        steps.verify(who, chosen, inv)
         try:
             files = self._write(claim, view, chosen, inv, resources, found)
             ids = [d.cdi_device_ids for d in files.prepared]
             records = tuple(replace(r, cdi_device_ids=i) for r, i in zip(records, ids, strict=True))
-            gen = self._record(claim, view, PREPARED, records)
+            gen = self.record(claim, view, PREPARED, records)
         except BaseException:
             if not keep:
                 self._discard_files(claim.uid, who)
@@ -266,7 +269,7 @@ class ClaimPreparer:
             self.host, _describe(claim), claim, view.pod_claim_name, wanted,
             entries={m.device.name: m for m in entries}, claims=claims,
             commit=self.checkpoint.commit, dirs=self.dirs,
-            record=lambda state, devices: self._record(claim, view, state, devices),
+            record=lambda state, devices: self.record(claim, view, state, devices),
         )  # fmt: skip
 
     async def _read(self, claim: ClaimRef) -> ClaimView:
@@ -294,55 +297,6 @@ class ClaimPreparer:
         return await extended.request_resources(
             dict(view.request_classes), requests, self.read_class, who
         )
-
-    def _resolve(
-        self, who: str, uid: str, wanted: Sequence[AllocationResult]
-    ) -> tuple[Inventory, tuple[Chosen, ...]]:
-        """Read the claim's IOMMU groups (only those: :meth:`Host.scan_groups`, fresh, with
-        host use) and pair each result with its group. A result's device names its group's
-        first endpoint (``pci-0000-3b-00-0``); a name that is not one, or whose group has
-        another first endpoint now, has no unit here: "no such device". Blocking."""
-        named = (naming.dra_device_address(naming.dra_entry(r.device)[0]) for r in wanted)
-        inv = self.host.scan_groups([a for a in named if a is not None])
-        units = {u.name: u for u in dra_units(inv, self.config())}
-        mine: set[PciAddress] = set()
-        if any(not u.published for u in units.values()):
-            mine = set(self.host.holdings(bound_by_claim(uid)))
-        chosen = resolve.resolve(
-            who, wanted, units, inv, lambda unit: any(a in mine for a in unit.endpoints)
-        )
-        return inv, chosen
-
-    def _take(self, who: str, uid: str, chosen: Sequence[Chosen], inv: Inventory) -> Inventory:
-        """Bind what ``bind: onPrepare`` groups are not on vfio-pci yet (and re-read those,
-        only then); a group another (stale, not yet reconciled) claim bound becomes this
-        claim's, so the stale claim's release never gives back a group this claim hands to
-        its pod. Operator and front-end bindings stay theirs. Blocking."""
-        holder = bound_by_claim(uid)
-        targets = resolve.to_bind(chosen, inv)
-        if targets:
-            names = ", ".join(c.unit.name for c in chosen if c.unit.primary in targets)
-            try:
-                self.host.bind(
-                    targets, group=True, probe=False, bound_by=holder,
-                    inventory=inv,  # the claim's groups as just read (planned again under locks)
-                    vfio_driver={a: c.unit.vfio_driver for c in chosen for a in c.unit.endpoints},
-                    mdev=self.config().mdev,
-                )  # fmt: skip
-            except VfioError as e:
-                raise ClaimError(
-                    who, f"binding the IOMMU group to its VFIO driver failed: {e}", names
-                ) from e
-            # the bound groups' drivers, overrides and cdevs; no other device is read again
-            inv = self.host.reread(inv, targets)
-        try:
-            self.host.adopt(
-                resolve.handed_over(chosen), holder, replacing=lambda h: claim_of(h) is not None
-            )
-        except OSError as e:
-            path = self.host.state_file("original")
-            raise io_error("writing the bind records in", path, e) from e
-        return inv
 
     def _write(
         self,
@@ -401,7 +355,7 @@ class ClaimPreparer:
         except VfioError as e:
             log.warning("claim %s: its files could not be removed after the failure: %s", who, e)
 
-    def _record(
+    def record(
         self, claim: ClaimRef, view: ClaimView, state: str, devices: tuple[DeviceRecord, ...]
     ) -> int:
         """The claim's checkpoint record, staged: its number for
@@ -413,7 +367,7 @@ class ClaimPreparer:
 
     # -- NodeUnprepareResources ----------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        await self._ensure_loaded()
+        await self.loaded()
         once = list({c.uid: c for c in reversed(claims)}.values())  # a UID named twice: once
         call = CallCommit(self.checkpoint, len(once), before=self.dirs.sync)
         results = await asyncio.gather(*(self._unprepare_serialized(c, call) for c in once))
@@ -421,7 +375,7 @@ class ClaimPreparer:
 
     async def _unprepare_serialized(self, claim: ClaimRef, call: CallCommit) -> str:
         claim_context(claim.namespace, claim.name, claim.uid)  # its own task (gather)
-        async with self._lock(claim.uid):
+        async with self.lock(claim.uid):
             try:
                 try:
                     held = self.checkpoint.get(claim.uid)
@@ -451,5 +405,5 @@ class ClaimPreparer:
     async def reconcile(self) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot
         (:meth:`vfio_dp.dra.claimpath.reconcile.Reconciler.reconcile`)."""
-        await self._ensure_loaded()
+        await self.loaded()
         return await self.reconciler.reconcile()

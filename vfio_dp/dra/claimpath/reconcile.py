@@ -8,7 +8,9 @@ pod's QEMU may still run) is kept: the claim is marked ``releasing`` in the chec
 retried every resync, logged and counted (``vfio_dp_dra_held_groups``).
 
 :meth:`Reconciler.reconcile` (at start and every resync) releases each checkpointed claim
-whose ResourceClaim is gone, has another UID, or is no longer allocated on this node -- and
+whose ResourceClaim is gone, has another UID, or is no longer allocated on this node (one
+only switched ahead of its pod, ``switched``, leaves its devices where they are, held by the
+pool: :meth:`Reconciler.hold_for_pool`) -- and
 any device a claim bound that no checkpoint knows (a crash before the checkpoint). It never
 acts on a claim it could not read, nor on a checkpoint record that does not parse (reported
 every time, kept: :attr:`Checkpoint.bad`); one claim's failure never stops the others. After a reboot (boot ID changed) each checkpointed claim
@@ -25,13 +27,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vfio_dp.dra.claimpath import mdev
-from vfio_dp.dra.claimpath.checkpoint import PREPARING, RELEASING, Checkpoint, ClaimRecord
+from vfio_dp.dra.claimpath.checkpoint import (
+    PREPARING,
+    RELEASING,
+    SWITCHED,
+    Checkpoint,
+    ClaimRecord,
+)
 from vfio_dp.dra.claimpath.claims import stale_reason
 from vfio_dp.dra.claimpath.edits import ClaimDirs
 from vfio_dp.dra.claimpath.outcome import HELD, INTERNAL, Held, outcome
 from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
-from vfio_dp.host.state import bound_by_claim, claim_of
+from vfio_dp.host.state import bound_by_claim, bound_by_pool, claim_of
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
 
@@ -108,6 +116,28 @@ class Reconciler:
             raise Held(who, "; ".join(out.kept))
         return out.restored
 
+    def hold_for_pool(self, uid: str, who: str) -> list[PciAddress]:
+        """A claim switched ahead of its pod (``switched``) that went away before its pod:
+        the devices stay where its switch put them. What it bound to VFIO is held by the pool
+        (bind records ``claim:<uid>`` → ``pool:<driver>``: nothing unowned, and the pool's
+        next claim takes it over: :func:`vfio_dp.host.state.claim_takes`); a container
+        switch holds no record. Its files (none, normally) go, then its record. → the devices
+        now held by the pool. Blocking."""
+        mine = self.host.holdings(bound_by_claim(uid))
+        pool = bound_by_pool(self.driver)
+        taken = self.host.adopt(mine, pool, replacing=lambda h: h == bound_by_claim(uid))
+        self.dirs.remove(uid)
+        gen = self.checkpoint.stage_remove(uid)
+        if gen is not None:
+            self.checkpoint.commit(gen)
+        if taken:
+            log.info(
+                "claim %s went away before its pod: %s stay on VFIO, held by %s (its next "
+                "claim takes them over; vfioctl unbind gives them back)",
+                who, ", ".join(str(a) for a, _ in taken), pool,
+            )  # fmt: skip
+        return [a for a, _ in taken]
+
     # -- every claim ---------------------------------------------------------------------
     async def reconcile(self) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot."""
@@ -145,7 +175,9 @@ class Reconciler:
             except Exception as e:
                 report.errors.append(f"claim {rec.ref}: cannot read it, kept: {e}")
                 continue
-            if why is not None:
+            if why is not None and rec.state == SWITCHED:  # gone before its pod
+                await self._to_pool(uid, rec.ref, why, report)
+            elif why is not None:
                 await self._release(uid, rec.ref, why, report)
         # devices a claim bound that no checkpoint entry names (crash before the checkpoint
         # was written, or a checkpoint set aside as corrupt)
@@ -160,6 +192,18 @@ class Reconciler:
         for line in report.errors:
             log.error("reconcile: %s", line)
         return report
+
+    async def _to_pool(self, uid: str, ref: str, why: str, report: ReconcileReport) -> None:
+        async with self.lock(uid):
+            rec = self.checkpoint.get(uid)
+            if rec is None or rec.state != SWITCHED:  # settled meanwhile
+                return
+            try:
+                held = await asyncio.to_thread(self.hold_for_pool, uid, ref)
+            except VfioError as e:
+                report.errors.append(f"claim {ref}: handing its switch to the pool: {e}")
+                return
+        report.unprepared.append(f"{ref}: {why}" + (f"; pool holds {len(held)}" if held else ""))
 
     async def _release(self, uid: str, ref: str, why: str, report: ReconcileReport) -> None:
         async with self.lock(uid):

@@ -17,6 +17,7 @@ an upgraded cluster: ``true`` again); absent until the plugin has published once
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vfio_dp.errors import PathEscapeError
@@ -39,13 +40,17 @@ class ApiFields:
     counters: bool = True
     binding: bool = True
 
-    def first_only(self, first: str) -> str | None:
-        """Why a group offered twice is published in ``first`` alone (None: it is not)."""
-        if self.counters:
+    def first_only(self, personalities: Sequence[str]) -> str | None:
+        """Why a group offered in ``personalities`` (``["container", "vm"]``) is published
+        in the first alone, naming each one left out (None: it is not)."""
+        first, rest = personalities[0], [p for p in personalities[1:] if p != personalities[0]]
+        if self.counters or not rest:
             return None
         return (
             "the API server drops ResourceSlice counters (DRAPartitionableDevices is off): "
-            f"each group is published in its first personality only ({first})"
+            f"each group is published in its first personality only ({first}); "
+            f"{' and '.join(rest)} left out (two entries of one device need a shared counter "
+            "so that the scheduler never allocates both)"
         )
 
 
