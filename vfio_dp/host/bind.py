@@ -64,13 +64,28 @@ def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
     return list(runs.values())
 
 
+#: threads binding or restoring IOMMU groups at once (a node's 1,024 VF groups share them)
+GROUP_THREADS = 32
+
+
 def _all_at_once(count: int, work: Callable[[int], None]) -> None:
-    """``work(0) .. work(count - 1)``, each on its own thread when there are several (every
-    sysfs write inside has its own timeout, so each one ends)."""
+    """``work(0) .. work(count - 1)``, on up to :data:`GROUP_THREADS` threads when there are
+    several (every sysfs write inside has its own timeout, so each one ends)."""
     if count == 1:
         work(0)
         return
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    todo = iter(range(count))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            work(i)
+
+    threads = [threading.Thread(target=worker) for _ in range(min(count, GROUP_THREADS))]
     for t in threads:
         t.start()
     for t in threads:
@@ -127,6 +142,16 @@ class BindResult:
     dry_run: bool = False
     #: the VFIO driver each target goes to (or, dry run, would go to), and why
     drivers: dict[PciAddress, VfioChoice] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Run:
+    """The devices of one IOMMU group bound by :meth:`Binder.bind_runs`, and how it went."""
+
+    devices: list[PciDevice]
+    result: BindResult = field(default_factory=BindResult)
+    touched: list[PciAddress] = field(default_factory=list)
+    failed: tuple[PciAddress, BaseException] | None = None
 
 
 class Binder:
@@ -291,27 +316,36 @@ class Binder:
         """
         wanted = {d.address: (choices or {}).get(d.address, PLAIN) for d in devices}
         wanted = self.load_modules(wanted, result)
-        runs = _group_runs(devices)
-        parts = [(BindResult(), list[PciAddress]()) for _ in runs]
         failed: dict[PciAddress, BaseException] = {}
+        order = {dev.address: i for i, dev in enumerate(devices)}
+        for run in self.bind_runs(devices, wanted):
+            result.bound.extend(run.result.bound)
+            result.steps.extend(run.result.steps)
+            touched.extend(run.touched)
+            if run.failed is not None:
+                failed[run.failed[0]] = run.failed[1]
+        result.bound.sort(key=order.__getitem__)
+        _raise_failures(failed, [])
+
+    def bind_runs(
+        self, devices: Sequence[PciDevice], choices: Mapping[PciAddress, VfioChoice]
+    ) -> list[Run]:
+        """The binding of :meth:`bind_all`, its modules loaded: one :class:`Run` per IOMMU
+        group of ``devices``, in order of first appearance, each saying what it bound, what it
+        touched and the failure that stopped it (every other group went on)."""
+        runs = [Run(devs) for devs in _group_runs(devices)]
 
         def bind_run(i: int) -> None:
-            part, moved = parts[i]
-            for dev in runs[i]:
+            run = runs[i]
+            for dev in run.devices:
                 try:
-                    self.bind_one(dev, part, moved, wanted[dev.address])
+                    self.bind_one(dev, run.result, run.touched, choices[dev.address])
                 except BaseException as e:  # reported by the calling thread
-                    failed[dev.address] = e
+                    run.failed = (dev.address, e)
                     return  # the rest of this group stays as it is
 
         _all_at_once(len(runs), bind_run)
-        order = {dev.address: i for i, dev in enumerate(devices)}
-        for part, moved in parts:
-            result.bound.extend(part.bound)
-            result.steps.extend(part.steps)
-            touched.extend(moved)
-        result.bound.sort(key=order.__getitem__)
-        _raise_failures(failed, [])
+        return runs
 
     def restore_one(
         self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool

@@ -45,6 +45,22 @@ def _log_info(msg: str, *args: object) -> None:
         logging.getLogger("vfio_dp.bind").info(msg, *args)
 
 
+def _record_for(rec: OriginalDriver | None, dev: PciDevice, holder: str) -> OriginalDriver | None:
+    """:meth:`Ledger.record_for` given the device's record as read (``rec``)."""
+    if rec is not None and rec.bound_by == holder and dev.driver is None:
+        return None
+    keep = rec is not None and dev.driver is None
+    new = OriginalDriver(
+        str(dev.address),
+        rec.driver if keep and rec is not None else dev.driver,
+        rec.driver_override if keep and rec is not None else dev.driver_override,
+        dev.vendor,
+        dev.device,
+        holder,
+    )
+    return None if new == rec else new
+
+
 class Ledger:
     """Bind records and operation journals of one root (see the module docstring)."""
 
@@ -106,19 +122,7 @@ class Ledger:
         boot (the device is back on a host driver) or by an interrupted bind is taken over:
         the driver the device has now is what to give back (driverless: keep the recorded
         one), and ``holder``, who binds it now, holds the binding."""
-        rec = self.state.get(dev.address)
-        if rec is not None and rec.bound_by == holder and dev.driver is None:
-            return None
-        keep = rec is not None and dev.driver is None
-        new = OriginalDriver(
-            str(dev.address),
-            rec.driver if keep and rec is not None else dev.driver,
-            rec.driver_override if keep and rec is not None else dev.driver_override,
-            dev.vendor,
-            dev.device,
-            holder,
-        )
-        return None if new == rec else new
+        return _record_for(self.state.get(dev.address), dev, holder)
 
     def put_back(self, record: OriginalDriver) -> None:
         """Write ``record`` again: an unbind that is undone (its device put back where it
@@ -163,14 +167,16 @@ class Ledger:
                     for d in targets
                 ],
             )
+            new: list[OriginalDriver] = []
             for dev in targets:
                 before = self.state.get(dev.address)
-                record = self.record_for(dev, holder)
+                record = _record_for(before, dev, holder)
                 if record is not None:
-                    self.state.put(record)
+                    new.append(record)
                     written.append(dev.address)
                     if before is not None:
                         replaced.append(before)
+            self.state.put_many(new)  # durable together: one bind of 1,024 VFs, not 1,024
         except HostError as e:  # full, read-only, escaping, or an unreadable old record
             for a in written:
                 self.state.remove(a)
