@@ -12,7 +12,6 @@ import errno
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,10 +60,9 @@ def record(tree: SysfsTree, a: str) -> dict[str, object] | None:
 
 
 class Synced:
-    """``os.fsync`` counted by what it syncs (``/proc/self/fd/<fd>``), each taking ``delay``
-    seconds (a busy disk: the journal's concurrent steps then meet in its writes)."""
+    """``os.fsync`` counted by what it syncs (``/proc/self/fd/<fd>``)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[str] = []
         self.lock = threading.Lock()
         real = os.fsync
@@ -73,8 +71,6 @@ class Synced:
             path = os.readlink(f"/proc/self/fd/{fd}")
             with self.lock:
                 self.paths.append(path)
-            if delay:
-                time.sleep(delay)
             real(fd)
 
         monkeypatch.setattr(os, "fsync", fsync)
@@ -88,7 +84,7 @@ def test_a_pass_syncs_its_records_together_and_shares_the_journal_writes(
 ) -> None:
     tree = vf_tree(tmp_path / "root")
     host = Host(tree.root, kernel=SimulatedKernel(tree), runner="dra-plugin")
-    synced = Synced(monkeypatch, delay=0.005)
+    synced = Synced(monkeypatch)
     out = host.bind_groups(groups(), bound_by="dra-plugin")
     assert out.errors == {} and sorted(out.results) == list(range(N))
     assert all(tree.driver_of(vf(i)) == "vfio-pci" for i in range(N))
@@ -99,14 +95,35 @@ def test_a_pass_syncs_its_records_together_and_shares_the_journal_writes(
     # every record's data synced, the directory ONCE (a bind per group: once per group)
     assert synced.count(lambda p: p.startswith(original + "/.")) == N
     assert synced.count(lambda p: p == original) == 1
-    # ONE journal: written at the start, then before each of the 2 sysfs writes of each VF
-    # (override, drivers_probe) -- concurrent groups share its writes (a bind per group: N
-    # journals, 3 writes each; uncoalesced, 1 + 2N); removed once
+    # ONE journal, written 3 times: at the start, then before each phase -- every VF's
+    # driver_override write, every VF's drivers_probe (a bind per group: N journals, 3
+    # writes each; one write per sysfs write: 1 + 2N); removed once
     journal_writes = synced.count(lambda p: p.startswith(ops + "/."))
-    assert 2 <= journal_writes <= N, synced.paths
+    assert journal_writes == 3, synced.paths
     assert synced.count(lambda p: p == ops) == journal_writes + 1  # each rename, the removal
     # in all, a handful per pass, not ~9 per VF
-    assert len(synced.paths) <= 2 * N + 4
+    assert len(synced.paths) == N + 1 + 2 * 3 + 1
+
+
+def test_every_write_of_a_pass_is_journaled_before_it_is_made(tmp_path: Path) -> None:
+    tree = vf_tree(tmp_path / "root")
+    seen: list[str] = []
+
+    class Watching(SimulatedKernel):
+        def write(self, path: str, data: str) -> None:
+            (op,) = journals(tree)  # on disk, as a crash now would leave it
+            devices = op["devices"]
+            assert isinstance(devices, list)
+            this = f"echo '{data}' > {path}"
+            (d,) = [d for d in devices if d["next"] == this]
+            seen.append(d["address"])
+            super().write(path, data)
+
+    Host(tree.root, kernel=Watching(tree), runner="dra-plugin").bind_groups(
+        groups(), bound_by="dra-plugin"
+    )
+    assert sorted(seen) == sorted(2 * [vf(i) for i in range(N)])
+    assert journals(tree) == []
 
 
 def test_a_pass_reads_the_groups_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

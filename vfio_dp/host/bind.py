@@ -54,7 +54,7 @@ def _log_info(msg: str, *args: object) -> None:
         logging.getLogger("vfio_dp.bind").info(msg, *args)
 
 
-def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
+def group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
     """``devices`` split by IOMMU group, in order of first appearance, each run in the order
     given (a device without a group is a run of its own)."""
     runs: dict[object, list[PciDevice]] = {}
@@ -68,7 +68,7 @@ def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
 GROUP_THREADS = 32
 
 
-def _all_at_once(count: int, work: Callable[[int], None]) -> None:
+def all_at_once(count: int, work: Callable[[int], None]) -> None:
     """``work(0) .. work(count - 1)``, on up to :data:`GROUP_THREADS` threads when there are
     several (every sysfs write inside has its own timeout, so each one ends)."""
     if count == 1:
@@ -260,6 +260,12 @@ class Binder:
         steps = self.bind_steps(dev, not self.driver_loaded(choice.driver), choice)
         result.steps.extend(steps)
         self.run(steps, addr=addr)
+        self.verify_bound(dev, result, choice)
+
+    def verify_bound(self, dev: PciDevice, result: BindResult, choice: VfioChoice) -> None:
+        """After the last write of its bind: ``dev`` is on ``choice.driver`` now (readlink
+        ``<bdf>/driver``), else :class:`BindError`."""
+        addr = dev.address
         after = self.current(addr)
         if after.driver != choice.driver:
             raise BindError(
@@ -333,7 +339,7 @@ class Binder:
         """The binding of :meth:`bind_all`, its modules loaded: one :class:`Run` per IOMMU
         group of ``devices``, in order of first appearance, each saying what it bound, what it
         touched and the failure that stopped it (every other group went on)."""
-        runs = [Run(devs) for devs in _group_runs(devices)]
+        runs = [Run(devs) for devs in group_runs(devices)]
 
         def bind_run(i: int) -> None:
             run = runs[i]
@@ -344,7 +350,7 @@ class Binder:
                     run.failed = (dev.address, e)
                     return  # the rest of this group stays as it is
 
-        _all_at_once(len(runs), bind_run)
+        all_at_once(len(runs), bind_run)
         return runs
 
     def restore_one(
@@ -384,7 +390,7 @@ class Binder:
         device is attempted; the failures are reported together, naming each device.
         """
         target = {dev.address: (driver, override) for dev, driver, override in jobs}
-        runs = _group_runs([dev for dev, _, _ in jobs])
+        runs = group_runs([dev for dev, _, _ in jobs])
         now: dict[PciAddress, str | None] = {}
         failed: dict[PciAddress, BaseException] = {}
 
@@ -398,7 +404,7 @@ class Binder:
                 except BaseException as e:  # reported by the calling thread
                     failed[dev.address] = e
 
-        _all_at_once(len(runs), restore_run)
+        all_at_once(len(runs), restore_run)
         done = [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
         _raise_failures(failed, done)
         return [(dev.address, now[dev.address]) for dev, _, _ in jobs]

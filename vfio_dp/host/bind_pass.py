@@ -32,11 +32,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vfio_dp.errors import BindError, HostError
-from vfio_dp.host.bind import Binder, BindResult
+from vfio_dp.errors import BindError, HostError, RefusedError
+from vfio_dp.host.bind import Binder, BindResult, Run, Step, all_at_once, group_runs
 from vfio_dp.host.operations import (
     _check_escapes,
-    _choices,
     _locked,
     _plan_bind,
     _preflight,
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from vfio_dp.host.host import Host
+    from vfio_dp.host.ledger import JournalAll
     from vfio_dp.model.address import PciAddress
     from vfio_dp.model.device import Inventory, PciDevice
     from vfio_dp.model.mdev_config import MdevEntry
@@ -93,16 +93,7 @@ def bind_groups(
             out.errors[i] = e
     planner = Binder(host.fs, host.kernel)
     with _locked(host, sorted({a for addrs in locks.values() for a in addrs})):
-        targets: dict[int, list[PciDevice]] = {}
-        choices: dict[PciAddress, VfioChoice] = {}
-        for i, addrs in locks.items():
-            try:
-                targets[i], found = _plan_locked(host, planner, inv, groups[i], addrs, wanted,
-                                                 mdev, out, i)  # fmt: skip
-            except HostError as e:
-                out.errors[i] = e
-                continue
-            choices.update(found)
+        targets, choices = _plan_locked(host, planner, inv, groups, locks, wanted, mdev, out)
         try:
             choices = planner.load_modules(choices, BindResult())
         except BindError:  # said per group by a bind of its own, once these locks are free
@@ -117,17 +108,23 @@ def _plan_locked(
     host: Host,
     planner: Binder,
     inv: Inventory,
-    g: Sequence[PciAddress],
-    locked: Sequence[PciAddress],
+    groups: Sequence[Sequence[PciAddress]],
+    locks: Mapping[int, Sequence[PciAddress]],
     wanted: Mapping[PciAddress, str],
     mdev: Sequence[MdevEntry],
     out: PassResult,
-    i: int,
-) -> tuple[list[PciDevice], dict[PciAddress, VfioChoice]]:
-    """Group ``i``'s plan made again under its locks (``locked``) from its devices as they
-    are now (as :func:`~vfio_dp.host.operations.bind` does); its targets and their VFIO
-    drivers, each write checked to stay inside the root. Raises what refuses it."""
-    fresh = {a: planner.current(a) for a in locked}
+) -> tuple[dict[int, list[PciDevice]], dict[PciAddress, VfioChoice]]:
+    """Each group's plan made again under the locks (``locks``: its devices) from its
+    devices as they are now (as :func:`~vfio_dp.host.operations.bind` does), every device
+    read once and the VFIO drivers chosen once for the whole pass; each group's targets
+    and their drivers, each write checked to stay inside the root. A group refused is
+    said in ``out.errors``."""
+    fresh: dict[PciAddress, PciDevice] = {}
+    for i, locked in locks.items():
+        try:
+            fresh.update({a: planner.current(a) for a in locked})
+        except HostError as e:  # a device gone meanwhile
+            out.errors[i] = e
     devices = {
         **inv.devices,
         **{
@@ -137,18 +134,38 @@ def _plan_locked(
             for a, d in fresh.items()
         },
     }
-    mark_on_vfio(host.fs, devices)
-    group_inv = dataclasses.replace(inv, devices=devices)
-    plan = _plan_bind(host, group_inv, g, None, group=True, force=False, mdev=mdev)
-    choices = _choices(host, group_inv, plan.targets, {a: wanted.get(a, "auto") for a in g})
-    targets = [group_inv.devices[a] for a in plan.targets]
-    for dev in targets:
-        _preflight(host, planner.bind_steps(dev, False, choices[dev.address]))
-    out.results[i] = BindResult(
-        already=list(plan.already),
-        warnings=[f"forced: {w}" for w in plan.forced],
-        drivers={a: choices[a] for a in plan.targets},
-    )
+    mark_on_vfio(host.fs, devices)  # whole groups, as they are under the locks
+    now = dataclasses.replace(inv, devices=devices)
+    plans = {}
+    for i in locks:
+        if i in out.errors:
+            continue
+        try:
+            plans[i] = _plan_bind(host, now, groups[i], None, group=True, force=False, mdev=mdev)
+        except HostError as e:
+            out.errors[i] = e
+    every = [a for plan in plans.values() for a in plan.targets]
+    chosen = host.vfio_choices(now, every, {a: wanted.get(a, "auto") for a in every})
+    targets: dict[int, list[PciDevice]] = {}
+    choices: dict[PciAddress, VfioChoice] = {}
+    for i, plan in plans.items():
+        mine = {a: chosen[a] for a in plan.targets}
+        try:
+            if problems := [c.problem for c in mine.values() if c.problem is not None]:
+                raise RefusedError(problems)
+            devs = [now.devices[a] for a in plan.targets]
+            for dev in devs:
+                _preflight(host, planner.bind_steps(dev, False, mine[dev.address]))
+        except HostError as e:
+            out.errors[i] = e
+            continue
+        targets[i] = devs
+        choices.update(mine)
+        out.results[i] = BindResult(
+            already=list(plan.already),
+            warnings=[f"forced: {w}" for w in plan.forced],
+            drivers=mine,
+        )
     return targets, choices
 
 
@@ -175,7 +192,8 @@ def _bind_locked(
             out.errors[i] = e
         return
     binder = executor(host, op)
-    runs = binder.bind_runs(devices, {a: choices[a] for a in group_of})
+    assert op is not None  # devices were given
+    runs = _bind_phased(binder, host.ledger.journal_all(op), devices, choices)
     touched: dict[int, list[PciAddress]] = {}
     failed: dict[int, BaseException] = {}
     for run in runs:
@@ -206,6 +224,50 @@ def _bind_locked(
         host.ledger.failed(op, "; ".join(str(out.errors[i]) for i in sorted(failed)))
     else:
         host.ledger.finish(op)
+
+
+def _bind_phased(
+    binder: Binder,
+    journal_all: JournalAll,
+    devices: Sequence[PciDevice],
+    choices: Mapping[PciAddress, VfioChoice],
+) -> list[Run]:
+    """Bind ``devices`` group by group as :meth:`Binder.bind_runs` does -- the devices of a
+    group one after another, each with its clean sequence (:meth:`Binder.bind_steps`),
+    verified after its last write -- in phases: phase ``k`` makes the ``k``-th write of
+    every group still going, concurrently, after ONE durable journal write saying, for each
+    of them, the write it is about to make. The journal is exact as ever (every write
+    journaled before it is made) and written as many times as the longest group has writes
+    (2 for a VF: ``driver_override``, ``drivers_probe``), not once per write."""
+    runs = [Run(devs) for devs in group_runs(devices)]
+    writes: list[list[tuple[PciDevice, int, list[Step]]]] = []  # per run: (device, k, its steps)
+    for run in runs:
+        todo = []
+        for dev in run.devices:
+            steps = binder.bind_steps(dev, False, choices[dev.address])
+            todo += [(dev, k, steps) for k in range(len(steps))]
+        writes.append(todo)
+    at = [0] * len(runs)
+    while live := [i for i, r in enumerate(runs) if r.failed is None and at[i] < len(writes[i])]:
+        journal_all([(writes[i][at[i]][0].address, writes[i][at[i]][1],
+                      str(writes[i][at[i]][2][writes[i][at[i]][1]])) for i in live])  # fmt: skip
+
+        def write(j: int, live: list[int] = live) -> None:
+            i = live[j]
+            run, (dev, k, steps) = runs[i], writes[i][at[i]]
+            at[i] += 1
+            try:
+                if k == 0:
+                    run.touched.append(dev.address)
+                    run.result.steps.extend(steps)
+                binder.run([steps[k]])  # journaled above, with the others of this phase
+                if k == len(steps) - 1:
+                    binder.verify_bound(dev, run.result, choices[dev.address])
+            except BaseException as e:  # reported by the calling thread
+                run.failed = (dev.address, e)
+
+        all_at_once(len(live), write)
+    return runs
 
 
 def _one_by_one(

@@ -67,6 +67,7 @@ class SysfsTree:
         self.devs: dict[str, Dev] = {}
         #: drivers that register their devices with VFIO (vfio-pci, variants: load_module)
         self.vfio_drivers: set[str] = {"vfio-pci"}
+        self._virtfns: dict[str, int] = {}  # per PF: where to look for its next virtfn link
         for d in (
             "sys/bus/pci/devices",
             "sys/bus/pci/drivers",
@@ -101,6 +102,17 @@ class SysfsTree:
             link.unlink()
         link.symlink_to(os.path.relpath(target, link.parent))
 
+    def _next_virtfn(self, physfn: str, pf: Path) -> int:
+        """The PF's first free ``virtfn<n>`` (its links are ``virtfn0``..``virtfn<n-1>``),
+        from where the last one was made: 256 VFs made are not 256 listings of the PF."""
+        n = self._virtfns.get(physfn, 0)
+        if n and not os.path.lexists(pf / f"virtfn{n - 1}"):
+            n = 0  # its VFs were destroyed since: count again
+        while os.path.lexists(pf / f"virtfn{n}"):
+            n += 1
+        self._virtfns[physfn] = n + 1
+        return n
+
     # -- building ----------------------------------------------------------------------
     def add(self, dev: Dev) -> Dev:
         dev.address = str(PciAddress.parse(dev.address))
@@ -132,8 +144,7 @@ class SysfsTree:
         if dev.physfn:
             pf = self.dev_dir(dev.physfn)
             self._link(d / "physfn", pf)
-            n = len([p for p in pf.iterdir() if p.name.startswith("virtfn")])
-            self._link(pf / f"virtfn{n}", d)
+            self._link(pf / f"virtfn{self._next_virtfn(dev.physfn, pf)}", d)
         if dev.group is not None and self.iommu:
             g = self.sys("kernel/iommu_groups", str(dev.group))
             (g / "devices").mkdir(parents=True, exist_ok=True)
@@ -223,13 +234,18 @@ class SysfsTree:
         if group is None or not self.iommu:
             return
         node = self.root / "dev/vfio" / str(group)
+        try:  # the group's members, as its links say (not every device: 1,024 VFs bound)
+            listed = os.listdir(self.sys("kernel/iommu_groups", str(group), "devices"))
+            members = [x for a in listed if (x := self.devs.get(a)) is not None]
+        except FileNotFoundError:
+            members = list(self.devs.values())
         on_vfio = any(
             x.group == group
             and x.driver is not None
             and (
                 x.driver in self.vfio_drivers or (x.registers_vfio and x.driver == x.native_driver)
             )
-            for x in self.devs.values()
+            for x in members
         )
         if on_vfio and not node.exists():
             node.write_text("")

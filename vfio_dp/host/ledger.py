@@ -32,6 +32,8 @@ from vfio_dp.model.device import PciDevice
 
 #: ``journal(address, writes_done, next_write)``: called before each sysfs write
 Journal = Callable[[PciAddress, int, str], None]
+#: ``journal_all([(address, writes_done, next_write)])``: before the writes of a pass's phase
+JournalAll = Callable[[Sequence[tuple[PciAddress, int, str]]], None]
 #: ``restored(address, target, driver_now, explicit)``: called after each device given back
 Restored = Callable[[PciAddress, str | None, str | None, bool], None]
 
@@ -217,6 +219,15 @@ class Ledger:
             self.state.step(op, str(address), done, next_write)
 
         return step
+
+    def journal_all(self, op: Operation) -> JournalAll:
+        """The hook of a pass (:mod:`.bind_pass`) for ``op``: records the next write of each
+        of many devices, in one durable write, before they are made."""
+
+        def steps(moves: Sequence[tuple[PciAddress, int, str]]) -> None:
+            self.state.steps(op, [(str(a), done, nxt) for a, done, nxt in moves])
+
+        return steps
 
     def finish(self, op: Operation | None) -> None:
         """The operation completed (or was fully rolled back): its journal goes."""

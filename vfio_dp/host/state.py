@@ -345,15 +345,21 @@ class StateStore:
         """Record, durably, that ``address`` has made ``writes_done`` writes and is about to
         make ``next_write`` (called before each sysfs write; concurrent steps of one
         operation share a write: :meth:`_commit`)."""
+        self.steps(op, [(address, writes_done, next_write)])
+
+    def steps(self, op: Operation, moves: Sequence[tuple[str, int, str | None]]) -> None:
+        """:meth:`step` of each ``(address, writes_done, next_write)``, in ONE durable write
+        of the journal (a bind pass's next write of every group, made together)."""
         with self._journal_lock:
             if (at := self._index.get(op.id)) is None or at[0] is not op.devices:
                 at = self._index[op.id] = (op.devices, {d.address: d for d in op.devices})
-            d = at[1].get(address)
-            if d is None:
-                d = OpDevice(address, None, None, writes_done, next_write)
-                op.devices.append(d)
-                at[1][address] = d
-            d.writes_done, d.next = writes_done, next_write
+            for address, writes_done, next_write in moves:
+                d = at[1].get(address)
+                if d is None:
+                    d = OpDevice(address, None, None, writes_done, next_write)
+                    op.devices.append(d)
+                    at[1][address] = d
+                d.writes_done, d.next = writes_done, next_write
             self._changes[op.id] = self._changes.get(op.id, 0) + 1
             mine = self._changes[op.id]
         self._commit(op, mine)
