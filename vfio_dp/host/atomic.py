@@ -37,7 +37,6 @@ import os
 import stat
 import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -85,6 +84,8 @@ def replace_many_at(dir_fd: int, items: Sequence[tuple[str, bytes]]) -> None:
     if len(items) == 1:
         replace_at(dir_fd, *items[0])
         return
+    from concurrent.futures import ThreadPoolExecutor  # on use: `vfioctl list` never writes
+
     tag = f"{os.getpid()}.{threading.get_ident()}"
     with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="fsync") as pool:
         for start in range(0, len(items), MANY_CHUNK):

@@ -37,7 +37,7 @@ from vfio_dp.errors import BindError, PathEscapeError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.ledger import Journal, Restored
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.sysfs import read_device
+from vfio_dp.host.sysfs import read_device, read_driver
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 from vfio_dp.model.vfio_driver import VFIO_PCI_MODULE, VfioChoice
@@ -239,10 +239,13 @@ class Binder:
                 raise BindError(f"{s} refused: {e}") from e
             done += 1
 
+    def _gone(self, addr: PciAddress) -> BindError:
+        return BindError(f"{addr} disappeared from {self.root.display}sys/bus/pci/devices")
+
     def current(self, addr: PciAddress) -> PciDevice:
         dev = read_device(self.root, addr)
         if dev is None:
-            raise BindError(f"{addr} disappeared from {self.root.display}sys/bus/pci/devices")
+            raise self._gone(addr)
         return dev
 
     # -- operations ----------------------------------------------------------------------
@@ -266,10 +269,12 @@ class Binder:
         """After the last write of its bind: ``dev`` is on ``choice.driver`` now (readlink
         ``<bdf>/driver``), else :class:`BindError`."""
         addr = dev.address
-        after = self.current(addr)
-        if after.driver != choice.driver:
+        present, now = read_driver(self.root, addr)
+        if not present:
+            raise self._gone(addr)
+        if now != choice.driver:
             raise BindError(
-                f"{addr}: after drivers_probe the device is on {after.driver or 'no driver'}, "
+                f"{addr}: after drivers_probe the device is on {now or 'no driver'}, "
                 f"not {choice.driver} (the kernel reports success even when nothing "
                 f"attached); check `dmesg` for {choice.driver} errors"
             )

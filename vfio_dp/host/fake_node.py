@@ -35,6 +35,15 @@ from pathlib import Path
 from vfio_dp.model.address import PciAddress
 
 
+def _put(path: str, data: bytes) -> None:
+    """Write ``data`` as the whole file ``path`` (plain ``os`` calls: thousands per tree)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Dev:
     address: str
@@ -97,10 +106,19 @@ class SysfsTree:
         return self.sys("devices", f"pci{domain}:00", *reversed(chain))
 
     def _link(self, link: Path, target: Path) -> None:
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(os.path.relpath(target, link.parent))
+        """``link`` -> ``target`` as a relative symlink, replacing whatever ``link`` was
+        (its directory made when missing). Plain ``os`` calls, no look before: a PF's 256
+        VFs are ~2,000 links."""
+        parent = os.path.dirname(link)
+        rel = os.path.relpath(target, parent)
+        try:
+            os.symlink(rel, link)
+        except FileExistsError:
+            os.unlink(link)
+            os.symlink(rel, link)
+        except FileNotFoundError:
+            os.makedirs(parent, exist_ok=True)
+            os.symlink(rel, link)
 
     def _next_virtfn(self, physfn: str, pf: Path) -> int:
         """The PF's first free ``virtfn<n>`` (its links are ``virtfn0``..``virtfn<n-1>``),
@@ -138,8 +156,8 @@ class SysfsTree:
             files["sriov_drivers_autoprobe"] = "1"
         files.update(dev.extra)
         for name, value in files.items():
-            (d / name).write_text(value + "\n")
-        (d / "config").write_bytes(self._config_space(dev))
+            _put(os.path.join(d, name), (value + "\n").encode())
+        _put(os.path.join(d, "config"), self._config_space(dev))
         self._link(self.sys("bus/pci/devices", dev.address), d)
         if dev.physfn:
             pf = self.dev_dir(dev.physfn)
@@ -228,7 +246,7 @@ class SysfsTree:
             f"PCI_SUBSYS_ID={dev.subsystem_vendor.upper()}:{dev.subsystem_device.upper()}",
             f"PCI_SLOT_NAME={dev.address}",
         ]
-        (self.dev_dir(dev.address) / "uevent").write_text("\n".join(lines) + "\n")
+        _put(os.path.join(self.dev_dir(dev.address), "uevent"), ("\n".join(lines) + "\n").encode())
 
     def _sync_vfio_node(self, group: int | None) -> None:
         if group is None or not self.iommu:
