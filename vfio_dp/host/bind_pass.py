@@ -87,13 +87,17 @@ def bind_groups(
     for i, g in enumerate(groups):
         try:
             _check_escapes(host, inv, g)
-            plan = _plan_bind(host, inv, g, None, group=True, force=False, mdev=mdev)
+            plan = _plan_bind(
+                host, inv, g, None, group=True, force=False, holder=bound_by, mdev=mdev
+            )
             locks[i] = [*plan.targets, *plan.already]
         except HostError as e:
             out.errors[i] = e
     planner = Binder(host.fs, host.kernel)
     with _locked(host, sorted({a for addrs in locks.values() for a in addrs})):
-        targets, choices = _plan_locked(host, planner, inv, groups, locks, wanted, mdev, out)
+        targets, choices = _plan_locked(
+            host, planner, inv, groups, locks, wanted, mdev, out, bound_by
+        )
         try:
             choices = planner.load_modules(choices, BindResult())
         except BindError:  # said per group by a bind of its own, once these locks are free
@@ -113,6 +117,7 @@ def _plan_locked(
     wanted: Mapping[PciAddress, str],
     mdev: Sequence[MdevEntry],
     out: PassResult,
+    bound_by: str,
 ) -> tuple[dict[int, list[PciDevice]], dict[PciAddress, VfioChoice]]:
     """Each group's plan made again under the locks (``locks``: its devices) from its
     devices as they are now (as :func:`~vfio_dp.host.operations.bind` does), every device
@@ -141,7 +146,9 @@ def _plan_locked(
         if i in out.errors:
             continue
         try:
-            plans[i] = _plan_bind(host, now, groups[i], None, group=True, force=False, mdev=mdev)
+            plans[i] = _plan_bind(
+                host, now, groups[i], None, group=True, force=False, holder=bound_by, mdev=mdev
+            )
         except HostError as e:
             out.errors[i] = e
     every = [a for plan in plans.values() for a in plan.targets]

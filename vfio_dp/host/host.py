@@ -300,7 +300,7 @@ class Host(Discovery):
     def record_holders(self) -> dict[PciAddress, str]:
         """Every device with a bind record → who bound it (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``; ``daemon`` from older versions)."""
-        return self.ledger.record_holders()
+        return self.state.holders()
 
     def holdings(self, holder: str) -> list[PciAddress]:
         """The devices ``holder`` bound (their bind records name it), in address order."""

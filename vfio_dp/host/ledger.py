@@ -81,7 +81,7 @@ class Ledger:
 
     def record_holders(self) -> dict[PciAddress, str]:
         """Every device with a readable bind record → its holder (``bound_by``)."""
-        return {a: rec.bound_by for a, rec in self.state.all().items()}
+        return self.state.holders()
 
     def holdings(self, holder: str) -> list[PciAddress]:
         """The devices whose bind record names ``holder``, in address order."""

@@ -277,6 +277,11 @@ class StateStore:
                 out[addr] = rec
         return out
 
+    def holders(self) -> dict[PciAddress, str]:
+        """Every device with a readable bind record → its holder (``bound_by``): read here,
+        so a read-only ``vfioctl list`` naming holders loads no writer (:mod:`.ledger`)."""
+        return {a: rec.bound_by for a, rec in self.all().items()}
+
     def put(self, record: OriginalDriver) -> None:
         """Write atomically: temp file + fsync + rename + fsync(dir)."""
         import json
