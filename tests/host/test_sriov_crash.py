@@ -33,6 +33,7 @@ from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.errors import BindError
 from vfio_dp.host import Host
+from vfio_dp.host import bind as bind_mod
 from vfio_dp.host.sriov import Sriov
 from vfio_dp.host.sriov_pf import read_pf
 from vfio_dp.model.address import PciAddress
@@ -118,7 +119,10 @@ def fresh(tree: SysfsTree) -> Sriov:
 
 
 def kill_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Every kill point of ``sriov set PF 2`` (with the bind of its VFs), from a clean run."""
+    """Every kill point of ``sriov set PF 2`` (with the bind of its VFs), from a clean run.
+    The VFs' groups are bound one at a time for the rest of the test: concurrent groups
+    share journal writes (group commit), so a run's commits would vary run to run."""
+    monkeypatch.setattr(bind_mod, "GROUP_THREADS", 1)
     tree = nvme_tree(tmp_path / "clean")
     kernel = SimulatedKernel(tree)
     with killed_before_commit(monkeypatch, 0) as commits:

@@ -55,7 +55,7 @@ from vfio_dp.core.options import CoreOptions
 from vfio_dp.core.policy import autobind_groups, newly_bound, vfio_drivers_wanted
 from vfio_dp.core.sriov_pass import SriovPass
 from vfio_dp.core.uevents import UeventSource
-from vfio_dp.errors import BindError, ConfigError, HostError, PathConflictError
+from vfio_dp.errors import BindError, ConfigError, PathConflictError
 from vfio_dp.host import Host
 from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
 from vfio_dp.host.inotify import DirWatcher, config_dirs
@@ -345,28 +345,32 @@ class NodeCore:
         return look, scan()
 
     async def _bind(self, inv: Inventory, candidates: set[PciAddress]) -> bool:
-        """``bind: true``: move matched devices not on vfio-pci (with their group) to vfio-pci."""
+        """``bind: true``: move matched devices not on vfio-pci (with their group) to vfio-pci,
+        every group of the pass at once (:meth:`Host.bind_groups`: one journal, the records
+        durable together), each group bound or refused on its own."""
         plan = autobind_groups(inv, self.config, candidates, self.options.path)
-        for addrs in plan:
+        if not plan:
+            return False
+        wanted = vfio_drivers_wanted(inv, self.config, [a for addrs in plan for a in addrs])
+        # their groups read once by the pass, with the host's use (scan_groups)
+        out = await self.run(
+            functools.partial(self.host.bind_groups, vfio_driver=wanted, mdev=self.config.mdev),
+            plan,
+            bound_by=self.options.front_end,
+        )
+        for i, addrs in enumerate(plan):
             names = ", ".join(inv.devices[a].describe() for a in addrs)
-            wanted = vfio_drivers_wanted(inv, self.config, addrs)
-            try:
-                result = await self.run(
-                    functools.partial(self.host.bind, vfio_driver=wanted, mdev=self.config.mdev),
-                    addrs, group=True, probe=False, bound_by=self.options.front_end,
-                )  # fmt: skip
-            except BindError as e:
+            e = out.errors.get(i)
+            if e is not None:
                 self.metrics.inc("vfio_dp_bind_failures_total")
-                log.error("bind: true: did not bind %s: %s", names, e)
+                how = "did not bind" if isinstance(e, BindError) else "could not bind"
+                log.error("bind: true: %s %s: %s", how, names, e)
                 continue
-            except HostError as e:
-                self.metrics.inc("vfio_dp_bind_failures_total")
-                log.error("bind: true: could not bind %s: %s", names, e)
-                continue
+            result = out.results[i]
             self.metrics.inc("vfio_dp_binds_total", float(len(addrs)))
             drivers = ", ".join(f"{a}: {c.driver} ({c.why})" for a, c in result.drivers.items())
             log.info("bind: true: bound %s (%s)", names, drivers)
-        return bool(plan)
+        return True
 
     # -- loops -------------------------------------------------------------------------
     async def _resync_loop(self) -> None:

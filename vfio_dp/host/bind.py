@@ -37,7 +37,7 @@ from vfio_dp.errors import BindError, PathEscapeError
 from vfio_dp.host.kernel import KernelIO
 from vfio_dp.host.ledger import Journal, Restored
 from vfio_dp.host.root import Root, safe_component
-from vfio_dp.host.sysfs import read_device
+from vfio_dp.host.sysfs import read_device, read_driver
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 from vfio_dp.model.vfio_driver import VFIO_PCI_MODULE, VfioChoice
@@ -54,7 +54,7 @@ def _log_info(msg: str, *args: object) -> None:
         logging.getLogger("vfio_dp.bind").info(msg, *args)
 
 
-def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
+def group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
     """``devices`` split by IOMMU group, in order of first appearance, each run in the order
     given (a device without a group is a run of its own)."""
     runs: dict[object, list[PciDevice]] = {}
@@ -64,13 +64,28 @@ def _group_runs(devices: Sequence[PciDevice]) -> list[list[PciDevice]]:
     return list(runs.values())
 
 
-def _all_at_once(count: int, work: Callable[[int], None]) -> None:
-    """``work(0) .. work(count - 1)``, each on its own thread when there are several (every
-    sysfs write inside has its own timeout, so each one ends)."""
+#: threads binding or restoring IOMMU groups at once (a node's 1,024 VF groups share them)
+GROUP_THREADS = 32
+
+
+def all_at_once(count: int, work: Callable[[int], None]) -> None:
+    """``work(0) .. work(count - 1)``, on up to :data:`GROUP_THREADS` threads when there are
+    several (every sysfs write inside has its own timeout, so each one ends)."""
     if count == 1:
         work(0)
         return
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    todo = iter(range(count))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            work(i)
+
+    threads = [threading.Thread(target=worker) for _ in range(min(count, GROUP_THREADS))]
     for t in threads:
         t.start()
     for t in threads:
@@ -127,6 +142,16 @@ class BindResult:
     dry_run: bool = False
     #: the VFIO driver each target goes to (or, dry run, would go to), and why
     drivers: dict[PciAddress, VfioChoice] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Run:
+    """The devices of one IOMMU group bound by :meth:`Binder.bind_runs`, and how it went."""
+
+    devices: list[PciDevice]
+    result: BindResult = field(default_factory=BindResult)
+    touched: list[PciAddress] = field(default_factory=list)
+    failed: tuple[PciAddress, BaseException] | None = None
 
 
 class Binder:
@@ -214,10 +239,13 @@ class Binder:
                 raise BindError(f"{s} refused: {e}") from e
             done += 1
 
+    def _gone(self, addr: PciAddress) -> BindError:
+        return BindError(f"{addr} disappeared from {self.root.display}sys/bus/pci/devices")
+
     def current(self, addr: PciAddress) -> PciDevice:
         dev = read_device(self.root, addr)
         if dev is None:
-            raise BindError(f"{addr} disappeared from {self.root.display}sys/bus/pci/devices")
+            raise self._gone(addr)
         return dev
 
     # -- operations ----------------------------------------------------------------------
@@ -235,10 +263,18 @@ class Binder:
         steps = self.bind_steps(dev, not self.driver_loaded(choice.driver), choice)
         result.steps.extend(steps)
         self.run(steps, addr=addr)
-        after = self.current(addr)
-        if after.driver != choice.driver:
+        self.verify_bound(dev, result, choice)
+
+    def verify_bound(self, dev: PciDevice, result: BindResult, choice: VfioChoice) -> None:
+        """After the last write of its bind: ``dev`` is on ``choice.driver`` now (readlink
+        ``<bdf>/driver``), else :class:`BindError`."""
+        addr = dev.address
+        present, now = read_driver(self.root, addr)
+        if not present:
+            raise self._gone(addr)
+        if now != choice.driver:
             raise BindError(
-                f"{addr}: after drivers_probe the device is on {after.driver or 'no driver'}, "
+                f"{addr}: after drivers_probe the device is on {now or 'no driver'}, "
                 f"not {choice.driver} (the kernel reports success even when nothing "
                 f"attached); check `dmesg` for {choice.driver} errors"
             )
@@ -291,27 +327,36 @@ class Binder:
         """
         wanted = {d.address: (choices or {}).get(d.address, PLAIN) for d in devices}
         wanted = self.load_modules(wanted, result)
-        runs = _group_runs(devices)
-        parts = [(BindResult(), list[PciAddress]()) for _ in runs]
         failed: dict[PciAddress, BaseException] = {}
-
-        def bind_run(i: int) -> None:
-            part, moved = parts[i]
-            for dev in runs[i]:
-                try:
-                    self.bind_one(dev, part, moved, wanted[dev.address])
-                except BaseException as e:  # reported by the calling thread
-                    failed[dev.address] = e
-                    return  # the rest of this group stays as it is
-
-        _all_at_once(len(runs), bind_run)
         order = {dev.address: i for i, dev in enumerate(devices)}
-        for part, moved in parts:
-            result.bound.extend(part.bound)
-            result.steps.extend(part.steps)
-            touched.extend(moved)
+        for run in self.bind_runs(devices, wanted):
+            result.bound.extend(run.result.bound)
+            result.steps.extend(run.result.steps)
+            touched.extend(run.touched)
+            if run.failed is not None:
+                failed[run.failed[0]] = run.failed[1]
         result.bound.sort(key=order.__getitem__)
         _raise_failures(failed, [])
+
+    def bind_runs(
+        self, devices: Sequence[PciDevice], choices: Mapping[PciAddress, VfioChoice]
+    ) -> list[Run]:
+        """The binding of :meth:`bind_all`, its modules loaded: one :class:`Run` per IOMMU
+        group of ``devices``, in order of first appearance, each saying what it bound, what it
+        touched and the failure that stopped it (every other group went on)."""
+        runs = [Run(devs) for devs in group_runs(devices)]
+
+        def bind_run(i: int) -> None:
+            run = runs[i]
+            for dev in run.devices:
+                try:
+                    self.bind_one(dev, run.result, run.touched, choices[dev.address])
+                except BaseException as e:  # reported by the calling thread
+                    run.failed = (dev.address, e)
+                    return  # the rest of this group stays as it is
+
+        all_at_once(len(runs), bind_run)
+        return runs
 
     def restore_one(
         self, addr: PciAddress, driver: str | None, override: str | None, *, explicit: bool
@@ -350,7 +395,7 @@ class Binder:
         device is attempted; the failures are reported together, naming each device.
         """
         target = {dev.address: (driver, override) for dev, driver, override in jobs}
-        runs = _group_runs([dev for dev, _, _ in jobs])
+        runs = group_runs([dev for dev, _, _ in jobs])
         now: dict[PciAddress, str | None] = {}
         failed: dict[PciAddress, BaseException] = {}
 
@@ -364,7 +409,7 @@ class Binder:
                 except BaseException as e:  # reported by the calling thread
                     failed[dev.address] = e
 
-        _all_at_once(len(runs), restore_run)
+        all_at_once(len(runs), restore_run)
         done = [f"{a}: restored to {d or 'no driver'}" for a, d in now.items()]
         _raise_failures(failed, done)
         return [(dev.address, now[dev.address]) for dev, _, _ in jobs]

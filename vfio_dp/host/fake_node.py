@@ -35,6 +35,15 @@ from pathlib import Path
 from vfio_dp.model.address import PciAddress
 
 
+def _put(path: str, data: bytes) -> None:
+    """Write ``data`` as the whole file ``path`` (plain ``os`` calls: thousands per tree)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Dev:
     address: str
@@ -67,6 +76,7 @@ class SysfsTree:
         self.devs: dict[str, Dev] = {}
         #: drivers that register their devices with VFIO (vfio-pci, variants: load_module)
         self.vfio_drivers: set[str] = {"vfio-pci"}
+        self._virtfns: dict[str, int] = {}  # per PF: where to look for its next virtfn link
         for d in (
             "sys/bus/pci/devices",
             "sys/bus/pci/drivers",
@@ -96,10 +106,30 @@ class SysfsTree:
         return self.sys("devices", f"pci{domain}:00", *reversed(chain))
 
     def _link(self, link: Path, target: Path) -> None:
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(os.path.relpath(target, link.parent))
+        """``link`` -> ``target`` as a relative symlink, replacing whatever ``link`` was
+        (its directory made when missing). Plain ``os`` calls, no look before: a PF's 256
+        VFs are ~2,000 links."""
+        parent = os.path.dirname(link)
+        rel = os.path.relpath(target, parent)
+        try:
+            os.symlink(rel, link)
+        except FileExistsError:
+            os.unlink(link)
+            os.symlink(rel, link)
+        except FileNotFoundError:
+            os.makedirs(parent, exist_ok=True)
+            os.symlink(rel, link)
+
+    def _next_virtfn(self, physfn: str, pf: Path) -> int:
+        """The PF's first free ``virtfn<n>`` (its links are ``virtfn0``..``virtfn<n-1>``),
+        from where the last one was made: 256 VFs made are not 256 listings of the PF."""
+        n = self._virtfns.get(physfn, 0)
+        if n and not os.path.lexists(pf / f"virtfn{n - 1}"):
+            n = 0  # its VFs were destroyed since: count again
+        while os.path.lexists(pf / f"virtfn{n}"):
+            n += 1
+        self._virtfns[physfn] = n + 1
+        return n
 
     # -- building ----------------------------------------------------------------------
     def add(self, dev: Dev) -> Dev:
@@ -126,14 +156,13 @@ class SysfsTree:
             files["sriov_drivers_autoprobe"] = "1"
         files.update(dev.extra)
         for name, value in files.items():
-            (d / name).write_text(value + "\n")
-        (d / "config").write_bytes(self._config_space(dev))
+            _put(os.path.join(d, name), (value + "\n").encode())
+        _put(os.path.join(d, "config"), self._config_space(dev))
         self._link(self.sys("bus/pci/devices", dev.address), d)
         if dev.physfn:
             pf = self.dev_dir(dev.physfn)
             self._link(d / "physfn", pf)
-            n = len([p for p in pf.iterdir() if p.name.startswith("virtfn")])
-            self._link(pf / f"virtfn{n}", d)
+            self._link(pf / f"virtfn{self._next_virtfn(dev.physfn, pf)}", d)
         if dev.group is not None and self.iommu:
             g = self.sys("kernel/iommu_groups", str(dev.group))
             (g / "devices").mkdir(parents=True, exist_ok=True)
@@ -217,19 +246,24 @@ class SysfsTree:
             f"PCI_SUBSYS_ID={dev.subsystem_vendor.upper()}:{dev.subsystem_device.upper()}",
             f"PCI_SLOT_NAME={dev.address}",
         ]
-        (self.dev_dir(dev.address) / "uevent").write_text("\n".join(lines) + "\n")
+        _put(os.path.join(self.dev_dir(dev.address), "uevent"), ("\n".join(lines) + "\n").encode())
 
     def _sync_vfio_node(self, group: int | None) -> None:
         if group is None or not self.iommu:
             return
         node = self.root / "dev/vfio" / str(group)
+        try:  # the group's members, as its links say (not every device: 1,024 VFs bound)
+            listed = os.listdir(self.sys("kernel/iommu_groups", str(group), "devices"))
+            members = [x for a in listed if (x := self.devs.get(a)) is not None]
+        except FileNotFoundError:
+            members = list(self.devs.values())
         on_vfio = any(
             x.group == group
             and x.driver is not None
             and (
                 x.driver in self.vfio_drivers or (x.registers_vfio and x.driver == x.native_driver)
             )
-            for x in self.devs.values()
+            for x in members
         )
         if on_vfio and not node.exists():
             node.write_text("")

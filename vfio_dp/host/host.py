@@ -15,22 +15,19 @@ act on it. Every journalled operation names its runner (:attr:`Host.runner`: ``v
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
-from vfio_dp.host import iommu_groups, sysfs
+from vfio_dp.host.discovery import Discovery
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root, read_text, safe_component
-from vfio_dp.host.state import BOUND_BY_OPERATOR, OriginalDriver, StateStore
+from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
-from vfio_dp.host.vfio_drivers import mark_on_vfio
-from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup, analyse_group
+from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup
 
 if TYPE_CHECKING:
     # Not imported at run time: what changes a machine (the binder, the ledger, the
@@ -39,6 +36,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from vfio_dp.host.bind import BindResult
+    from vfio_dp.host.bind_pass import PassResult
     from vfio_dp.host.ledger import Ledger
     from vfio_dp.host.operations import Release
     from vfio_dp.host.recovery import Interrupted, Recovery
@@ -54,7 +52,7 @@ def read_boot_id(fs: Root) -> str:
     return read_text(fs.path("proc", "sys", "kernel", "random", "boot_id")) or ""
 
 
-class Host:
+class Host(Discovery):
     def __init__(
         self,
         root: str | os.PathLike[str] = "/",
@@ -104,122 +102,6 @@ class Host:
         except HostError:
             return False
         return True
-
-    # -- discovery ---------------------------------------------------------------------
-    def scan(self, *, usage: bool = True) -> Inventory:
-        """Read every device and group; fill ``original_driver`` and, with ``usage``, ``in_use``."""
-        devices = sysfs.read_devices(self.fs, workers=self.scan_processes)
-        mark_on_vfio(self.fs, devices)
-        self._annotate(devices, usage)
-        groups = iommu_groups.read_groups(self.fs, devices)
-        return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
-
-    def scan_groups(self, addresses: Iterable[PciAddress], *, usage: bool = True) -> Inventory:
-        """:meth:`scan` of the IOMMU groups of ``addresses`` only (:func:`.sysfs.read_group_devices`):
-        their members read in full, with ``original_driver`` and, with ``usage``, ``in_use``;
-        no other device is read. Every rule that binds, unbinds, releases or checks a device
-        (:mod:`vfio_dp.model.plan`, a DRA Prepare) looks only at its group's members, so
-        those read this, at the same freshness as a full scan (on a host of thousands of
-        devices, a full scan is a few hundred ms)."""
-        given = list(addresses)
-        devices = sysfs.read_group_devices(self.fs, given)
-        mark_on_vfio(self.fs, devices)
-        self._annotate(devices, usage, records=self._records_of(devices))
-        numbers = {
-            g
-            for a in given
-            if (d := devices.get(a)) is not None and (g := d.iommu_group) is not None
-        }
-        groups = iommu_groups.read_groups(self.fs, devices, numbers)
-        return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
-
-    def _records_of(self, addresses: Iterable[PciAddress]) -> dict[PciAddress, OriginalDriver]:
-        """The bind records (``<root>/var/lib/vfio_dp/original/<bdf>.json``) of ``addresses``
-        only (not all: 1,024 VFs bound a group at a time were ~500,000 reads); an unreadable
-        one skipped, as :meth:`StateStore.all` skips it."""
-        out: dict[PciAddress, OriginalDriver] = {}
-        for a in addresses:
-            with contextlib.suppress(HostError):
-                if (rec := self.state.get(a)) is not None:
-                    out[a] = rec
-        return out
-
-    def _annotate(self, devices: dict[PciAddress, PciDevice], usage: bool,
-                  records: Mapping[PciAddress, OriginalDriver] | None = None) -> None:  # fmt: skip
-        """Set each device's ``original_driver`` from the bind records (``records``, or every
-        one) and, with ``usage``, its ``in_use`` (in place)."""
-        records = self.state.all() if records is None else records
-        used = {}
-        if usage:  # imported on use: `unbind` never needs it
-            from vfio_dp.host.usage import host_usage
-
-            used = host_usage(self.fs, devices)
-        for addr in records.keys() | used.keys():
-            dev = devices.get(addr)
-            if dev is None:
-                continue
-            rec = records.get(addr)
-            devices[addr] = dataclasses.replace(
-                dev,
-                original_driver=rec.driver if rec else None,
-                in_use=tuple(used.get(addr, ())),
-            )
-
-    @staticmethod
-    def names(inv: Inventory) -> dict[tuple[str, str | None], str]:
-        """Vendor and device names from ``pci.ids`` for the devices of ``inv`` (keys
-        ``(vendor, None)`` and ``(vendor, device)``); empty when the database is missing."""
-        from vfio_dp.host.pciids import load_names
-
-        return load_names({(d.vendor, d.device) for d in inv.devices.values()})
-
-    def refresh(self, previous: Inventory) -> Inventory:
-        """A cheap rescan for the daemon: new addresses are read in full, known ones only for
-        what changes while present (driver, override, VFIO cdev), gone ones dropped; groups
-        are re-analysed. ``original_driver`` comes from the durable records as in :meth:`scan`;
-        ``in_use`` is not computed (the daemon never needs it to judge health).
-        """
-        records = self.state.all()
-        devices = sysfs.refresh_devices(self.fs, previous.devices)
-        for addr, dev in devices.items():
-            rec = records.get(addr)
-            orig = rec.driver if rec else None
-            if dev.original_driver != orig or dev.in_use:
-                dev = dataclasses.replace(dev, original_driver=orig, in_use=())
-            devices[addr] = dev
-        mark_on_vfio(self.fs, devices)
-        groups = iommu_groups.read_groups(self.fs, devices)
-        return Inventory(devices=devices, groups=groups, iommu_present=bool(groups))
-
-    def reread(self, inv: Inventory, addresses: Iterable[PciAddress]) -> Inventory:
-        """``inv`` after a bind or unbind of ``addresses``: their IOMMU groups' members
-        re-read for driver, override and VFIO cdev (:func:`.sysfs.reread_devices`) and their
-        bind records (``original_driver``), those groups judged again. Nothing else is read
-        (a whole :meth:`refresh` reads every device: thousands on a big host)."""
-        given = list(addresses)
-        groups = {g.number: g for a in given if (g := inv.group_of(a)) is not None}
-        members = {*given, *(m for g in groups.values() for m in g.devices)}
-        devices = sysfs.reread_devices(self.fs, inv.devices, members)
-        judged_now = {a: d for a in members if (d := devices.get(a)) is not None}
-        mark_on_vfio(self.fs, judged_now)  # whole groups: a member's answer needs the others
-        devices.update(judged_now)
-        for a in members:  # the original driver as recorded now (a bind just recorded it)
-            dev = devices.get(a)
-            if dev is None:
-                continue
-            rec = self.state.get(a)
-            orig = rec.driver if rec else None
-            if dev.original_driver != orig:
-                devices[a] = dataclasses.replace(dev, original_driver=orig)
-        judged = {
-            n: analyse_group(
-                n, [d for a in g.devices if (d := devices.get(a)) is not None], noiommu=g.noiommu
-            )
-            for n, g in groups.items()
-        }
-        return Inventory(
-            devices=devices, groups={**inv.groups, **judged}, iommu_present=inv.iommu_present
-        )
 
     def probe_groups(self, groups: Sequence[IommuGroup]) -> dict[int, GroupStatus]:
         """The kernel's verdict for each group with a node in ``/dev/vfio`` (opens it briefly);
@@ -324,6 +206,27 @@ class Host:
             bound_by=bound_by, inventory=inventory, vfio_driver=vfio_driver, mdev=mdev,
         )  # fmt: skip
 
+    def bind_groups(
+        self,
+        groups: Sequence[Sequence[PciAddress]],
+        *,
+        bound_by: str,
+        inventory: Inventory | None = None,
+        vfio_driver: Mapping[PciAddress, str] | None = None,
+        mdev: Sequence[MdevEntry] = (),
+    ) -> PassResult:
+        """:meth:`bind` (``group=True``, no probe) of each of ``groups`` -- one IOMMU group's
+        devices each -- as one pass: one journal, every bind record durable together, the
+        groups bound concurrently; a group refused or failed is rolled back alone, the
+        others stay bound (:mod:`.bind_pass`). ``PassResult`` says per group's index what
+        was bound or why not. The node core's ``bind: true`` pass (256 new VFs at a time)."""
+        from vfio_dp.host import bind_pass
+
+        return bind_pass.bind_groups(
+            self, groups, bound_by=bound_by, inventory=inventory, vfio_driver=vfio_driver,
+            mdev=mdev,
+        )  # fmt: skip
+
     def interrupted(self) -> tuple[list[Interrupted], list[str]]:
         """Every operation journal on disk (each marked in progress or interrupted), and a
         message for every unreadable record or journal (they are kept, never dropped)."""
@@ -397,7 +300,7 @@ class Host:
     def record_holders(self) -> dict[PciAddress, str]:
         """Every device with a bind record → who bound it (``operator``, ``device-plugin``,
         ``dra-plugin``, ``claim:<uid>``; ``daemon`` from older versions)."""
-        return self.ledger.record_holders()
+        return self.state.holders()
 
     def holdings(self, holder: str) -> list[PciAddress]:
         """The devices ``holder`` bound (their bind records name it), in address order."""

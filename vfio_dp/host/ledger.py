@@ -32,6 +32,8 @@ from vfio_dp.model.device import PciDevice
 
 #: ``journal(address, writes_done, next_write)``: called before each sysfs write
 Journal = Callable[[PciAddress, int, str], None]
+#: ``journal_all([(address, writes_done, next_write)])``: before the writes of a pass's phase
+JournalAll = Callable[[Sequence[tuple[PciAddress, int, str]]], None]
 #: ``restored(address, target, driver_now, explicit)``: called after each device given back
 Restored = Callable[[PciAddress, str | None, str | None, bool], None]
 
@@ -43,6 +45,22 @@ def _log_info(msg: str, *args: object) -> None:
     logging = sys.modules.get("logging")
     if logging is not None:
         logging.getLogger("vfio_dp.bind").info(msg, *args)
+
+
+def _record_for(rec: OriginalDriver | None, dev: PciDevice, holder: str) -> OriginalDriver | None:
+    """:meth:`Ledger.record_for` given the device's record as read (``rec``)."""
+    if rec is not None and rec.bound_by == holder and dev.driver is None:
+        return None
+    keep = rec is not None and dev.driver is None
+    new = OriginalDriver(
+        str(dev.address),
+        rec.driver if keep and rec is not None else dev.driver,
+        rec.driver_override if keep and rec is not None else dev.driver_override,
+        dev.vendor,
+        dev.device,
+        holder,
+    )
+    return None if new == rec else new
 
 
 class Ledger:
@@ -63,7 +81,7 @@ class Ledger:
 
     def record_holders(self) -> dict[PciAddress, str]:
         """Every device with a readable bind record → its holder (``bound_by``)."""
-        return {a: rec.bound_by for a, rec in self.state.all().items()}
+        return self.state.holders()
 
     def holdings(self, holder: str) -> list[PciAddress]:
         """The devices whose bind record names ``holder``, in address order."""
@@ -106,19 +124,7 @@ class Ledger:
         boot (the device is back on a host driver) or by an interrupted bind is taken over:
         the driver the device has now is what to give back (driverless: keep the recorded
         one), and ``holder``, who binds it now, holds the binding."""
-        rec = self.state.get(dev.address)
-        if rec is not None and rec.bound_by == holder and dev.driver is None:
-            return None
-        keep = rec is not None and dev.driver is None
-        new = OriginalDriver(
-            str(dev.address),
-            rec.driver if keep and rec is not None else dev.driver,
-            rec.driver_override if keep and rec is not None else dev.driver_override,
-            dev.vendor,
-            dev.device,
-            holder,
-        )
-        return None if new == rec else new
+        return _record_for(self.state.get(dev.address), dev, holder)
 
     def put_back(self, record: OriginalDriver) -> None:
         """Write ``record`` again: an unbind that is undone (its device put back where it
@@ -163,14 +169,16 @@ class Ledger:
                     for d in targets
                 ],
             )
+            new: list[OriginalDriver] = []
             for dev in targets:
                 before = self.state.get(dev.address)
-                record = self.record_for(dev, holder)
+                record = _record_for(before, dev, holder)
                 if record is not None:
-                    self.state.put(record)
+                    new.append(record)
                     written.append(dev.address)
                     if before is not None:
                         replaced.append(before)
+            self.state.put_many(new)  # durable together: one bind of 1,024 VFs, not 1,024
         except HostError as e:  # full, read-only, escaping, or an unreadable old record
             for a in written:
                 self.state.remove(a)
@@ -211,6 +219,15 @@ class Ledger:
             self.state.step(op, str(address), done, next_write)
 
         return step
+
+    def journal_all(self, op: Operation) -> JournalAll:
+        """The hook of a pass (:mod:`.bind_pass`) for ``op``: records the next write of each
+        of many devices, in one durable write, before they are made."""
+
+        def steps(moves: Sequence[tuple[PciAddress, int, str]]) -> None:
+            self.state.steps(op, [(str(a), done, nxt) for a, done, nxt in moves])
+
+        return steps
 
     def finish(self, op: Operation | None) -> None:
         """The operation completed (or was fully rolled back): its journal goes."""

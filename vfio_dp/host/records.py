@@ -26,11 +26,11 @@ import contextlib
 import errno
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from vfio_dp.errors import CorruptRecordError, PathEscapeError, StateWriteError
-from vfio_dp.host.atomic import remove_at, replace_at
+from vfio_dp.host.atomic import remove_at, replace_at, replace_many_at
 from vfio_dp.host.files import NotRegularFileError, read_regular
 from vfio_dp.host.root import Root
 
@@ -160,6 +160,23 @@ class RecordFiles:
             replace_at(dfd, name, data)
         except OSError as e:  # a directory that leaves the root raises PathEscapeError
             raise StateWriteError(write_failure(self.root.path(*parts, name), e)) from e
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+
+    def write_many(self, parts: tuple[str, ...], items: Sequence[tuple[str, bytes]]) -> None:
+        """:meth:`write` of each ``(name, data)`` in ``<root>/<parts>``, made durable together
+        (:func:`vfio_dp.host.atomic.replace_many_at`: their ``fsync`` calls at once, the
+        directory synced once). Raises :class:`StateWriteError` naming the directory and the
+        fix; files already replaced are whole, the others untouched."""
+        if not items:
+            return
+        dfd = -1
+        try:
+            dfd = self.root.open_dir(*parts, create=True)
+            replace_many_at(dfd, items)
+        except OSError as e:
+            raise StateWriteError(write_failure(self.root.path(*parts), e)) from e
         finally:
             if dfd >= 0:
                 os.close(dfd)

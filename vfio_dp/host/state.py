@@ -190,10 +190,18 @@ class Operation:
 
 
 def _operation_to_json(op: Operation) -> dict[str, object]:
-    """The journal's JSON: the runner under its field name ``owner`` (every release's)."""
-    data = asdict(op)
-    data["owner"] = data.pop("runner")
-    return data
+    """The journal's JSON: the runner under its field name ``owner`` (every release's).
+    Built field by field (``asdict`` deep-copies: a journal of 1,024 devices is rewritten
+    before each of its sysfs writes)."""
+    devices = [
+        {"address": d.address, "target": d.target, "override": d.override,
+         "writes_done": d.writes_done, "next": d.next}
+        for d in op.devices
+    ]  # fmt: skip
+    return {
+        "id": op.id, "kind": op.kind, "owner": op.runner, "pid": op.pid,
+        "started": op.started, "devices": devices, "failed": op.failed,
+    }  # fmt: skip
 
 
 def _original_from_json(data: object) -> OriginalDriver:
@@ -228,7 +236,14 @@ class StateStore:
     def __init__(self, root: Root) -> None:
         self.root = root
         self.files = RecordFiles(root)
-        self._journal_lock = threading.Lock()
+        self._journal_lock = threading.Lock()  # guards the journals in memory and the counts
+        self._commit_lock = threading.Lock()  # one journal write at a time
+        #: per journal id: changes made in memory, and how many of them are on disk
+        self._changes: dict[str, int] = {}
+        self._saved: dict[str, int] = {}
+        #: per journal id: its device list and each device by address (a step finds its
+        #: device at once among 1,024)
+        self._index: dict[str, tuple[list[OpDevice], dict[str, OpDevice]]] = {}
 
     @property
     def state_dir(self) -> str:
@@ -262,6 +277,11 @@ class StateStore:
                 out[addr] = rec
         return out
 
+    def holders(self) -> dict[PciAddress, str]:
+        """Every device with a readable bind record → its holder (``bound_by``): read here,
+        so a read-only ``vfioctl list`` naming holders loads no writer (:mod:`.ledger`)."""
+        return {a: rec.bound_by for a, rec in self.all().items()}
+
     def put(self, record: OriginalDriver) -> None:
         """Write atomically: temp file + fsync + rename + fsync(dir)."""
         import json
@@ -269,6 +289,22 @@ class StateStore:
         address = PciAddress.parse(record.address)
         data = json.dumps(asdict(record), sort_keys=True).encode()
         self.files.write(ORIGINAL_DIR, f"{address}.json", data)
+
+    def put_many(self, records: Sequence[OriginalDriver]) -> None:
+        """:meth:`put` of every record, made durable together (their ``fsync`` calls at once,
+        the directory synced once: :meth:`RecordFiles.write_many`)."""
+        import json
+
+        self.files.write_many(
+            ORIGINAL_DIR,
+            [
+                (
+                    f"{PciAddress.parse(r.address)}.json",
+                    json.dumps(asdict(r), sort_keys=True).encode(),
+                )
+                for r in records
+            ],
+        )
 
     def remove(self, address: PciAddress) -> None:
         self.files.remove(ORIGINAL_DIR, f"{address}.json")
@@ -289,27 +325,56 @@ class StateStore:
 
     def save(self, op: Operation) -> None:
         """Rewrite ``op``'s journal (atomically; threads of one operation take turns)."""
+        with self._journal_lock:
+            self._changes[op.id] = self._changes.get(op.id, 0) + 1
+            mine = self._changes[op.id]
+        self._commit(op, mine)
+
+    def _commit(self, op: Operation, mine: int) -> None:
+        """Make ``op``'s journal on disk hold its ``mine``-th change (group commit): the
+        threads of one operation (one per IOMMU group: :meth:`Binder.bind_all`) that change
+        it while another writes it are all written by the next write, one ``fsync`` for
+        them all; each returns once a write that holds its change is durable."""
         import json
 
-        with self._journal_lock:
-            data = json.dumps(_operation_to_json(op), sort_keys=True).encode()
+        with self._commit_lock:
+            if self._saved.get(op.id, 0) >= mine:
+                return  # written, with ours, while we waited
+            with self._journal_lock:
+                upto = self._changes.get(op.id, mine)
+                data = json.dumps(_operation_to_json(op), sort_keys=True).encode()
             self.files.write(OPS_DIR, f"{op.id}.json", data)
+            self._saved[op.id] = upto
 
     def step(self, op: Operation, address: str, writes_done: int, next_write: str | None) -> None:
         """Record, durably, that ``address`` has made ``writes_done`` writes and is about to
-        make ``next_write`` (called before each sysfs write)."""
+        make ``next_write`` (called before each sysfs write; concurrent steps of one
+        operation share a write: :meth:`_commit`)."""
+        self.steps(op, [(address, writes_done, next_write)])
+
+    def steps(self, op: Operation, moves: Sequence[tuple[str, int, str | None]]) -> None:
+        """:meth:`step` of each ``(address, writes_done, next_write)``, in ONE durable write
+        of the journal (a bind pass's next write of every group, made together)."""
         with self._journal_lock:
-            for d in op.devices:
-                if d.address == address:
-                    d.writes_done, d.next = writes_done, next_write
-                    break
-            else:
-                op.devices.append(OpDevice(address, None, None, writes_done, next_write))
-        self.save(op)
+            if (at := self._index.get(op.id)) is None or at[0] is not op.devices:
+                at = self._index[op.id] = (op.devices, {d.address: d for d in op.devices})
+            for address, writes_done, next_write in moves:
+                d = at[1].get(address)
+                if d is None:
+                    d = OpDevice(address, None, None, writes_done, next_write)
+                    op.devices.append(d)
+                    at[1][address] = d
+                d.writes_done, d.next = writes_done, next_write
+            self._changes[op.id] = self._changes.get(op.id, 0) + 1
+            mine = self._changes[op.id]
+        self._commit(op, mine)
 
     def finish(self, op: Operation) -> None:
         """The operation is complete (or fully rolled back): remove its journal."""
         self.files.remove(OPS_DIR, f"{op.id}.json")
+        with self._journal_lock:
+            for counts in (self._changes, self._saved, self._index):
+                counts.pop(op.id, None)
 
     def operations(self) -> tuple[list[Operation], list[str]]:
         """Every journal on disk, and a message for each unreadable one (kept as it is)."""

@@ -197,6 +197,19 @@ def read_device(root: Root, address: PciAddress) -> PciDevice | None:
         os.close(dfd)
 
 
+def read_driver(root: Root, address: PciAddress) -> tuple[bool, str | None]:
+    """``(present, driver)``: whether ``<root>/sys/bus/pci/devices/<bdf>`` is there, and the
+    name its ``driver`` link points at (None: no driver) -- one link read, where a bind
+    checks what the kernel did (not the whole device: 1,024 VFs bound)."""
+    dfd = open_device_dir(root, address)
+    if dfd is None:
+        return False, None
+    try:
+        return True, _link_at(dfd, "driver")
+    finally:
+        os.close(dfd)
+
+
 def _value_error(devices_dir: str, address: PciAddress, e: _Garbage) -> SysfsValueError:
     return SysfsValueError(f"{devices_dir}/{address}/{e.name}", e.value, e.why)
 

@@ -124,8 +124,8 @@ PRELOAD = {
     "vfio_dp.host.operations, vfio_dp.host.ledger, vfio_dp.host.usage, vfio_dp.host.pciids, "
     "vfio_dp.model.plan, json",
     "daemon": "cli.main, cli.deviceplugin_cmd, vfio_dp.deviceplugin.app, vfio_dp.host.host, "
-    "vfio_dp.host.bind, vfio_dp.host.operations, vfio_dp.host.ledger, vfio_dp.model.plan, "
-    "logging, grpc",
+    "vfio_dp.host.bind, vfio_dp.host.operations, vfio_dp.host.bind_pass, vfio_dp.host.ledger, "
+    "vfio_dp.model.plan, logging, grpc",
 }
 
 
