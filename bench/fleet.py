@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,62 +179,103 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
 
 
 # -- row 4: the webhook at cluster scale ---------------------------------------------------------
-def webhook_row(work: Path, nodes: int, devices: int, reviews: int) -> dict[str, float]:
-    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
-    API-server stand-in holding ``nodes`` Nodes that each advertise ``devices`` of one device
-    plugin resource, and a DeviceClass of ours with a slice of ``devices`` DRA devices per node
-    (the DRA-aware lookup, KEP-5004). ``--node-cache-seconds 1``: the 100 nodes and 6,400
-    devices are listed again every second of the run. ``reviews`` AdmissionReviews (a VMI
-    asking for both) at 64 connections: p99; the webhook's RSS after a warm-up and after
-    them."""
-    from bench.webhook_bench import level, rss_kib, start_server
-    from tests.dra.apiserver_standin import DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
-    from vfio_dp.dra.deviceclasses import selector_expression
+def tree_cpu_ns(pid: int) -> int:
+    """CPU of ``pid`` and its child processes (the webhook's node-list child) so far (ns)."""
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    total = cpu_ns(pid)
+    for k in kids:
+        with contextlib.suppress(OSError):
+            total += cpu_ns(k)
+    return total
 
-    driver = "vfio.dra.vfio-dp.io"
-    dra_res, dp_res = "devices.kubevirt.io/10de_1eb8", "devices.kubevirt.io/10de_10f8"
-    api = ApiServerStandin(str(work / "api"))
-    api.start()
-    api.seed(DEVICE_CLASSES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": "vfio-10de-1eb8"},
-        "spec": {"extendedResourceName": dra_res,
-                 "selectors": [{"cel": {"expression": selector_expression(driver, dra_res)}}]},
-    })  # fmt: skip
-    for i in range(nodes):
-        node = f"node-{i:03d}"
-        api.seed(NODES, {"metadata": {"name": node},
-                         "status": {"allocatable": {"cpu": "64", dp_res: str(devices)}}})  # fmt: skip
-        api.seed(SLICES, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{driver}-0"},
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"pci-0000-{j + 1:02x}-00-0",
-                                  "attributes": {"resourceName": {"string": dra_res}}}
-                                 for j in range(devices)]},
-        })  # fmt: skip
-    proc, url, ctx = start_server(
-        str(work / "certs"), ("--check-nodes", "--node-cache-seconds", "1"),
-        {"KUBECONFIG": api.kubeconfig},
+
+def webhook_row(
+    work: Path, nodes: int, devices: int, reviews: int, rate: float = 0.0
+) -> dict[str, float]:
+    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
+    API-server stand-in (a process of its own) holding ``nodes`` Nodes that each advertise
+    ``devices`` of one device plugin resource, and a DeviceClass of ours with a slice of
+    ``devices`` DRA devices per node (the DRA-aware lookup, KEP-5004).
+    ``--node-cache-seconds 1``: the 100 nodes and 6,400 devices are listed again every second
+    of the run. ``reviews`` AdmissionReviews (a VMI asking for both) at 64 connections from
+    two load-generator processes (bench/webhook_load.py), in a closed loop (each connection
+    sends its next review when the answer is in: the server saturated) and at ``rate``
+    reviews/s (open loop; 0: not run); the same closed loop against a trivial TLS server
+    (the floor: what the load generator and TLS cost). p99, the webhook's CPU per review,
+    its RSS after a warm-up and after the reviews, the API reads."""
+    from bench.webhook_bench import rss_kib, start_server
+    from bench.webhook_load import run_drivers
+
+    standin = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "webhook_load.py"), "standin",
+         "--dir", str(work / "api"), "--nodes", str(nodes), "--devices", str(devices)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    assert standin.stdin is not None and standin.stdout is not None
+    kubeconfig = standin.stdout.readline().strip()
+    certs = work / "certs"
+    proc, url, _ = start_server(
+        str(certs), ("--check-nodes", "--node-cache-seconds", "1"), {"KUBECONFIG": kubeconfig}
+    )
+    ca = str(certs / "ca.crt")
+    out: dict[str, float] = {}
+
+    def api_reads() -> dict[str, int]:
+        assert standin.stdin is not None and standin.stdout is not None
+        standin.stdin.write("\n")
+        standin.stdin.flush()
+        got: dict[str, int] = json.loads(standin.stdout.readline())["gets"]
+        return got
+
     try:
-        asyncio.run(level(url, ctx, 64, 640, 60))  # warm-up: connections, caches
-        rss0 = rss_kib(proc.pid) / 1024
-        cpu0 = cpu_ns(proc.pid)
-        got = asyncio.run(level(url, ctx, 64, reviews, 600))
+        run_drivers(url, ca, 64, 1280)  # warm-up: connections, caches
+        rss0, cpu0, reads0 = rss_kib(proc.pid) / 1024, tree_cpu_ns(proc.pid), api_reads()
+        got = run_drivers(url, ca, 64, reviews)
+        cpu = (tree_cpu_ns(proc.pid) - cpu0) / 1e6 / got["reviews"]
         grew = rss_kib(proc.pid) / 1024 - rss0
-        log(f"row 4: {got['requests']} reviews, p50 {got['p50_ms']:.1f} ms, p99 "
-            f"{got['p99_ms']:.1f} ms, {got['rps']:.0f}/s, webhook CPU "
-            f"{(cpu_ns(proc.pid) - cpu0) / 1e9:.1f} s, RSS {rss0:.0f} MB {grew:+.1f} MB, "
+        reads = {k: v - reads0.get(k, 0) for k, v in api_reads().items()}
+        node_reads = sum(v for k, v in reads.items() if k.endswith("/nodes"))
+        log(f"row 4 closed loop: {got['reviews']:.0f} reviews, p50 {got['p50_ms']:.1f} ms, "
+            f"p99 {got['p99_ms']:.1f} ms, mean {got['mean_ms']:.1f} ms, {got['rps']:.0f}/s; "
+            f"webhook CPU {cpu:.3f} ms a review (queueing: mean {got['mean_ms'] - cpu:.1f} ms); "
+            f"load generator CPU {got['driver_cpu_ms']:.3f} ms a review, busiest "
+            f"{100 * got['driver_busiest']:.0f} % of a core; RSS {rss0:.0f} MB {grew:+.1f} MB; "
+            f"node list read {node_reads} times in {got['elapsed']:.1f} s; "
             f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
-        lists = sum(1 for r in api.requests if r.method == "GET" and r.path.endswith("/nodes"))
-        log(f"row 4: the node list was read {lists} times")
+        out = {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
+        if rate > 0:
+            cpu0 = tree_cpu_ns(proc.pid)
+            paced = run_drivers(url, ca, 64, int(rate * 10), rate)
+            log(f"row 4 open loop at {rate:.0f}/s: p50 {paced['p50_ms']:.1f} ms, p99 "
+                f"{paced['p99_ms']:.1f} ms, max {paced['max_ms']:.1f} ms, webhook CPU "
+                f"{(tree_cpu_ns(proc.pid) - cpu0) / 1e6 / paced['reviews']:.3f} ms a review, "
+                f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            out["fleet_webhook_p99_paced"] = paced["p99_ms"]
     finally:
         proc.kill()
         proc.wait()
-        api.stop()
-    return {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
+        standin.stdin.close()
+        standin.wait()
+    trivial = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "webhook_load.py"), "trivial",
+         "--cert", str(certs / "tls.crt"), "--key", str(certs / "tls.key")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert trivial.stdout is not None
+    try:
+        cpu0 = cpu_ns(trivial.pid)
+        floor = run_drivers(trivial.stdout.readline().strip(), ca, 64, min(reviews, 20_000))
+        log(f"row 4 floor (trivial TLS server, closed loop): p50 {floor['p50_ms']:.1f} ms, p99 "
+            f"{floor['p99_ms']:.1f} ms, {floor['rps']:.0f}/s; server CPU "
+            f"{(cpu_ns(trivial.pid) - cpu0) / 1e6 / floor['reviews']:.3f} ms a review; load "
+            f"generator {floor['driver_cpu_ms']:.3f} ms a review")  # fmt: skip
+    finally:
+        trivial.kill()
+        trivial.wait()
+    return out
 
 
 # -- row 3c: numVfs on the simulator (the DRA plugin in-process) ---------------------------------
