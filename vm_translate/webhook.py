@@ -172,18 +172,19 @@ async def _mutate(request: web.Request, state: _State) -> web.Response:
         nodes: list[NodeResources] | None = None
         warnings: list[str] = []
         cache = state.nodes
-        if cache is not None:  # before parsing: no parsed review is held across an await
-            wait = state.settings.node_wait
+        got: list[NodeResources] | NodeCheckError | None = None
+        if cache is not None and (got := cache.peek()) is None:
+            wait = state.settings.node_wait  # before parsing: no parsed review held meanwhile
             try:
                 async with asyncio.timeout(wait):  # the fetch goes on for later reviews
                     got = await asyncio.shield(_nodes_or_error(cache))
             except TimeoutError:
                 got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
-            if isinstance(got, NodeCheckError):
-                log.warning("%s", got)
-                warnings.append(f"vfio_dp: device availability not checked: {got}")
-            else:
-                nodes = got
+        if isinstance(got, NodeCheckError):
+            log.warning("%s", got)
+            warnings.append(f"vfio_dp: device availability not checked: {got}")
+        else:
+            nodes = got
         try:
             review_request = parse_review(body)
         except ReviewError as e:
