@@ -28,6 +28,7 @@ from vm_translate import kube_adapter
 from vm_translate.errors import NodeCheckError
 from vm_translate.kube_adapter import ChildNodeLister
 from vm_translate.nodes import NodeResources
+from vm_translate.webhook_limits import NODE_CHECK_RSS, WebhookSettings, worst_case_rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,13 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServerSt
 
 def node_lists(api: ApiServerStandin) -> int:
     return sum(1 for r in list(api.requests) if r.method == "GET" and r.path == "/api/v1/nodes")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def children(pid: int, marker: str = "vm_translate.kube_adapter") -> list[int]:
@@ -104,6 +112,13 @@ async def test_a_dead_child_fails_one_fetch_and_the_next_starts_another(
     try:
         assert [n.name for n in await lister()] == ["n1", "n2"]
         (child,) = children(os.getpid())
+        rss = rss_bytes(child)  # within what the webhook's worst case counts for it
+        assert rss <= NODE_CHECK_RSS, f"the node-list child holds {rss / 2**20:.0f} MiB"
+        assert (
+            worst_case_rss_bytes(WebhookSettings("c", "k", check_nodes=True))
+            - worst_case_rss_bytes(WebhookSettings("c", "k"))
+            == NODE_CHECK_RSS
+        )
         os.kill(child, signal.SIGKILL)  # as the OOM killer does
         with pytest.raises(NodeCheckError, match=r"process listing nodes .* died"):
             await lister()
