@@ -241,15 +241,12 @@ def webhook_row(
 
     try:
         run_drivers(url, ca, 64, 1280)  # warm-up: connections, caches
-        rss0, (own0, kid0, _), reads0 = (
-            rss_kib(proc.pid) / 1024,
-            webhook_tree(proc.pid),
-            api_reads(),
-        )
+        (own0, kid0, kid_rss0), reads0 = webhook_tree(proc.pid), api_reads()
+        rss0 = rss_kib(proc.pid) / 1024
         got = run_drivers(url, ca, 64, reviews)
         own1, kid1, kid_rss = webhook_tree(proc.pid)
         own, kid = (own1 - own0) / 1e6 / got["reviews"], (kid1 - kid0) / 1e6 / got["reviews"]
-        grew = rss_kib(proc.pid) / 1024 - rss0
+        grew = rss_kib(proc.pid) / 1024 - rss0 + kid_rss - kid_rss0  # the child's too
         reads = {k: v - reads0.get(k, 0) for k, v in api_reads().items()}
         node_reads = sum(v for k, v in reads.items() if k.endswith("/nodes"))
         log(f"row 4 closed loop: {got['reviews']:.0f} reviews, p50 {got['p50_ms']:.1f} ms, "
