@@ -24,7 +24,10 @@ tests/test_bench_harness.py: its figures mean nothing, its goals are not judged)
    counted in the API-server stand-in; on 4,096 devices: start → every device published.
    ``numVfs: 256`` on 4 PFs is not measured here (the SR-IOV path needs the kernel
    simulator in the daemon's process): said in the row.
-4. **webhook at cluster scale**: not measured by this script (the row says so).
+4. **webhook at cluster scale**: the real ``vfioctl webhook --check-nodes`` against 100 nodes
+   x 64 devices in the API-server stand-in (its own process), 64 TLS connections from two
+   load-generator processes (``bench/webhook_load.py``): closed loop (saturating) and an
+   offered 500 reviews/s (open loop); a trivial TLS server's closed loop as the floor.
 5. **memory**: each daemon's RSS at 4,096 devices (the DRA daemon after a Prepare of 1,000
    claims through the kubelet stand-in), then after ``--soak`` seconds of one device change
    a second (default 60, small 5; the issue's one-hour soak is ``--soak 3600``).
@@ -40,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,62 +182,118 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
 
 
 # -- row 4: the webhook at cluster scale ---------------------------------------------------------
-def webhook_row(work: Path, nodes: int, devices: int, reviews: int) -> dict[str, float]:
-    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
-    API-server stand-in holding ``nodes`` Nodes that each advertise ``devices`` of one device
-    plugin resource, and a DeviceClass of ours with a slice of ``devices`` DRA devices per node
-    (the DRA-aware lookup, KEP-5004). ``--node-cache-seconds 1``: the 100 nodes and 6,400
-    devices are listed again every second of the run. ``reviews`` AdmissionReviews (a VMI
-    asking for both) at 64 connections: p99; the webhook's RSS after a warm-up and after
-    them."""
-    from bench.webhook_bench import level, rss_kib, start_server
-    from tests.dra.apiserver_standin import DEVICE_CLASSES, NODES, SLICES, ApiServerStandin
-    from vfio_dp.dra.deviceclasses import selector_expression
+def webhook_tree(pid: int) -> tuple[int, int, float]:
+    """CPU so far (ns) of the webhook ``pid`` and of its child processes (the node-list
+    child), and the children's RSS (MB)."""
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    child, rss = 0, 0.0
+    for k in kids:
+        with contextlib.suppress(OSError):
+            child, rss = child + cpu_ns(k), rss + rss_mb(k)
+    return cpu_ns(pid), child, rss
 
-    driver = "vfio.dra.vfio-dp.io"
-    dra_res, dp_res = "devices.kubevirt.io/10de_1eb8", "devices.kubevirt.io/10de_10f8"
-    api = ApiServerStandin(str(work / "api"))
-    api.start()
-    api.seed(DEVICE_CLASSES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": "vfio-10de-1eb8"},
-        "spec": {"extendedResourceName": dra_res,
-                 "selectors": [{"cel": {"expression": selector_expression(driver, dra_res)}}]},
-    })  # fmt: skip
-    for i in range(nodes):
-        node = f"node-{i:03d}"
-        api.seed(NODES, {"metadata": {"name": node},
-                         "status": {"allocatable": {"cpu": "64", dp_res: str(devices)}}})  # fmt: skip
-        api.seed(SLICES, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{driver}-0"},
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"pci-0000-{j + 1:02x}-00-0",
-                                  "attributes": {"resourceName": {"string": dra_res}}}
-                                 for j in range(devices)]},
-        })  # fmt: skip
-    proc, url, ctx = start_server(
-        str(work / "certs"), ("--check-nodes", "--node-cache-seconds", "1"),
-        {"KUBECONFIG": api.kubeconfig},
+
+#: row 4's offered rate (open loop): the closed loop's p99 at 64 connections is the queue of
+#: 64 reviews on one core (~64 x the CPU of one), what a saturating client makes of any server
+WEBHOOK_RATE = 500.0
+
+
+def webhook_row(
+    work: Path, nodes: int, devices: int, reviews: int, rate: float = 0.0
+) -> dict[str, float]:
+    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
+    API-server stand-in (a process of its own) holding ``nodes`` Nodes that each advertise
+    ``devices`` of one device plugin resource, and a DeviceClass of ours with a slice of
+    ``devices`` DRA devices per node (the DRA-aware lookup, KEP-5004).
+    ``--node-cache-seconds 1``: the 100 nodes and 6,400 devices are listed again every second
+    of the run. ``reviews`` AdmissionReviews (a VMI asking for both) at 64 connections from
+    two load-generator processes (bench/webhook_load.py), in a closed loop (each connection
+    sends its next review when the answer is in: the server saturated) and at ``rate``
+    reviews/s (open loop; 0: not run); the same closed loop against a trivial TLS server
+    (the floor: what the load generator and TLS cost). p99, the webhook's CPU per review,
+    its RSS after a warm-up and after the reviews, the API reads."""
+    from bench.webhook_bench import rss_kib, start_server
+    from bench.webhook_load import run_drivers
+
+    standin = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "webhook_load.py"), "standin",
+         "--dir", str(work / "api"), "--nodes", str(nodes), "--devices", str(devices)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    assert standin.stdin is not None and standin.stdout is not None
+    kubeconfig = standin.stdout.readline().strip()
+    certs = work / "certs"
+    proc, url, _ = start_server(
+        str(certs), ("--check-nodes", "--node-cache-seconds", "1"), {"KUBECONFIG": kubeconfig}
+    )
+    ca = str(certs / "ca.crt")
+    out: dict[str, float] = {}
+
+    def api_reads() -> dict[str, int]:
+        assert standin.stdin is not None and standin.stdout is not None
+        standin.stdin.write("\n")
+        standin.stdin.flush()
+        got: dict[str, int] = json.loads(standin.stdout.readline())["gets"]
+        return got
+
     try:
-        asyncio.run(level(url, ctx, 64, 640, 60))  # warm-up: connections, caches
+        run_drivers(url, ca, 64, 1280)  # warm-up: connections, caches
+        (own0, kid0, kid_rss0), reads0 = webhook_tree(proc.pid), api_reads()
         rss0 = rss_kib(proc.pid) / 1024
-        cpu0 = cpu_ns(proc.pid)
-        got = asyncio.run(level(url, ctx, 64, reviews, 600))
-        grew = rss_kib(proc.pid) / 1024 - rss0
-        log(f"row 4: {got['requests']} reviews, p50 {got['p50_ms']:.1f} ms, p99 "
-            f"{got['p99_ms']:.1f} ms, {got['rps']:.0f}/s, webhook CPU "
-            f"{(cpu_ns(proc.pid) - cpu0) / 1e9:.1f} s, RSS {rss0:.0f} MB {grew:+.1f} MB, "
-            f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
-        lists = sum(1 for r in api.requests if r.method == "GET" and r.path.endswith("/nodes"))
-        log(f"row 4: the node list was read {lists} times")
+        got = run_drivers(url, ca, 64, reviews)
+        own1, kid1, kid_rss = webhook_tree(proc.pid)
+        own, kid = (own1 - own0) / 1e6 / got["reviews"], (kid1 - kid0) / 1e6 / got["reviews"]
+        grew = rss_kib(proc.pid) / 1024 - rss0 + kid_rss - kid_rss0  # the child's too
+        reads = {k: v - reads0.get(k, 0) for k, v in api_reads().items()}
+        node_reads = sum(v for k, v in reads.items() if k.endswith("/nodes"))
+        log(f"row 4 closed loop: {got['reviews']:.0f} reviews, p50 {got['p50_ms']:.1f} ms, "
+            f"p99 {got['p99_ms']:.1f} ms, mean {got['mean_ms']:.1f} ms, {got['rps']:.0f}/s; "
+            f"webhook CPU {own:.3f} ms a review (service), its node-list child {kid:.3f} ms "
+            f"(queueing: mean {got['mean_ms'] - own:.1f} ms); load generator CPU "
+            f"{got['driver_cpu_ms']:.3f} ms a review, busiest {100 * got['driver_busiest']:.0f} % "
+            f"of a core; RSS {rss0:.0f} MB {grew:+.1f} MB, child {kid_rss:.0f} MB; node list "
+            f"read {node_reads} times in {got['elapsed']:.1f} s; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        out = {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
+        if rate > 0:
+            own0, kid0, _ = webhook_tree(proc.pid)
+            paced = run_drivers(url, ca, 64, int(rate * 20), rate)
+            own1, kid1, _ = webhook_tree(proc.pid)
+            log(f"row 4 open loop at {rate:.0f}/s: p50 {paced['p50_ms']:.1f} ms, p99 "
+                f"{paced['p99_ms']:.1f} ms, max {paced['max_ms']:.1f} ms, {paced['rps']:.0f}/s; "
+                f"webhook CPU {(own1 - own0) / 1e6 / paced['reviews']:.3f} ms a review, child "
+                f"{(kid1 - kid0) / 1e6 / paced['reviews']:.3f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            out["fleet_webhook_p99_paced"] = paced["p99_ms"]
     finally:
         proc.kill()
         proc.wait()
-        api.stop()
-    return {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
+        standin.stdin.close()
+        standin.wait()
+    trivial = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "webhook_load.py"), "trivial",
+         "--cert", str(certs / "tls.crt"), "--key", str(certs / "tls.key")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert trivial.stdout is not None
+    try:
+        floor_url = trivial.stdout.readline().strip()
+        run_drivers(floor_url, ca, 64, 1280)  # warm-up, as the webhook's
+        cpu0 = cpu_ns(trivial.pid)
+        floor = run_drivers(floor_url, ca, 64, min(reviews, 20_000))
+        log(f"row 4 floor (trivial TLS server, closed loop): p50 {floor['p50_ms']:.1f} ms, p99 "
+            f"{floor['p99_ms']:.1f} ms, {floor['rps']:.0f}/s; server CPU "
+            f"{(cpu_ns(trivial.pid) - cpu0) / 1e6 / floor['reviews']:.3f} ms a review; load "
+            f"generator {floor['driver_cpu_ms']:.3f} ms a review")  # fmt: skip
+        if rate > 0:
+            paced = run_drivers(floor_url, ca, 64, int(rate * 20), rate)
+            log(f"row 4 floor at {rate:.0f}/s (open loop): p50 {paced['p50_ms']:.1f} ms, p99 "
+                f"{paced['p99_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    finally:
+        trivial.kill()
+        trivial.wait()
+    return out
 
 
 # -- row 3c: numVfs on the simulator (the DRA plugin in-process) ---------------------------------
@@ -526,7 +587,7 @@ def measure(
             sriov_row(work / "sriov", 2 if small else 4, 16 if small else 256)))  # fmt: skip
         step("4 webhook", lambda: webhook_row(
             work / "webhook", 100 if not small else 10, 64 if not small else 8,
-            reviews or (300 if small else 20_000)))  # fmt: skip
+            reviews or (300 if small else 20_000), 0.0 if small else WEBHOOK_RATE))  # fmt: skip
         step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
         step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
     finally:

@@ -192,14 +192,29 @@ class NodeCache:
             raise self._error
         return None
 
-    async def get(self) -> list[NodeResources]:
-        cached = self._cached()
+    def peek(self) -> list[NodeResources] | NodeCheckError | None:
+        """What :meth:`get` would answer at once (a list, fresh or expired with its refetch
+        started; or the remembered error), without an await, a task or a timeout; None
+        when the caller must wait for the first fetch (:meth:`get`). The webhook asks this
+        first: waiting through a shielded task and a timeout cost ~0.1 ms a review."""
+        try:
+            cached = self._cached()
+        except NodeCheckError as e:
+            return e
         if cached is not None:
             return cached
         if self._value is not None:  # expired: answered while one fetch runs
             if self._refresh is None or self._refresh.done():
                 self._refresh = asyncio.get_running_loop().create_task(self._refetch())
             return self._value
+        return None
+
+    async def get(self) -> list[NodeResources]:
+        got = self.peek()
+        if isinstance(got, NodeCheckError):
+            raise got
+        if got is not None:
+            return got
         async with self._lock:
             cached = self._cached()
             if cached is not None:

@@ -92,8 +92,10 @@ def parse_review(body: bytes) -> AdmissionRequest:
             f"body is JSON nested too deep to parse; at most {MAX_DEPTH} levels of "
             "arrays/objects are accepted"
         ) from e
-    depth = nesting_depth(data, MAX_DEPTH)
-    if depth > MAX_DEPTH:
+    # each level opens with a "[" or "{" byte (strings' brackets count too: an upper bound):
+    # a body with at most MAX_DEPTH of them needs no walk (~0.06 ms of a ~0.5 ms review)
+    opens = body.count(b"[") + body.count(b"{")
+    if opens > MAX_DEPTH and nesting_depth(data, MAX_DEPTH) > MAX_DEPTH:
         raise ReviewError(
             f"body is JSON nested more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH} "
             "levels of arrays/objects are accepted"

@@ -23,7 +23,8 @@ worst are :mod:`vm_translate.webhook_limits`.
 The certificate is re-read when its files change (see :mod:`vm_translate.tls`) and
 ``--config`` when its file identity changes (:mod:`vm_translate.config_watch`), both as soon
 as inotify reports a change in their directories and every ``reload_interval`` seconds. With ``check_nodes``, requested resources are checked against
-node allocatable (cached; the Kubernetes client call runs in a thread); if the API server
+node allocatable (cached; the Kubernetes client calls run in a child process:
+:class:`vm_translate.kube_adapter.ChildNodeLister`); if the API server
 cannot be asked, the request is allowed with a warning rather than blocking every VM.
 """
 
@@ -47,6 +48,7 @@ from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
+from vm_translate.kube_adapter import ChildNodeLister
 from vm_translate.listener import Listener, ListenerLimits
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
@@ -170,18 +172,19 @@ async def _mutate(request: web.Request, state: _State) -> web.Response:
         nodes: list[NodeResources] | None = None
         warnings: list[str] = []
         cache = state.nodes
-        if cache is not None:  # before parsing: no parsed review is held across an await
-            wait = state.settings.node_wait
+        got: list[NodeResources] | NodeCheckError | None = None
+        if cache is not None and (got := cache.peek()) is None:
+            wait = state.settings.node_wait  # before parsing: no parsed review held meanwhile
             try:
                 async with asyncio.timeout(wait):  # the fetch goes on for later reviews
                     got = await asyncio.shield(_nodes_or_error(cache))
             except TimeoutError:
                 got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
-            if isinstance(got, NodeCheckError):
-                log.warning("%s", got)
-                warnings.append(f"vfio_dp: device availability not checked: {got}")
-            else:
-                nodes = got
+        if isinstance(got, NodeCheckError):
+            log.warning("%s", got)
+            warnings.append(f"vfio_dp: device availability not checked: {got}")
+        else:
+            nodes = got
         try:
             review_request = parse_review(body)
         except ReviewError as e:
@@ -266,12 +269,6 @@ class _HttpLog(logging.Logger):
             self._since, self._last_report = 0, now
 
 
-async def _threaded_list_nodes() -> list[NodeResources]:
-    from vm_translate import kube_adapter  # imports the kubernetes client on first use
-
-    return await asyncio.to_thread(kube_adapter.list_nodes)
-
-
 class Webhook:
     """A started webhook: ``await Webhook.start(...)``, then ``.port``, then ``await .stop()``."""
 
@@ -283,6 +280,7 @@ class Webhook:
         configs: ConfigWatch,
         listener: Listener,
         reloader: asyncio.Task[None],
+        lister: ChildNodeLister | None = None,
     ) -> None:
         self._runner = runner
         self._server = server
@@ -290,6 +288,8 @@ class Webhook:
         self.configs = configs
         self.listener = listener
         self._reloader = reloader
+        self.lister = lister  #: the child process listing nodes (``--check-nodes``)
+        self._warm: asyncio.Task[object] | None = None
 
     @property
     def port(self) -> int:
@@ -303,8 +303,9 @@ class Webhook:
         node_fetch: NodeFetch | None = None,
     ) -> Webhook:
         """Serve ``config`` (fixed) or a :class:`ConfigWatch` (followed every reload_interval)."""
+        lister = None
         if settings.check_nodes and node_fetch is None:
-            node_fetch = _threaded_list_nodes
+            node_fetch = lister = ChildNodeLister()
         tls = ReloadingContext(settings.cert_file, settings.key_file)
         app = make_app(config, settings, node_fetch if settings.check_nodes else None)
         state = app[_STATE]
@@ -354,7 +355,10 @@ class Webhook:
             settings.port,
             settings.max_connections,
         )
-        return cls(runner, server, tls, state.configs, listener, reloader)
+        hook = cls(runner, server, tls, state.configs, listener, reloader, lister)
+        if state.nodes is not None:  # the first list (the child's start) before any review
+            hook._warm = asyncio.create_task(_nodes_or_error(state.nodes))
+        return hook
 
     def drain(self) -> None:
         """Fail /healthz from now on; keep answering reviews until :meth:`stop`."""
@@ -366,9 +370,11 @@ class Webhook:
         return self._runner.app[_STATE].draining
 
     async def stop(self) -> None:
-        self._reloader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reloader
+        for task in (self._reloader, self._warm):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._server.close()
         if self.listener.evicted or self.listener.refused:
             log.info(
@@ -380,6 +386,8 @@ class Webhook:
         await self._runner.cleanup()  # lets requests being answered finish
         self.listener.close_all()  # what is left: handshakes, idle keep-alive
         await self._server.wait_closed()
+        if self.lister is not None:
+            await self.lister.close()
 
 
 async def serve(

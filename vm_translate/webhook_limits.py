@@ -27,6 +27,10 @@ MAX_HEADERS = 24
 MAX_FIELD_SIZE = 1024
 #: RSS of the started webhook with no connection (measured 49 MB with Python 3.11, rounded up).
 BASELINE_RSS = 64 * MIB
+#: ``--check-nodes``: RSS of the node-list child (vm_translate.kube_adapter.ChildNodeLister:
+#: an interpreter with the Kubernetes client; 78 MB measured at 100 nodes x 64 DRA devices,
+#: rounded up; it grows with the size of the lists it decodes)
+NODE_CHECK_RSS = 112 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +62,13 @@ def worst_case_rss_bytes(settings: WebhookSettings) -> int:
     """An upper bound of the webhook's RSS under any mix of clients, from its limits: each open
     connection at most its measured cost (with a full header block), undecrypted input,
     parser buffer and a small body being received; plus every large body the budget admits, each parsed once (JSON objects
-    take several times their text; one review is parsed at a time)."""
+    take several times their text; one review is parsed at a time); plus the node-list child
+    with ``check_nodes``."""
     per_connection = CONNECTION_RSS + INCOMING_HIGH_WATER + 2 * READ_BUFSIZE + SMALL_BODY
     parsed = 10 * settings.max_body_bytes
     return (
         BASELINE_RSS
+        + (NODE_CHECK_RSS if settings.check_nodes else 0)
         + settings.max_connections * per_connection
         + settings.body_budget_bytes
         + parsed

@@ -320,6 +320,29 @@ def test_depth_limit_is_exact() -> None:
         parse_review(json.dumps(ok).encode())
 
 
+def test_depth_walk_only_for_bodies_that_could_be_too_deep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body opening at most MAX_DEPTH arrays/objects cannot nest deeper: the review's
+    depth walk (~0.06 ms) is skipped for it; one with more is still walked and judged."""
+    from vm_translate import review as review_module
+
+    walks: list[int] = []
+    real = review_module.nesting_depth
+
+    def counted(value: object, limit: int) -> int:
+        walks.append(1)
+        return real(value, limit)
+
+    monkeypatch.setattr(review_module, "nesting_depth", counted)
+    assert parse_review(json.dumps(review(VMI)).encode())["uid"] == "uid-7"
+    assert walks == []
+    wide = review(VMI)
+    wide["request"]["object"]["metadata"]["labels"] = {"x": [[] for _ in range(MAX_DEPTH)]}
+    assert parse_review(json.dumps(wide).encode())["uid"] == "uid-7"
+    assert walks == [1]
+
+
 def _paths(o: Any, p: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [p]
     if isinstance(o, dict):
