@@ -168,9 +168,7 @@ def main() -> int:
             field_selector=f"spec.nodeName={NODE}"
         )
         t = time.monotonic()
-        wait(
-            api, lambda: pool(api)[0] >= gen and pool(api)[1] == args.devices, 3 * args.resync + 30
-        )
+        wait(api, lambda: pool(api)[0] >= gen and pool(api)[1] == args.devices, 3 * args.resync + 30)
         took = time.monotonic() - t
         ok = "met" if took <= args.resync + 1.0 else "NOT met"
         rows.append(

@@ -167,7 +167,7 @@ def native(
 def pool_hold(holder: str | None) -> str | None:
     """``held by pool:<driver> (…)`` for a device its bind record says a DRA pool holds
     (:func:`vfio_dp.host.state.pool_of`), else None."""
-    from vfio_dp.host.state import pool_of
+    from vfio_dp.host.bound_by import pool_of
 
     if holder is None or pool_of(holder) is None:
         return None

@@ -116,7 +116,7 @@ def test_the_current_version_finishes_the_previous_ones_journal(
     root = _root(tmp_path)
     _run(WRITE, previous, root, "daemon")
     code = (
-        "import sys; from vfio_dp.host.state import recovers; "
+        "import sys; from vfio_dp.host.bound_by import recovers; "
         "print(recovers('device-plugin', 'daemon'), recovers('dra-plugin', 'daemon'), "
         "recovers('device-plugin', 'operator'))"
     )

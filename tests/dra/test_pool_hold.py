@@ -44,7 +44,7 @@ from vfio_dp.dra.claimpath.steps import DeviceSteps
 from vfio_dp.dra.plugin import DraPlugin
 from vfio_dp.errors import ClaimError, RefusedError
 from vfio_dp.host import Host, devnodes
-from vfio_dp.host.state import (
+from vfio_dp.host.bound_by import (
     BOUND_BY_DEVICE_PLUGIN,
     BOUND_BY_DRA_PLUGIN,
     BOUND_BY_OPERATOR,

@@ -24,7 +24,7 @@ from vfio_dp.dra.claimpath.claims import ClaimRef
 from vfio_dp.dra.claimpath.prepare import ClaimPreparer
 from vfio_dp.dra.slices import Device
 from vfio_dp.host import Host
-from vfio_dp.host.state import BOUND_BY_OPERATOR, bound_by_claim
+from vfio_dp.host.bound_by import BOUND_BY_OPERATOR, bound_by_claim
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config, load_config_text

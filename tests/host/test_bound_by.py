@@ -9,16 +9,16 @@ from pathlib import Path
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.host import Host
-from vfio_dp.host.state import (
+from vfio_dp.host.bound_by import (
     BOUND_BY_DAEMON,
     BOUND_BY_DEVICE_PLUGIN,
     BOUND_BY_DRA_PLUGIN,
     BOUND_BY_OPERATOR,
-    OriginalDriver,
     bound_by_claim,
     claim_of,
     recovers,
 )
+from vfio_dp.host.state import OriginalDriver
 from vfio_dp.model.address import PciAddress
 
 NIC = PciAddress.parse("0000:03:01.0")

@@ -13,7 +13,8 @@ from tests.dra.topologies import DRA_CONFIG, dra_host
 from tests.kernel_sim import SimulatedKernel
 from tests.sysfs_tree import Dev, SysfsTree, gpu_host
 from vfio_dp.host import Host
-from vfio_dp.host.state import OriginalDriver, bound_by_claim
+from vfio_dp.host.bound_by import bound_by_claim
+from vfio_dp.host.state import OriginalDriver
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import load_config_text
 from vfio_dp.model.plan import plan_bind, plan_check, plan_unbind

@@ -17,9 +17,7 @@ from vm_translate.review import decide, parse_review
 from vm_translate.translate import translate
 
 T4 = "devices.kubevirt.io/t4-1q"
-NAMED = (
-    "mdev:\n- {parent: {vendor: '10de', device: '1eb8'}, type: nvidia-222, resourceName: t4-1q}\n"
-)
+NAMED = "mdev:\n- {parent: {vendor: '10de', device: '1eb8'}, type: nvidia-222, resourceName: t4-1q}\n"
 DEFAULT = "mdev:\n- {parent: {vendor: '10de', device: '1eb8'}, type: nvidia-222}\n"
 
 
@@ -49,9 +47,8 @@ def test_a_named_mdev_resource_is_translated_and_requested() -> None:
 def test_an_unknown_name_is_refused_naming_the_mdev_names() -> None:
     with pytest.raises(SpecError) as e:
         translate(vmi(["devices.kubevirt.io/t4-2q"]), cfg(NAMED))
-    assert (
-        "unknown resource: the vfio_dp configuration advertises devices.kubevirt.io/t4-1q"
-        in str(e.value)
+    assert "unknown resource: the vfio_dp configuration advertises devices.kubevirt.io/t4-1q" in str(
+        e.value
     )
     # a path: dra entry's name is not a device-plugin resource
     dra = NAMED.replace("resourceName", "path: dra, resourceName")

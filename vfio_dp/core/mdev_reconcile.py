@@ -32,9 +32,9 @@ from typing import Any
 
 from vfio_dp.errors import HostError
 from vfio_dp.host import sysfs
+from vfio_dp.host.bound_by import BOUND_BY_DRA_PLUGIN, claim_of
 from vfio_dp.host.host import Host
 from vfio_dp.host.mdev_ops import Mdevs
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN, claim_of
 from vfio_dp.model.config import Config
 from vfio_dp.model.mdev import MdevInventory, is_uuid
 from vfio_dp.model.mdev_config import STATIC, MdevEntry

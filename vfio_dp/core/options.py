@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
+from vfio_dp.host.bound_by import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.config import DEVICE_PLUGIN
 
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from vfio_dp.errors import no_iommu_group
-from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN, pool_refusal
+from vfio_dp.host.bound_by import BOUND_BY_DEVICE_PLUGIN, pool_refusal
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 from vfio_dp.model.device import VFIO_PCI, Inventory, PciDevice, primary_first

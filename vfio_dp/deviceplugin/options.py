@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from vfio_dp.core.options import FrontEndOptions
 from vfio_dp.deviceplugin.podresources import DEFAULT_SOCKET
-from vfio_dp.host.state import BOUND_BY_DEVICE_PLUGIN
+from vfio_dp.host.bound_by import BOUND_BY_DEVICE_PLUGIN
 from vfio_dp.model.config import DEVICE_PLUGIN
 
 

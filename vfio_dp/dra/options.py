@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from vfio_dp.core.options import FrontEndOptions
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN
+from vfio_dp.host.bound_by import BOUND_BY_DRA_PLUGIN
 from vfio_dp.model import naming
 from vfio_dp.model.config import DRA
 

@@ -21,11 +21,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from vfio_dp.errors import HostError, NoIommuError, PathEscapeError
+from vfio_dp.host.bound_by import BOUND_BY_OPERATOR
 from vfio_dp.host.discovery import Discovery
 from vfio_dp.host.kernel import KernelIO, RealKernel
 from vfio_dp.host.records import STATE_DIR
 from vfio_dp.host.root import Root, read_text, safe_component
-from vfio_dp.host.state import BOUND_BY_OPERATOR, StateStore
+from vfio_dp.host.state import StateStore
 from vfio_dp.host.vfio import UNKNOWN, device_nodes, probe_groups
 from vfio_dp.model.device import GroupStatus, Inventory, IommuGroup
 

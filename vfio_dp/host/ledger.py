@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from vfio_dp.errors import HostError, PathEscapeError, StateWriteError
-from vfio_dp.host.state import OpDevice, Operation, OriginalDriver, StateStore, claim_of
+from vfio_dp.host.bound_by import claim_of
+from vfio_dp.host.state import OpDevice, Operation, OriginalDriver, StateStore
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 

@@ -32,11 +32,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vfio_dp.errors import AddressError, BindError, HostError, LockTimeoutError, RefusedError
+from vfio_dp.host.bound_by import (
+    BOUND_BY_OPERATOR,
+    bound_by_claim,
+    claim_of,
+    recovers,
+)
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
 from vfio_dp.host.mdev import MDEV_BUS, MDEV_DEVICES, read_mdevs
 from vfio_dp.host.mdev_store import RECORD_DIR, MdevStore
-from vfio_dp.host.state import BOUND_BY_OPERATOR, bound_by_claim, claim_of, recovers
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.mdev import (
     CREATE,

@@ -36,8 +36,8 @@ from vfio_dp.errors import (
 )
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder, BindResult, Step
+from vfio_dp.host.bound_by import pool_refusal
 from vfio_dp.host.recovery import executor, recover
-from vfio_dp.host.state import pool_refusal
 from vfio_dp.host.vfio_drivers import mark_on_vfio
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from vfio_dp.errors import BindError, HostError, LockTimeoutError
 from vfio_dp.host import sysfs
 from vfio_dp.host.bind import Binder
-from vfio_dp.host.state import Operation, recovers
+from vfio_dp.host.bound_by import recovers
+from vfio_dp.host.state import Operation
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import PciDevice
 

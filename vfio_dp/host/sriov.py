@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 from vfio_dp.errors import BindError, HostError, LockTimeoutError, RefusedError
 from vfio_dp.host import sysfs
+from vfio_dp.host.bound_by import BOUND_BY_OPERATOR, recovers
 from vfio_dp.host.holders import scan_holders
 from vfio_dp.host.host import Host
 from vfio_dp.host.sriov_pf import list_pfs, read_pf
 from vfio_dp.host.sriov_store import SriovOp, SriovStore
-from vfio_dp.host.state import BOUND_BY_OPERATOR, recovers
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.sriov import (
     AUTOPROBE,

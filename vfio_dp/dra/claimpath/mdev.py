@@ -37,8 +37,8 @@ from vfio_dp.dra.mdev_slices import PREFIX, MdevDevice, MdevWant, mdev_devices
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import ClaimError, HostError, RefusedError
 from vfio_dp.host import Host, sysfs
+from vfio_dp.host.bound_by import BOUND_BY_DRA_PLUGIN, bound_by_claim, claim_of
 from vfio_dp.host.mdev_ops import Mdevs
-from vfio_dp.host.state import BOUND_BY_DRA_PLUGIN, bound_by_claim, claim_of
 from vfio_dp.model.config import Config
 from vfio_dp.model.dra_metadata import MDEV_UUID, Attribute
 from vfio_dp.model.mdev_config import ON_PREPARE, STATIC

@@ -29,7 +29,7 @@ from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import PCI_BUS_ID, STANDARD, Device
 from vfio_dp.errors import ClaimError, HostError, VfioError
 from vfio_dp.host import Host, devnodes
-from vfio_dp.host.state import bound_by_claim, claim_takes, pool_refusal
+from vfio_dp.host.bound_by import bound_by_claim, claim_takes, pool_refusal
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
 from vfio_dp.model.devnodes import NativeNodes, group_container_problem

@@ -39,7 +39,7 @@ from vfio_dp.dra.claimpath.edits import ClaimDirs
 from vfio_dp.dra.claimpath.outcome import HELD, INTERNAL, Held, outcome
 from vfio_dp.errors import VfioError
 from vfio_dp.host import Host
-from vfio_dp.host.state import bound_by_claim, bound_by_pool, claim_of
+from vfio_dp.host.bound_by import bound_by_claim, bound_by_pool, claim_of
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.device import Inventory
 

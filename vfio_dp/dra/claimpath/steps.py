@@ -31,7 +31,7 @@ from vfio_dp.dra.claimpath.resolve import Chosen
 from vfio_dp.dra.slices import Device
 from vfio_dp.errors import ClaimError, VfioError
 from vfio_dp.host import Host
-from vfio_dp.host.state import bound_by_claim, claim_takes
+from vfio_dp.host.bound_by import bound_by_claim, claim_takes
 from vfio_dp.model import naming
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import Config
