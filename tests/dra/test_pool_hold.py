@@ -224,9 +224,10 @@ def test_the_previous_release_reads_a_pool_hold_and_leaves_it_alone(
         "                  'restores': [[str(a), d] for a, d in plan.restored]}))\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", code, str(tree.root)],
+        [sys.executable, "-c", code, str(tree.root), str(old)],
         env={"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, timeout=120, check=False,
+        cwd=old,  # ``-c`` puts the working directory first on sys.path: never this checkout
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout)
