@@ -317,6 +317,7 @@ def test_memory_limit_covers_the_webhooks_worst_case(
         max_connections=flag("max_connections"),
         max_body_bytes=flag("max_body_bytes"),
         body_budget_bytes=flag("body_budget_bytes"),
+        check_nodes=bool(flag("check_nodes")),
     )
     limit = _bytes(ctr["resources"]["limits"]["memory"])
     worst = worst_case_rss_bytes(settings)
