@@ -4,6 +4,11 @@ VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Python keeps its bytecode caches here even when the caller's environment says not to
+# (PYTHONDONTWRITEBYTECODE): without them each pytest worker rewrites the asserts of every
+# test module again (~5 s of CPU per worker) and every process a test starts recompiles
+# each module changed since scripts/setup.sh byte-compiled the tree (docs/development.md).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help setup demo test check lint bench bench-detail bench-tools image wheel
 

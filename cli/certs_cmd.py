@@ -71,7 +71,7 @@ def webhook_certs(
     """
 
     def body() -> int:
-        from vfio_dp.dra.apiserver.publisher import api_client
+        from vfio_dp.dra.apiserver.client import api_client
         from vfio_dp.errors import UsageError
         from vm_translate.webhook_certs import ensure
 

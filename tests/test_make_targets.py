@@ -4,6 +4,7 @@ vagrant packages to build a pure-Python wheel or an image that builds its own Py
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -58,3 +59,16 @@ def test_an_unknown_profile_is_refused() -> None:
     out = subprocess.run(["bash", "scripts/setup.sh", "--for", "nope", "--list"], cwd=REPO,
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert out.returncode == 2 and "give all, wheel or image" in out.stderr
+
+
+def test_the_targets_keep_python_bytecode_caches() -> None:
+    """A caller's PYTHONDONTWRITEBYTECODE does not reach the tests `make check` and `make
+    test` run: pytest caches its rewritten test modules (without that, each xdist worker
+    rewrites every module's asserts again, ~5 s of CPU) and the processes the tests start
+    find the modules compiled."""
+    probe = 'probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"'
+    out = subprocess.run(["make", "-s", f"--eval={probe}", "probe"], cwd=REPO,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

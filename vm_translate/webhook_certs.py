@@ -21,7 +21,16 @@ The webhook pods mount the Secret (they wait for it in ``ContainerCreating`` unt
 it) and reload the files when it changes. Running it again is harmless: a good Secret is kept.
 
 :func:`problem_with` is pure (certificate PEM in, a reason or None out); :func:`ensure` is the
-thin shell over the ``kubernetes`` client.
+thin shell over the ``kubernetes`` client's ``ApiClient``, with plain JSON requests
+(:func:`vfio_dp.dra.apiserver.plain.send`: no typed API class, whose import builds the model of
+every core type, ~0.9 s of CPU per run). Its calls (what the Job's RBAC must allow)::
+
+    GET    /api/v1/namespaces/<namespace>/secrets/<secret>
+    POST   /api/v1/namespaces/<namespace>/secrets                     (none yet)
+    PUT    /api/v1/namespaces/<namespace>/secrets/<secret>            (replaced, resourceVersion read)
+    GET    /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/<webhook_config>
+    PATCH  /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/<webhook_config>
+           (a JSON Patch of the caBundles that differ)
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from vm_translate.errors import ApiUnreachableError, CertificateJobError
 from vm_translate.tls import CertBundle, self_signed
@@ -146,9 +156,19 @@ class _Api:
         # connect and per-read timeouts inside the overall deadline
         self.timeout = (min(10.0, deadline), min(10.0, deadline))
 
-    def call(self, what: str, fn: Any, *, absent_ok: bool = False) -> bytes | None:
-        """``fn()`` (an API method called with ``_preload_content=False``) and its answer's
-        body, read whole, within the deadline (None: 404 and ``absent_ok``).
+    def send(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        absent_ok: bool = False,
+    ) -> bytes | None:
+        """``method path`` with a plain JSON ``body`` (:func:`vfio_dp.dra.apiserver.plain.send`:
+        no typed API class, whose import would build every core model) and its answer's body,
+        read whole, within the deadline (None: 404 and ``absent_ok``).
 
         The deadline is a ``SIGALRM`` timer in the main thread (where the command runs): it
         interrupts a read that a trickling server keeps alive, and leaves no thread behind
@@ -156,6 +176,8 @@ class _Api:
         timeouts apply."""
         import signal
         import threading
+
+        from vfio_dp.dra.apiserver.plain import send
 
         timer = threading.current_thread() is threading.main_thread()
         old: Any = None
@@ -167,8 +189,10 @@ class _Api:
             old = signal.signal(signal.SIGALRM, expired)
             signal.setitimer(signal.ITIMER_REAL, self.deadline)
         try:
-            resp = fn(_request_timeout=self.timeout, _preload_content=False)
-            body = resp.data if resp is not None else b""
+            data = send(
+                self.client, method, path, body,
+                content_type=content_type, request_timeout=self.timeout,
+            )  # fmt: skip
         except _Expired:
             raise CertificateJobError(
                 f"{what}: the API server {self.server} did not answer within "
@@ -183,7 +207,7 @@ class _Api:
             if timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, old)
-        return body if isinstance(body, bytes) else str(body).encode()
+        return data
 
     def _failure(self, what: str, e: BaseException) -> CertificateJobError:
         from kubernetes.client.exceptions import ApiException
@@ -323,15 +347,11 @@ def ensure(
     Each call to the API server must finish within ``deadline`` seconds; every failure is one
     :class:`CertificateJobError` (:class:`ApiUnreachableError` when the server cannot be
     reached) naming the call, the server and the cause."""
-    from kubernetes import client as k8s
-
     api = _Api(client, deadline)
-    core: Any = k8s.CoreV1Api(client)
     names = service_names(service, namespace)
+    secrets = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets"
     read = f"GET Secret {namespace}/{secret}"
-    raw = api.call(
-        read, lambda **kw: core.read_namespaced_secret(secret, namespace, **kw), absent_ok=True
-    )
+    raw = api.send(read, "GET", f"{secrets}/{quote(secret, safe='')}", absent_ok=True)
     current: tuple[dict[str, str] | None, str | None] | None = None
     if raw is not None:
         try:
@@ -362,25 +382,17 @@ def ensure(
             "data": secret_data(bundle),
         }
         if current is None:
-            api.call(
-                f"create Secret {namespace}/{secret}",
-                lambda **kw: core.create_namespaced_secret(namespace, body, **kw),
-            )
+            api.send(f"create Secret {namespace}/{secret}", "POST", secrets, body)
             done = "created"
         else:
             body["metadata"]["resourceVersion"] = current[1]
-            api.call(
-                f"replace Secret {namespace}/{secret}",
-                lambda **kw: core.replace_namespaced_secret(secret, namespace, body, **kw),
-            )
+            what = f"replace Secret {namespace}/{secret}"
+            api.send(what, "PUT", f"{secrets}/{quote(secret, safe='')}", body)
             done = f"replaced: {why}"
-    adm: Any = k8s.AdmissionregistrationV1Api(client)
+    configs = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    config = f"{configs}/{quote(webhook_config, safe='')}"
     what = f"GET MutatingWebhookConfiguration {webhook_config}"
-    raw = api.call(
-        what,
-        lambda **kw: adm.read_mutating_webhook_configuration(webhook_config, **kw),
-        absent_ok=True,
-    )
+    raw = api.send(what, "GET", config, absent_ok=True)
     if raw is None:
         raise CertificateJobError(
             f"cannot read MutatingWebhookConfiguration {webhook_config}: 404 Not Found; "
@@ -394,8 +406,8 @@ def ensure(
         )
     ops = ca_bundle_patch(mwc, service, namespace, bundle.ca_bundle)
     if ops:
-        api.call(
-            f"PATCH MutatingWebhookConfiguration {webhook_config} (caBundle)",
-            lambda **kw: adm.patch_mutating_webhook_configuration(webhook_config, ops, **kw),
-        )
+        api.send(
+            f"PATCH MutatingWebhookConfiguration {webhook_config} (caBundle)", "PATCH", config,
+            ops, content_type="application/json-patch+json",
+        )  # fmt: skip
     return Outcome(secret=done, patched_webhooks=len(ops))

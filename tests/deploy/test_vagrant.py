@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,11 +34,17 @@ def _copy_project(tmp: Path, with_provision: bool = True) -> Path:
     return tmp
 
 
-def _require_libvirt_plugin(vagrant: str) -> None:
-    out = subprocess.run(
+@functools.cache
+def _plugins(vagrant: str) -> str:
+    """`vagrant plugin list`, asked once per session (~1.2 s of CPU each time: Ruby and
+    Vagrant's start-up); the installed plugins do not change while the tests run."""
+    return subprocess.run(
         [vagrant, "plugin", "list"], capture_output=True, text=True, timeout=120, check=False
     ).stdout
-    if "vagrant-libvirt" not in out:
+
+
+def _require_libvirt_plugin(vagrant: str) -> None:
+    if "vagrant-libvirt" not in _plugins(vagrant):
         pytest.fail(
             "the vagrant-libvirt plugin is missing: apt-get install vagrant-libvirt "
             "(scripts/setup.sh installs it)",

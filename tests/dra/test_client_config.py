@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.dra.topologies import dra_host
+from tests.waiting import wait_until
 from vfio_dp.dra.apiserver.publisher import client_config_source
 
 
@@ -108,7 +109,14 @@ def test_sigterm_ends_the_plugin_while_the_api_server_hangs(tmp_path: Path) -> N
     proc = _spawn_plugin(tmp_path, srv.getsockname()[1])
     try:
         _serving(proc)
-        time.sleep(2)  # the scenario: up, with its API calls hanging (10 s deadlines)
+        served_with = len(held)
+        # the scenario: up, with its API calls hanging (10 s deadlines): a call it started
+        # after it served is held open by the server (a condition, not 2 s of sleep)
+        wait_until(
+            lambda: len(held) > served_with,
+            what="a call the serving plugin started, held by the server",
+            state=lambda: (len(held), proc.poll()),
+        )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=5)  # before: up to 10 s more, joining stuck threads
     finally:

@@ -186,3 +186,28 @@ def test_unreadable_kubeconfig_names_the_source(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert f"cannot load the Kubernetes client config from --kubeconfig {bad}" in out.stderr
+
+
+def test_the_command_loads_no_typed_api_class(api: ApiServerStandin, tmp_path: Path) -> None:
+    """Its calls are plain requests through the ``ApiClient`` (issue 33 item 10): importing
+    ``CoreV1Api`` builds the model of every core type (~0.9 s of CPU per run of the Job, and
+    of every test that runs it), ``AdmissionregistrationV1Api`` another ~0.15 s."""
+    listing = tmp_path / "modules"
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(listing)!r}, 'w').write('\\n'.join(sys.modules)))\n"
+        "from cli.main import main\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "webhook-certs", "--kubeconfig", api.kubeconfig],
+        capture_output=True, text=True, timeout=60, env=env, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "created; caBundle set on 2 webhook(s)" in out.stdout
+    loaded = set(listing.read_text().split())
+    assert "vm_translate.webhook_certs" in loaded
+    assert "kubernetes.client.api.core_v1_api" not in loaded
+    assert "kubernetes.client.api.admissionregistration_v1_api" not in loaded
+    assert "kubernetes.client.models.v1_secret" not in loaded

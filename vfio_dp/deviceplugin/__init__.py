@@ -4,8 +4,8 @@ Pure logic (no I/O, no gRPC): ``listing`` (per-resource device lists, the IOMMU 
 unit, health, NUMA, conflicts) and ``allocation`` (Allocate, GetPreferredAllocation,
 PreStartContainer against the record); ``allocation_store`` keeps that record on disk
 (``var/lib/vfio_dp/allocations.json``, written atomically through the root).
-Modules: ``app`` (lifecycle: sockets per resource, registration, kubelet-restart detection,
-the core's observer), ``options`` (``vfioctl plugin``'s options), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
+Modules: ``app`` (lifecycle, the core's observer, Allocate and PreStartContainer over the
+listing), ``kubelet`` (sockets per resource, registration, kubelet-restart detection), ``options`` (``vfioctl plugin``'s options), ``cdi`` (the CDI spec directory of ``--cdi-dir``), ``servicer``
 (protobuf ↔ typed values, nothing else), ``podresources`` (a client of the kubelet's
 PodResources API: which devices running pods hold). Scanning, config
 reload, uevents, ``bind: true`` and metrics live in :mod:`vfio_dp.core`. Generated protobuf code lives in ``_pb`` and is imported only here
@@ -20,6 +20,7 @@ __all__ = [
     "allocation_store",
     "app",
     "cdi",
+    "kubelet",
     "listing",
     "mdevs",
     "options",

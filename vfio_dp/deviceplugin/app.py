@@ -18,7 +18,7 @@ Flow:
 
 1. The core loads the config and scans; this front-end lists only the devices of
    ``path: devicePlugin`` selectors (all of vfio-pci without a config).
-2. Per resource: start a ``grpc.aio`` server on its socket FIRST
+2. Per resource (:mod:`vfio_dp.deviceplugin.kubelet`): start a ``grpc.aio`` server on its socket FIRST
    (:class:`vfio_dp.core.sockets.SocketServer`, the serving helper both front-ends share:
    a stale socket is replaced atomically, anything else at the path is refused with the
    fix), then ``Register`` (the kubelet dials back inside ``Register``); wait and retry
@@ -31,7 +31,7 @@ Flow:
    stream, and withdraws dropped resources (empty list, socket removed).
 4. On every change in ``--kubelet-dir`` (inotify; every 0.25 s where it cannot watch): our
    socket gone or replaced, or ``kubelet.sock`` re-created → the kubelet restarted: serve
-   again and re-register (well within 2 s).
+   again and re-register (well within 2 s; :meth:`vfio_dp.deviceplugin.kubelet.Endpoints.check`).
 5. SIGTERM/SIGINT (:func:`vfio_dp.core.frontend.serve`): every stream gets an empty list and
    ends, sockets are removed, exit 0.
 """
@@ -40,14 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
 
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.mdev_reconcile import wanted
-from vfio_dp.core.metrics import Metrics
 from vfio_dp.core.node import NodeCore, Snapshot
-from vfio_dp.core.sockets import DirWatch, SocketServer, make_socket_dir
+from vfio_dp.core.sockets import SocketServer, make_socket_dir
 from vfio_dp.deviceplugin import podresources, servicer
 from vfio_dp.deviceplugin.allocation import (
     ContainerAllocation,
@@ -59,6 +57,7 @@ from vfio_dp.deviceplugin.allocation import (
 )
 from vfio_dp.deviceplugin.allocation_store import AllocationStore
 from vfio_dp.deviceplugin.cdi import SpecDir
+from vfio_dp.deviceplugin.kubelet import Endpoints
 from vfio_dp.deviceplugin.listing import Listing, changes, compute_listing
 from vfio_dp.deviceplugin.mdevs import (
     MdevUnits,
@@ -73,34 +72,16 @@ from vfio_dp.deviceplugin.mdevs import (
 from vfio_dp.deviceplugin.options import Options
 from vfio_dp.errors import DevicePluginError, SocketPathError
 from vfio_dp.host import Host
-from vfio_dp.host.files import FileId, file_id
-from vfio_dp.model import cdi, naming
+from vfio_dp.model import cdi
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEVICE_PLUGIN, Config
 
 log = logging.getLogger("vfio_dp.deviceplugin")
 
-KUBELET_SOCKET = "kubelet.sock"
-
 
 def _wire(units: servicer.Units) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """What the kubelet sees of a list: (ID, health, NUMA nodes)."""
     return tuple((str(u.id), u.health, u.numa_nodes) for u in units)
-
-
-class Endpoint:
-    """One resource: its socket, its gRPC server, its device feed, its registration."""
-
-    def __init__(
-        self, resource: str, kubelet_dir: str, core: servicer.Core, metrics: Metrics
-    ) -> None:
-        self.resource = resource
-        self.name = naming.socket_name(resource)
-        self.path = os.path.join(kubelet_dir, self.name)
-        self.feed = servicer.Feed()
-        self.socket = servicer.socket_server(resource, self.feed, core, self.path, metrics)
-        self.kubelet_id: FileId | None = None  # kubelet.sock we registered with
-        self.registering: asyncio.Task[None] | None = None
 
 
 class Daemon(FrontEnd):
@@ -113,11 +94,13 @@ class Daemon(FrontEnd):
         self.options = options
         self.core.subscribe(self)
         self.core.vf_holds.append(self._pod_holds)  # SR-IOV: never destroy a pod's VF
-        self.kubelet_socket = os.path.join(options.kubelet_dir, KUBELET_SOCKET)
-        self._kubelet_dir = DirWatch(options.kubelet_dir)
+        #: the sockets at the kubelet, one per resource (vfio_dp.deviceplugin.kubelet)
+        self.kubelet = Endpoints(options.kubelet_dir, self, self.metrics)
+        self.kubelet_socket = self.kubelet.kubelet_socket
+        self._kubelet_dir = self.kubelet.dir
+        self.endpoints = self.kubelet.by_resource
         self.listing: Listing | None = None
         self.mdev: MdevUnits = {}  # resource -> its mdev instances (vfio_dp.deviceplugin.mdevs)
-        self.endpoints: dict[str, Endpoint] = {}
         self.store = AllocationStore(self.host.fs)
         self.cdi = SpecDir(options.cdi_dir) if options.cdi_dir else None
         self._persist = asyncio.Event()
@@ -158,18 +141,8 @@ class Daemon(FrontEnd):
         """At stop: empty list to every stream, stop the servers, remove our sockets, write
         the allocation record."""
         log.info("stopping: withdrawing %d resources", len(self.endpoints))
-        for ep in self.endpoints.values():
-            if ep.registering:
-                ep.registering.cancel()
-        await asyncio.gather(
-            *(self._close(ep) for ep in self.endpoints.values()), return_exceptions=True
-        )
-        self.endpoints.clear()
+        await self.kubelet.close_all()
         self._flush_record()
-
-    async def _close(self, ep: Endpoint) -> None:
-        await ep.feed.publish((), closing=True)
-        await ep.socket.close(1.0)
 
     # -- the core's observer -----------------------------------------------------------
     async def inventory_changed(self, snapshot: Snapshot) -> None:
@@ -187,7 +160,7 @@ class Daemon(FrontEnd):
         if snapshot.trigger == "config" and not self._stopping:
             keep = set(listing.resources) | set(snapshot.config.resource_names) | set(self.mdev)
             for name in sorted(set(self.endpoints) - keep):
-                await self._withdraw_resource(name)
+                await self.kubelet.withdraw(name)
         await self._apply(listing)
 
     def _read_mdev(self, config: Config) -> MdevUnits:
@@ -234,7 +207,7 @@ class Daemon(FrontEnd):
             ep = self.endpoints.get(name)
             if ep is None:
                 try:
-                    ep = await self._open(name)
+                    ep = await self.kubelet.open(name)
                 except SocketPathError as e:
                     if not self.core.started:
                         raise  # at start: exit with the message
@@ -244,64 +217,6 @@ class Daemon(FrontEnd):
                 await ep.feed.publish(units)
             else:
                 ep.feed.units = units  # same on the wire; keep the latest reasons
-
-    # -- serving and registering -------------------------------------------------------
-    async def _open(self, resource: str) -> Endpoint:
-        ep = Endpoint(resource, self.options.kubelet_dir, self, self.metrics)
-        await ep.socket.serve()
-        self._start_registering(ep)
-        self.endpoints[resource] = ep
-        return ep
-
-    def _start_registering(self, ep: Endpoint) -> None:
-        ep.registering = asyncio.create_task(self._register(ep), name=f"register {ep.name}")
-
-    async def _register(self, ep: Endpoint) -> None:
-        import grpc
-
-        delay, waiting_logged = 0.2, False
-        while True:
-            kid = file_id(self.kubelet_socket)
-            if kid is None:
-                if not waiting_logged:
-                    log.info("%s: waiting for %s", ep.resource, self.kubelet_socket)
-                    waiting_logged = True
-                await asyncio.sleep(0.1)
-                continue
-            try:
-                await servicer.register(self.kubelet_socket, ep.resource, ep.name)
-            except grpc.aio.AioRpcError as e:
-                log.warning(
-                    "%s: Register with %s failed (%s: %s); retrying in %.1fs",
-                    ep.resource,
-                    self.kubelet_socket,
-                    e.code().name,
-                    e.details(),
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            ep.kubelet_id = kid
-            self.metrics.inc("vfio_dp_kubelet_registrations_total", resource=ep.resource)
-            log.info("%s: registered with the kubelet as %s", ep.resource, ep.name)
-            return
-
-    async def _reserve(self, ep: Endpoint, why: str) -> None:
-        """Serve ``ep`` again and register again (a path that refuses the socket is logged
-        once and tried again at the next check)."""
-        if ep.registering:
-            ep.registering.cancel()
-        if await ep.socket.restore(why):
-            self._start_registering(ep)
-            await ep.feed.publish(ep.feed.units)
-
-    async def _withdraw_resource(self, resource: str) -> None:
-        ep = self.endpoints.pop(resource)
-        if ep.registering:
-            ep.registering.cancel()
-        log.info("%s: no longer configured: empty list sent, socket %s removed", resource, ep.path)
-        await self._close(ep)
 
     # -- CDI -----------------------------------------------------------------------------
     def _sync_cdi(self, listing: Listing) -> None:
@@ -357,37 +272,9 @@ class Daemon(FrontEnd):
                 self._persist.set()
 
     async def _check_kubelet(self) -> bool:
-        """On every change in the kubelet dir (:meth:`FrontEnd.watch`): a socket of ours
-        removed or replaced, or a new ``kubelet.sock`` (kubelet restarted) -> serve and
-        register again. While the kubelet dir shows no change since a check that found all
-        in order (:class:`DirWatch`), one ``stat`` of the dir stands for the ``lstat`` of
-        every socket. False while something is left to retry (a registration under way, a
-        socket that could not be served again)."""
-        if self._kubelet_dir.unchanged():
-            return True
-        before = self._kubelet_dir.look()
-        kid = file_id(self.kubelet_socket)
-        steady = True
-        for ep in list(self.endpoints.values()):
-            what = ep.socket.changed()
-            if what is not None:
-                steady = False
-                await self._reserve(ep, f"{ep.path} {what} (kubelet restart?)")
-            elif (
-                kid is not None
-                and ep.kubelet_id is not None
-                and kid != ep.kubelet_id
-                and (ep.registering is None or ep.registering.done())
-            ):
-                steady = False
-                await self._reserve(ep, f"{self.kubelet_socket} was re-created (kubelet restart)")
-            elif ep.registering is not None and not ep.registering.done():
-                steady = False  # its outcome is not in the dir: check again next time
-        if steady and kid is not None:
-            self._kubelet_dir.settled(before)
-        else:
-            self._kubelet_dir.forget()
-        return steady
+        """On every change in the kubelet dir (:meth:`FrontEnd.watch`): our sockets served
+        and registered again after a kubelet restart (:meth:`Endpoints.check`)."""
+        return await self.kubelet.check()
 
     # -- the Core protocol used by the servicer ------------------------------------------
     def _current(self) -> Listing:

@@ -20,6 +20,7 @@ __all__ = [
     "personality",
     "plan",
     "routes",
+    "selector",
     "serving",
     "sriov",
     "vfio_driver",

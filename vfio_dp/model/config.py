@@ -57,254 +57,46 @@ selector takes the VFs of those PFs -- never the PFs themselves -- and ``vfDrive
 true`` unless ``bind`` says otherwise). ``sriov: pf`` / ``sriov: vf`` tells a PF from its VFs
 where they share vendor:device (QEMU's NVMe does).
 
-This module says what a configuration means (:class:`Config`, :class:`Selector`) and is the
-way in: :func:`load_config_bytes`, :func:`load_config_text`, :func:`parse_config`. Reading the
+This module says what a configuration means (:class:`Config`; one entry of ``selectors``, its
+fields and how it matches a device: :mod:`vfio_dp.model.selector`) and is the way in:
+:func:`load_config_bytes`, :func:`load_config_text`, :func:`parse_config`. Reading the
 file's YAML within bounds is :mod:`vfio_dp.model.config_yaml`'s job; checking the document
 field by field, every problem listed with its place, :mod:`vfio_dp.model.config_check`'s.
-Each field the file sets is declared once, on :class:`Selector` or :class:`Config`, with its
-YAML key, kind and docs text; how to add one: :mod:`vfio_dp.model.config_fields`.
+Each field the file sets is declared once, on :class:`~vfio_dp.model.selector.Selector` or
+:class:`Config`, with its YAML key, kind and docs text; how to add one:
+:mod:`vfio_dp.model.config_fields`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vfio_dp.model import config_yaml, naming
 from vfio_dp.model.address import PciAddress
-from vfio_dp.model.config_fields import (
-    ACTION,
-    ADDRESSES,
-    BIND,
-    COUNT,
-    DOMAIN,
-    DRIVERS,
-    HEX4,
-    HEX_PREFIX,
-    MATCH,
-    MDEV_ENTRIES,
-    NODE_PATTERNS,
-    PERSONALITIES,
-    RESOURCE_NAME,
-    SELECTORS,
-    VFIO_DRIVER,
-    WHERE,
-    one_of,
-    yaml_field,
-)
+from vfio_dp.model.config_fields import ACTION, DOMAIN, MDEV_ENTRIES, SELECTORS, yaml_field
 from vfio_dp.model.config_yaml import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from vfio_dp.model.config_yaml import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from vfio_dp.model.config_yaml import MAX_CONFIG_NODES as MAX_CONFIG_NODES
-from vfio_dp.model.device import VFIO_PCI, PciDevice
-from vfio_dp.model.personality import Personality
+from vfio_dp.model.device import PciDevice
+
+# one entry of ``selectors`` (its fields and matching rules) lives in vfio_dp.model.selector;
+# these names are read through this module, the config's way in
+from vfio_dp.model.selector import DEFAULT_SELECTOR as DEFAULT_SELECTOR
+from vfio_dp.model.selector import DEVICE_PLUGIN as DEVICE_PLUGIN
+from vfio_dp.model.selector import DRA as DRA
+from vfio_dp.model.selector import NO_EXECUTE as NO_EXECUTE
+from vfio_dp.model.selector import NO_SCHEDULE as NO_SCHEDULE
+from vfio_dp.model.selector import ON_PREPARE as ON_PREPARE
+from vfio_dp.model.selector import PATHS as PATHS
+from vfio_dp.model.selector import TAINT_EFFECTS as TAINT_EFFECTS
+from vfio_dp.model.selector import Selector as Selector
 
 if TYPE_CHECKING:  # made by the checker (config_check) only: a config without ``mdev:`` and
     # `vfioctl list` do not load the mdev entries' model
     from vfio_dp.model.mdev_config import MdevEntry
 
-#: The two node processes a selector can give its devices to.
-DEVICE_PLUGIN = "devicePlugin"
-DRA = "dra"
-PATHS = (DEVICE_PLUGIN, DRA)
-ON_PREPARE = "onPrepare"
-#: the effect of the taint the DRA plugin puts on a prepared device that goes bad
-NO_SCHEDULE = "NoSchedule"
-NO_EXECUTE = "NoExecute"  # evicts the running pod (a VM dies): only when a selector asks
-TAINT_EFFECTS = (NO_SCHEDULE, NO_EXECUTE)
-SRIOV_KINDS = ("pf", "vf")
-VF_DRIVERS = (VFIO_PCI, "none")
-PATH_KIND = one_of(*PATHS)
-TAINT_KIND = one_of(*TAINT_EFFECTS)
-SRIOV_KIND = one_of(*SRIOV_KINDS, meanings={"pf": "SR-IOV PFs", "vf": "their VFs"})
-VF_DRIVER_KIND = one_of(*VF_DRIVERS)
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """One entry of ``selectors``; empty tuples mean "any". Each field the file sets is
-    declared here once, with its YAML key, kind and docs text (:mod:`vfio_dp.model.config_fields`:
-    how to add one)."""
-
-    vendors: tuple[str, ...] = yaml_field(
-        (), "vendor", HEX4, MATCH, "the PCI vendor ID (`<bdf>/vendor`) is one of these"
-    )
-    devices: tuple[str, ...] = yaml_field(
-        (), "device", HEX4, MATCH, "the PCI device ID (`<bdf>/device`) is one of these"
-    )
-    classes: tuple[str, ...] = yaml_field(  # lowercase hex prefixes of the 6-digit class
-        (), "class", HEX_PREFIX, MATCH, "the class (`<bdf>/class`) starts with one (`0108`: NVMe)"
-    )
-    subsystem_vendors: tuple[str, ...] = yaml_field(
-        (), "subsystemVendor", HEX4, MATCH, "the subsystem vendor ID (`<bdf>/subsystem_vendor`)"
-    )
-    subsystem_devices: tuple[str, ...] = yaml_field(
-        (), "subsystemDevice", HEX4, MATCH, "the subsystem device ID (`<bdf>/subsystem_device`)"
-    )
-    addresses: tuple[PciAddress, ...] = yaml_field(
-        (),
-        "addresses",
-        ADDRESSES,
-        MATCH,
-        "the device is one of these (with `numVfs`: the PFs whose VFs it takes)",
-    )
-    drivers: tuple[str, ...] = yaml_field(
-        (),
-        "drivers",
-        DRIVERS,
-        MATCH,
-        "its kernel driver is one of these (with `bind`: the one recorded before the bind); "
-        "`vfio-pci` also takes a device on another VFIO driver (a variant such as "
-        "`mlx5_vfio_pci`, a vendor's VFIO provider)",
-    )
-    sriov: str | None = yaml_field(  # "pf" | "vf": only SR-IOV PFs / only VFs
-        None,
-        "sriov",
-        SRIOV_KIND,
-        MATCH,
-        "only SR-IOV PFs, or only VFs (tells them apart where they share vendor:device)",
-    )
-    nodes: tuple[str, ...] = yaml_field(  # node-name patterns; empty = every node
-        (),
-        "nodes",
-        NODE_PATTERNS,
-        WHERE,
-        "only on the nodes whose name matches one (`--node-name`, `NODE_NAME`)",
-    )
-    resource_name: str | None = yaml_field(  # fully qualified when set
-        None,
-        "resourceName",
-        RESOURCE_NAME,
-        ACTION,
-        "the name its devices are advertised under",
-        default_text="`<resourceDomain>/<vendor>_<device>`",
-    )
-    path: str = yaml_field(
-        DEVICE_PLUGIN,
-        "path",
-        PATH_KIND,
-        ACTION,
-        "the node process that serves it: `vfioctl plugin` or `vfioctl dra-plugin`",
-    )
-    bind: bool = yaml_field(  # bound to vfio-pci at start / hotplug
-        False,
-        "bind",
-        BIND,
-        ACTION,
-        "`true`: bind its devices and their IOMMU groups to vfio-pci at start and on hotplug; "
-        "`onPrepare` (only with `path: dra`): when a claim is prepared",
-    )
-    bind_on_prepare: bool = False  # ``bind: onPrepare`` (only with path: dra)
-    taint_effect: str = yaml_field(
-        NO_SCHEDULE,
-        "taintEffect",
-        TAINT_KIND,
-        ACTION,
-        "only with `path: dra`: the taint on a prepared device that goes bad "
-        "(`NoExecute` evicts the pod)",
-    )
-    num_vfs: int | None = yaml_field(  # the VFs each PF in ``addresses`` should have
-        None,
-        "numVfs",
-        COUNT,
-        ACTION,
-        "make this many VFs on each PF in `addresses`; the selector takes the VFs",
-    )
-    vf_driver: str = yaml_field(
-        VFIO_PCI,
-        "vfDriver",
-        VF_DRIVER_KIND,
-        ACTION,
-        "only with `numVfs`: where the VFs go (`vfio-pci` implies `bind: true`)",
-    )
-    vfio_driver: str = yaml_field(
-        "auto",
-        "vfioDriver",
-        VFIO_DRIVER,
-        ACTION,
-        "the VFIO driver a bind writes: `auto` (the variant the node's `modules.alias` names, "
-        "else vfio-pci), `vfio-pci`, or that driver; never checked at load "
-        "([below](#which-vfio-driver-vfiodriver))",
-    )
-
-    personalities: tuple[Personality, ...] = yaml_field(
-        (Personality.VM,),
-        "personalities",
-        PERSONALITIES,
-        ACTION,
-        "only with `path: dra`: how its groups are offered; `container` needs `bind: "
-        "onPrepare` and a device with device nodes of its own "
-        "([Containers and VMs from one pool](dra.md#containers-and-vms-from-one-pool))",
-        default_text="`[vm]`",
-    )
-
-    def on_node(self, node: str | None) -> bool:
-        """Does this selector apply on ``node`` (None: a process that does not know it)?"""
-        if not self.nodes:
-            return True
-        return node is not None and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
-
-    @property
-    def binds(self) -> bool:
-        """Does vfio_dp move this selector's devices to vfio-pci (now or at Prepare)?"""
-        return self.bind or self.bind_on_prepare
-
-    def matches(self, dev: PciDevice) -> bool:
-        """Does this selector take ``dev``? With ``bind``, ``drivers`` is checked against the
-        driver recorded before the bind, so a device keeps its selection once it is moved."""
-        if self.vendors and dev.vendor not in self.vendors:
-            return False
-        if self.devices and dev.device not in self.devices:
-            return False
-        if self.classes and not any(dev.class_code.startswith(c) for c in self.classes):
-            return False
-        if self.subsystem_vendors and dev.subsystem_vendor not in self.subsystem_vendors:
-            return False
-        if self.subsystem_devices and dev.subsystem_device not in self.subsystem_devices:
-            return False
-        if self.num_vfs is not None:  # takes the VFs of the PFs it names, never the PFs
-            if dev.physfn is None or dev.physfn not in self.addresses:
-                return False
-        elif self.addresses and dev.address not in self.addresses:
-            return False
-        if self.sriov == "pf" and dev.sriov_numvfs is None:
-            return False
-        if self.sriov == "vf" and dev.physfn is None:
-            return False
-        if self.drivers:
-            driver = dev.driver
-            if self.binds and dev.original_driver is not None:
-                driver = dev.original_driver
-            # vfio-pci stands for every VFIO driver (design: one notion of "on VFIO"), so the
-            # default selector serves a device a variant or a vendor provider registered too
-            if driver not in self.drivers and not (
-                VFIO_PCI in self.drivers and driver == dev.driver and dev.on_vfio
-            ):
-                return False
-        return True
-
-    def admits_ids(self, vendor: str, device: str) -> bool:
-        """Could a device with these IDs match (fields not knowable from IDs are ignored)?"""
-        return (not self.vendors or vendor in self.vendors) and (
-            not self.devices or device in self.devices
-        )
-
-    @property
-    def ids_only(self) -> bool:
-        """True when nothing but vendor/device IDs constrains the selector."""
-        return not (
-            self.classes
-            or self.subsystem_vendors
-            or self.subsystem_devices
-            or self.addresses
-            or self.drivers
-            or self.sriov
-            or self.num_vfs is not None
-        )
-
-
-DEFAULT_SELECTOR = Selector(drivers=(VFIO_PCI,))
 _DEFAULT_SELECTORS: tuple[Selector, ...] = (DEFAULT_SELECTOR,)
 
 

@@ -1,7 +1,7 @@
 """The config file's fields, each declared once: the dataclass field that holds it says its
 YAML key, the kind of value it takes and its docs text.
 
-A field of :class:`~vfio_dp.model.config.Selector` (or :class:`~vfio_dp.model.config.Config`)
+A field of :class:`~vfio_dp.model.selector.Selector` (or :class:`~vfio_dp.model.config.Config`)
 that the YAML file sets is declared where the dataclass declares it, with :func:`yaml_field`::
 
     vendors: tuple[str, ...] = yaml_field((), "vendor", HEX4, MATCH, "the PCI vendor ID")
@@ -24,7 +24,7 @@ by hand and loaded by the tests.
 
 How to add a selector field (say ``vfioDriver``), all in one place plus what is new:
 
-1. In :class:`~vfio_dp.model.config.Selector`, add the attribute with :func:`yaml_field`:
+1. In :class:`~vfio_dp.model.selector.Selector`, add the attribute with :func:`yaml_field`:
    its default, YAML key, kind, role and docs text, e.g.
    ``vfio_driver: str = yaml_field("auto", "vfioDriver", VFIO_DRIVER, ACTION, "...")``.
 2. If no existing :class:`Kind` fits its values, declare one here (its ``text`` is the docs'

@@ -44,6 +44,7 @@ import kubernetes.client as k8s
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from vfio_dp.dra.apiserver.plain import send
 from vfio_dp.errors import ApiCallError, clip
 
 T = TypeVar("T")
@@ -324,7 +325,7 @@ def request_timeout(d: Deadline) -> tuple[float, float]:
 def call_json(
     what: str, fn: Callable[..., Any], *args: Any, timeout: float = TIMEOUT, **kwargs: Any
 ) -> dict[str, Any]:
-    """``fn(*args, **kwargs)`` -- a ``kubernetes`` API method, or ``ApiClient.call_api`` --
+    """``fn(*args, **kwargs)`` -- a ``kubernetes`` API method, or :func:`.plain.send` --
     within ``timeout`` seconds overall; the answer's JSON object. Raises
     :class:`ApiCallError` (``status`` set when the server refused)."""
     with deadline(timeout, what) as d:
@@ -332,13 +333,8 @@ def call_json(
             if d.passed() or d.left() <= 0:  # e.g. the lane was closed: no new request
                 d.expire()
                 raise TimeoutError(what)
-            if getattr(fn, "__name__", "") == "call_api":  # a raw request (a dict body)
-                resp = fn(*args, _request_timeout=request_timeout(d), **kwargs)
-                data, status = resp.read(), resp.status
-                if not 200 <= status <= 299:
-                    raise k8s.ApiException(
-                        status=status, reason=resp.reason, body=data.decode("utf-8", "replace")
-                    )
+            if fn is send:  # a plain request (:mod:`.plain`)
+                data = send(*args, request_timeout=request_timeout(d), **kwargs)
             else:  # a typed method: it raises ApiException itself
                 raw = fn(
                     *args, _preload_content=False, _request_timeout=request_timeout(d), **kwargs

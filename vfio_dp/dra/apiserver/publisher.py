@@ -60,6 +60,7 @@ from vfio_dp.dra.apiserver.client import (
     call_json,
     client_config_source,
 )
+from vfio_dp.dra.apiserver.plain import send
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
 from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.personalities import dropped, fit_api
@@ -209,22 +210,10 @@ class SlicePublisher:
     def _send(
         self, what: str, method: str, path: str, body: Slice | None = None, strict: bool = False
     ) -> dict[str, Any]:
-        """One request with a plain JSON body through the ``ApiClient`` (see module doc); the
-        answer's JSON. The body goes to the client's REST layer as it is (it json.dumps it):
-        ``ApiClient.sanitize_for_serialization`` would walk every value in Python (~15 ms of
-        each 1,024-device republish)."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        method, url, headers, _, post = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[("fieldValidation", "Strict")] if strict else [],
-            header_params=headers,
-            body=None,
-            auth_settings=["BearerToken"],
-        )
-        return call_json(what, self.client.call_api, method, url, headers, body, post)
+        """One request with a plain JSON body (:func:`.plain.send`, see module doc); the
+        answer's JSON."""
+        query = [("fieldValidation", "Strict")] if strict else []
+        return call_json(what, send, self.client, method, path, body, query=query)
 
     def _read_node_uid(self) -> None:
         what = f"reading Node {self.node.name}"
