@@ -3,7 +3,8 @@
 ``prepare`` (the kubelet's Handler as a recipe: read, resolve, take ownership, write, record),
 ``reconcile`` (Unprepare's release, reconcile, re-verify after a reboot), and the pure or
 file-owning helpers it runs over: ``claims`` (kubelet's claim types, the ResourceClaim as
-read, its checks), ``resolve`` (results → IOMMU groups), ``native`` (a container claim: the group
+read, its checks), ``resolve`` (results → IOMMU groups), ``steps`` (the device steps Prepare and the switch
+ahead share: resolve, take over), ``native`` (a container claim: the group
 on its native driver, its own device nodes), ``ahead`` (a claim's driver switch done ahead of
 its pod, for the binding conditions), ``edits`` (a claim's CDI edits and
 metadata), ``cdi`` (one CDI spec per claim), ``metadata`` (KEP-5304 files), ``extended``
@@ -32,4 +33,5 @@ __all__ = [
     "prepare",
     "reconcile",
     "resolve",
+    "steps",
 ]
