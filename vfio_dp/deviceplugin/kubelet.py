@@ -33,6 +33,11 @@ log = logging.getLogger("vfio_dp.deviceplugin")
 KUBELET_SOCKET = "kubelet.sock"
 
 
+#: seconds a resource's socket gives its running calls and streams when the plugin stops
+#: (the DRA plugin's is the same: vfio_dp.dra.kubeletapi.server.STOP_GRACE)
+STOP_GRACE = 3.0
+
+
 class Endpoint:
     """One resource: its socket, its gRPC server, its device feed, its registration."""
 
@@ -89,7 +94,10 @@ class Endpoints:
 
     async def _close(self, ep: Endpoint) -> None:
         await ep.feed.publish((), closing=True)
-        await ep.socket.close(1.0)
+        # its ListAndWatch streams were just told to end: give them time to answer rather
+        # than be cancelled (grpc logs a cancelled stream as a traceback; a loaded node took
+        # more than a second). close() returns as soon as they are done.
+        await ep.socket.close(STOP_GRACE)
 
     def _start_registering(self, ep: Endpoint) -> None:
         ep.registering = asyncio.create_task(self._register(ep), name=f"register {ep.name}")
