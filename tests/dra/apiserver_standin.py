@@ -1162,6 +1162,12 @@ class ApiServerStandin:
         #: (method, plural, status subresource) -> how many more such requests fail with 503
         #: (:meth:`fail_next`)
         self._failing: dict[tuple[str, str, bool], int] = {}
+        #: ResourceSlice creates and updates: in flight now, the most at once, and the client
+        #: ports they came from (one per connection); :meth:`gather_slice_writes`
+        self.slice_writes_in_flight = 0
+        self.slice_writes_most = 0
+        self.slice_write_ports: list[int] = []
+        self._gather = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -1376,6 +1382,25 @@ class ApiServerStandin:
             spec.pop(f, None)
             for d in spec.get("devices") or []:
                 d.pop(f, None)
+
+    def gather_slice_writes(self, n: int) -> None:
+        """Hold each ResourceSlice write (before it is served) until ``n`` are in flight
+        together (or 5 s pass), once: a client that writes one at a time never reaches ``n``."""
+        with self.lock:
+            self._gather = n
+
+    def _slice_write_begins(self, port: int) -> None:
+        with self.lock:
+            self.slice_writes_in_flight += 1
+            self.slice_write_ports.append(port)
+            self.slice_writes_most = max(self.slice_writes_most, self.slice_writes_in_flight)
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: self.slice_writes_in_flight >= self._gather, timeout=5.0)
+            self._gather = 0  # reached (or given up): the later writes pass
+
+    def _slice_write_ends(self) -> None:
+        with self.lock:
+            self.slice_writes_in_flight -= 1
 
     def slice_writes(self, since: int = 0) -> list[Request]:
         """The ResourceSlice creates and updates answered 2xx (after request ``since``)."""
@@ -1853,7 +1878,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.api.lock.notify_all()
 
     def _serve(self, method: str) -> None:
-        code = 200
         try:
             if self.headers.get("Authorization") != f"Bearer {self.api.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -1866,6 +1890,30 @@ class _Handler(BaseHTTPRequestHandler):
             )
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             self.api._take_failure(method, kind.plural, sub)
+            if kind.plural == "resourceslices" and method in ("POST", "PUT"):
+                self.api._slice_write_begins(self.client_address[1])
+                try:
+                    self._answer(method, kind, ns, name, sub, query, body)
+                finally:
+                    self.api._slice_write_ends()
+                return
+            self._answer(method, kind, ns, name, sub, query, body)
+        except ApiError as e:
+            self._record(method, e.code)
+            self._send(e.code, e.status())
+
+    def _answer(
+        self,
+        method: str,
+        kind: Kind,
+        ns: str,
+        name: str,
+        sub: bool,
+        query: dict[str, str],
+        body: Any,
+    ) -> None:
+        code = 200
+        try:
             if method == "GET" and not name and query.get("watch") in ("true", "1"):
                 if self.api._take_hang_up(kind.plural):
                     self.close_connection = True  # no status line: the client sees a hang-up

@@ -177,3 +177,70 @@ def test_binding_conditions_off_or_dropped_alone(apiserver: ApiServerStandin) ->
     mine = [d for s in apiserver.objects(SLICES) if s["spec"]["nodeName"] == "node-b"
             for d in s["spec"].get("devices") or []]  # fmt: skip
     assert len(mine) == 4 and not any("bindingConditions" in d for d in mine)
+
+
+def _tainted(devices: list[Device]) -> list[Device]:
+    """Every device with a NoSchedule taint (1,024 VFs gone bad at once: issue 39 row 1)."""
+    taint = {"key": f"{DRIVER}/unhealthy", "value": "unbound", "effect": "NoSchedule"}
+    return [replace(d, taints=(taint,)) for d in devices]
+
+
+def test_a_new_generation_is_written_writers_at_a_time_never_seen_mixed(
+    apiserver: ApiServerStandin,
+) -> None:
+    """A pool written at a new generation goes out WRITERS slices at a time (issue 39 row 1:
+    16 writes one after another were most of the 2 s), and no more at once; the scheduler
+    sees the old pool whole, then none (the new generation incomplete), then the new one
+    whole -- never a pool mixing the two."""
+    import threading
+
+    from vfio_dp.dra.apiserver.slice_writes import WRITERS
+
+    devices = _vfs()
+    pub = _publisher(apiserver)
+    apiserver.gather_slice_writes(WRITERS)
+    assert pub.reconcile(devices)
+    assert apiserver.slice_writes_most == WRITERS  # reached, never passed
+    old = {n: s["spec"] for n, s in _ours(apiserver).items()}
+    seen: list[dict[str, Any] | None] = []
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.is_set():
+            pools = SchedulerStandin(apiserver).pools(NODE)
+            seen.append({s["metadata"]["name"]: s["spec"] for s in pools[(DRIVER, NODE)]}
+                        if pools else None)  # fmt: skip
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    apiserver.slice_writes_most = 0
+    apiserver.gather_slice_writes(WRITERS)
+    mark = len(apiserver.requests)
+    try:
+        assert pub.reconcile(_tainted(devices))
+    finally:
+        done.set()
+        watcher.join()
+    assert len(apiserver.slice_writes(mark)) == 17  # 16 device slices of 64 and the counters
+    assert apiserver.slice_writes_most == WRITERS
+    new = {n: s["spec"] for n, s in _ours(apiserver).items()}
+    assert None in seen  # the writes were seen under way (held until WRITERS at once)
+    assert all(pool in (old, new, None) for pool in seen)
+    assert {s["pool"]["generation"] for s in new.values()} == {pub.generation}
+
+
+def test_the_slice_writes_keep_their_connections(apiserver: ApiServerStandin) -> None:
+    """The writes' connection pool keeps WRITERS connections whatever the client config's
+    ``connection_pool_maxsize`` (5 per CPU by default: 5 on a 1-CPU node): a second
+    publication reuses them, no connection opened and dropped per write."""
+    from vfio_dp.dra.apiserver.slice_writes import WRITERS
+
+    client = apiserver.client()
+    client.configuration.connection_pool_maxsize = 2
+    pub = SlicePublisher(client, DRIVER, NODE, watch=False)
+    devices = _vfs()
+    for pool in (devices, _tainted(devices), devices):  # each at a new generation
+        apiserver.gather_slice_writes(WRITERS)
+        assert pub.reconcile(pool)
+    assert len(apiserver.slice_write_ports) == 3 * 17
+    assert len(set(apiserver.slice_write_ports)) == WRITERS

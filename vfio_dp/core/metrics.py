@@ -201,6 +201,12 @@ class Metrics:
         if self.HELP[name][2]:
             self._metrics[name].clear()
 
+    def remove(self, name: str, **labels: str) -> None:
+        """Drop one labelled series of ``name`` (absent: nothing to do)."""
+        values = tuple(labels[n] for n in self.HELP[name][2])
+        with contextlib.suppress(KeyError):
+            self._metrics[name].remove(*values)
+
     def get(self, name: str, **labels: str) -> float:
         """The value of a series as a scrape shows it (0 when absent); a histogram's samples
         by their own names (``<name>_count``, ``<name>_sum``)."""

@@ -13,11 +13,11 @@ Three things live here, for every API call of the DRA plugin (:mod:`.publisher`,
   fails with :class:`~vfio_dp.errors.ApiCallError` ``expired``. Nothing needs ``os._exit``
   to get out of a blocked call;
 - **lanes** (:class:`Lane`): a bounded set of threads, and a client (its own connection pool)
-  of their own, for one kind of call -- claim reads (Prepare's path), DeviceClass reads,
-  and the publisher's slice writes; claim-status writes have a connection pool of their own
-  and the status feed's threads -- so that a slow peer that fills one (eight trickling
-  status writes or class reads) never delays another (a later Prepare's claim read). A
-  call's deadline counts from when it is queued.
+  of their own, for one kind of call -- claim reads (Prepare's path), DeviceClass reads, the
+  publisher's slice writes; claim-status writes have a pool of their own and the status
+  feed's threads -- so a slow peer that fills one (eight trickling status writes or class
+  reads) never delays another (a later Prepare's claim read). A deadline counts from the
+  call's queueing; a call that fans out to threads of its own carries it (:func:`run_under`).
 
 Errors: the status comes from ``ApiException.status``, never from text; what the server said
 (its ``Status.message``, else the body) is shown at most :data:`SHOWN_BODY` characters (a
@@ -98,9 +98,8 @@ def api_client(kubeconfig: str | None) -> k8s.ApiClient:
             "~/.kube/config found)",
         }[kind]
         raise ValueError(f"cannot load the Kubernetes client config from {where}: {e}") from e
-    # No silent retries inside urllib3 (three "Retrying (Retry(total=2 ...))" warnings per
-    # call while the API server is down): every caller has its own deadline and back-off,
-    # and says one line per failed attempt.
+    # No silent retries inside urllib3 (three "Retrying (Retry(total=2 ...))" warnings per call
+    # while the API server is down): each caller has its deadline, back-off and log line.
     cfg.retries = 0
     return with_deadlines(k8s.ApiClient(cfg))
 
@@ -113,18 +112,13 @@ class Deadline:
     __slots__ = ("_lock", "_outer", "_socks", "at", "done", "expired", "seconds", "what")
 
     def __init__(self, seconds: float, what: str, outer: Deadline | None = None) -> None:
-        self.seconds = seconds
+        self.seconds, self.what, self.done, self._outer = seconds, what, False, outer
         self.at = time.monotonic() + seconds
         if outer is not None:
             self.at = min(self.at, outer.at)
-        self.what = what
-        self.expired = False
-        self.done = False
+        self.expired: bool = outer is not None and outer.expired  # nothing starts under it
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._outer = outer
-        if outer is not None and outer.expired:
-            self.expired = True  # nothing starts under a deadline that has passed
 
     def passed(self) -> bool:
         """Has this deadline, or an enclosing one, expired?"""
@@ -270,11 +264,14 @@ def with_deadlines(client: k8s.ApiClient) -> k8s.ApiClient:
     return client
 
 
-def own_client(client: k8s.ApiClient) -> k8s.ApiClient:
-    """A client of the same config as ``client`` with a connection pool of its own, and no
-    retries inside urllib3 (each caller has its deadline and its own back-off)."""
+def own_client(client: k8s.ApiClient, connections: int = 0) -> k8s.ApiClient:
+    """A client of the same config as ``client`` with a connection pool of its own keeping
+    ``connections`` open for reuse (urllib3 closes those past the config's
+    ``connection_pool_maxsize``, 5 per CPU by default), and no retries inside urllib3 (each
+    caller has its deadline and its own back-off)."""
     cfg = copy.deepcopy(client.configuration)
     cfg.retries = 0
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 1, connections)
     return with_deadlines(k8s.ApiClient(cfg))
 
 
@@ -353,6 +350,22 @@ def call_json(
     return answer
 
 
+def run_under(d: Deadline | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in this thread under ``d`` (a lane's call, or one that fans out to other
+    threads: :func:`current` there): every request it makes ends by then."""
+    _local.deadline = d
+    try:
+        return fn(*args)
+    except ApiCallError:
+        raise
+    except Exception as e:  # fn's own errors pass, unless the deadline cut it short
+        if d is not None and d.passed():
+            raise api_error(d.what, e, d) from e
+        raise
+    finally:
+        _local.deadline = None
+
+
 # -- lanes ---------------------------------------------------------------------------------------
 class Lane:
     """Threads and a client of their own for one kind of API call (see module doc).
@@ -366,7 +379,7 @@ class Lane:
         self, client: k8s.ApiClient, name: str, workers: int, timeout: float = TIMEOUT
     ) -> None:
         self.name = name
-        self.client = own_client(client)
+        self.client = own_client(client, workers)
         self.timeout = timeout
         self.workers = workers
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"vfio_dp-api-{name}")
@@ -376,17 +389,7 @@ class Lane:
     def _in_thread(self, d: Deadline, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if d.expired or self._closed:
             raise ApiCallError(f"{d.what}: not started before the deadline", expired=True)
-        _local.deadline = d
-        try:
-            return fn(*args)
-        except ApiCallError:
-            raise
-        except Exception as e:  # fn's own errors pass, unless the deadline cut it short
-            if d.passed():
-                raise api_error(d.what, e, d) from e
-            raise
-        finally:
-            _local.deadline = None
+        return run_under(d, fn, *args)
 
     async def run(
         self, what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None
@@ -428,9 +431,8 @@ class Lane:
 class Lanes:
     """The DRA plugin's claim-path lanes: ``claims`` (Prepare's claim reads) and ``classes``
     (DeviceClass reads), with :data:`WORKERS` threads each; and ``status_client``, the
-    claim-status writes' own connection pool (their threads are the status feed's,
-    :class:`vfio_dp.dra.observers.claim_status.StatusFeed`, bounded by its workers). The
-    slice writes have the publisher's lane."""
+    claim-status writes' pool (their threads: the status feed's, bounded by its workers,
+    :class:`vfio_dp.dra.observers.claim_status.StatusFeed`); slices: the publisher's lane."""
 
     WORKERS: ClassVar[dict[str, int]] = {"claims": 8, "classes": 4}
 

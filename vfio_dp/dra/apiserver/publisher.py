@@ -2,11 +2,10 @@
 
 Talks to the API server through the ``kubernetes`` client (pinned in ``pyproject.toml`` to the
 tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``): reads slices through the
-typed ``ResourceV1Api``; writes, and the Node's read, with plain JSON through the same
-``ApiClient`` (its kubeconfig / in-cluster auth and TLS): typed writes validate a dict into
-pydantic models and back (~350 ms of CPU per 1,024-device republish against ~7 ms for
-``json.dumps``), and importing ``CoreV1Api`` builds every core model (~0.7 s of CPU per start,
-for one GET). Its calls (what the DRA plugin's RBAC must allow)::
+typed ``ResourceV1Api``; writes (:mod:`.slice_writes`), and the Node's read, with plain JSON
+(:mod:`.plain`) through the same ``ApiClient`` (its kubeconfig / in-cluster auth and TLS):
+importing ``CoreV1Api`` builds every core model (~0.7 s of CPU per start, for one GET). Its
+calls (what the DRA plugin's RBAC must allow)::
 
     GET    /api/v1/nodes/<node>                                   (the owner reference's uid)
     GET    /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>
@@ -30,7 +29,8 @@ Invariants:
   without a write (a restart does not churn the scheduler);
 - a device stays in its slice (:func:`~vfio_dp.dra.slices.layout`, seeded from the server at
   start); one slice changed since our last write is one update at the same generation (one
-  write is atomic), as upstream's ResourceSlice controller does; more bump it and write all;
+  write is atomic), as upstream's ResourceSlice controller does; more bump it and write all,
+  :data:`~.slice_writes.WRITERS` at a time (why that is safe: :mod:`.slice_writes`);
 - an answer lacking the counter or binding fields we sent (a feature gate off) is said once
   in the log, and the pool shaped by :func:`~vfio_dp.dra.personalities.fit_api` from then on;
   ``binding_conditions=False`` (``--binding-conditions=false``) leaves the binding fields out;
@@ -54,14 +54,9 @@ from urllib.parse import quote
 
 import kubernetes.client as k8s
 
-from vfio_dp.dra.apiserver.client import (
-    Lane,
-    api_client,
-    call_json,
-    client_config_source,
-)
-from vfio_dp.dra.apiserver.plain import send
+from vfio_dp.dra.apiserver.client import Lane, api_client, call_json, client_config_source
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
+from vfio_dp.dra.apiserver.slice_writes import SliceWriter
 from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.personalities import dropped, fit_api
 from vfio_dp.dra.slices import Device, Layout, NodeRef, Slice, build_slices, layout, layout_of
@@ -81,7 +76,6 @@ __all__ = [
     "client_config_source",
 ]
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_BACKOFF = 10.0
 #: a whole reconcile (list, up to ~35 writes for 4,096 devices) ends by then
 RECONCILE_DEADLINE = 60.0
@@ -115,6 +109,8 @@ class SlicePublisher:
         self.lane = Lane(client, "slices", 1, RECONCILE_DEADLINE)
         self.client = self.lane.client
         self.api = k8s.ResourceV1Api(self.client)
+        #: the writes: a connection pool and threads of their own, under the lane's deadline
+        self.writer = SliceWriter(client)
         self.driver = driver
         self.node = NodeRef(node_name)
         #: the highest pool generation known (written by us or found on the server)
@@ -127,7 +123,6 @@ class SlicePublisher:
         #: where each device and counter set is published (kept across republishes)
         self.layout: Layout | None = None
         self.writes = 0  # reconciles that wrote (tests, metrics)
-        self.slice_writes = 0  # slices created or updated (tests: one change, one write)
         self.checks = 0  # reconciles done, whether they wrote or not (tests)
         self.lists = 0  # full lists of the pool (tests: an idle check lists nothing)
         self.problem: str | None = None  # the last error, None once a reconcile succeeds
@@ -141,10 +136,6 @@ class SlicePublisher:
         #: Device objects again for devices that did not change: a change of one device
         #: encodes one)
         self._encoded: dict[int, tuple[Device, dict[str, Any]]] = {}
-        #: what our own writes made (name -> resourceVersion) and deletes, as they happen:
-        #: the watch's events of them wake nothing
-        self._ours: dict[str, str] = {}
-        self._deleting: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -169,15 +160,16 @@ class SlicePublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.lane.close()
+        self.writer.close()
         if self.watch is not None:
             await asyncio.to_thread(self.watch.stop)
 
     def _on_event(self, kind: str, name: str, rv: str) -> None:
         """The watch saw a change (its thread): one not of our own making wakes a check."""
         if kind == "DELETED":
-            foreign = name not in self._deleting
+            foreign = name not in self.writer.deleting
         elif kind in ("ADDED", "MODIFIED"):
-            foreign = self._ours.get(name) != rv
+            foreign = self.writer.ours.get(name) != rv
         else:  # LISTED: the watch (re)synced; what it found is checked
             foreign = True
         loop = self._loop
@@ -207,17 +199,9 @@ class SlicePublisher:
             backoff = 0.2
 
     # -- the blocking side (one thread) ----------------------------------------------------
-    def _send(
-        self, what: str, method: str, path: str, body: Slice | None = None, strict: bool = False
-    ) -> dict[str, Any]:
-        """One request with a plain JSON body (:func:`.plain.send`, see module doc); the
-        answer's JSON."""
-        query = [("fieldValidation", "Strict")] if strict else []
-        return call_json(what, send, self.client, method, path, body, query=query)
-
     def _read_node_uid(self) -> None:
         what = f"reading Node {self.node.name}"
-        node = self._send(what, "GET", f"/api/v1/nodes/{quote(self.node.name, safe='')}")
+        node = self.writer.send(what, "GET", f"/api/v1/nodes/{quote(self.node.name, safe='')}")
         uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise PublishError(f"Node {self.node.name} has no metadata.uid")
@@ -338,14 +322,17 @@ class SlicePublisher:
             changed = wanted
         self.written_devices = None  # half-written until the end: a failure lists again
         for name in sorted(set(versions) - names):  # a smaller pool: fewer slices
-            self._delete(name)
+            self.writer.delete(name)
             self.written.pop(name, None)
             self.written_specs.pop(name, None)
         written = {n: rv for n, rv in versions.items() if n in names}
-        for s in changed:
-            name = s["metadata"]["name"]
-            written[name] = self._write(s, versions.get(name))
-            self.written_specs[name] = s["spec"]
+
+        def answered(s: Slice, rv: str, spec: dict[str, Any]) -> None:
+            written[s["metadata"]["name"]] = rv
+            self.written_specs[s["metadata"]["name"]] = s["spec"]
+            self._notice_dropped(s["spec"], spec)
+
+        self.writer.write_all(changed, versions, answered)
         self.generation = generation
         self.written = written
         self.written_devices = devices
@@ -390,25 +377,6 @@ class SlicePublisher:
         )
         return True
 
-    def _write(self, body: Slice, resource_version: str | None) -> str:
-        name = body["metadata"]["name"]
-        if resource_version is None:
-            answer = self._send(f"creating ResourceSlice {name}", "POST", SLICES_PATH, body, True)
-        else:
-            meta = {**body["metadata"], "resourceVersion": resource_version}
-            answer = self._send(
-                f"updating ResourceSlice {name}",
-                "PUT",
-                f"{SLICES_PATH}/{name}",
-                {**body, "metadata": meta},
-                True,
-            )
-        rv: str = answer.get("metadata", {}).get("resourceVersion", "")
-        self._ours[name] = rv
-        self.slice_writes += 1
-        self._notice_dropped(body["spec"], answer.get("spec") or {})
-        return rv
-
     def _notice_dropped(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
         """Did the server drop the counter or binding fields we sent (a feature gate off)?
         Said once in the log; the next publication leaves them out (:func:`fit_api`)."""
@@ -426,11 +394,3 @@ class SlicePublisher:
                 "the API server drops binding conditions (DRADeviceBindingConditions is off): "
                 "a claim's driver switch is done at Prepare"
             )
-
-    def _delete(self, name: str) -> None:
-        self._deleting.add(name)
-        try:
-            call_json(f"deleting ResourceSlice {name}", self.api.delete_resource_slice, name)
-        except PublishError as e:
-            if e.status != 404:
-                raise
