@@ -285,6 +285,15 @@ async def test_a_held_device_is_republished_only_once_its_change_is_confirmed(ri
     await rig.wait("the VF healthy and held", lambda: (h := rig.plugin.health.states.get(
         VF_DEVICE)) is not None and h.held and h.health == "HEALTHY")  # fmt: skip
     await rig.wait("the pool written", lambda: rig.plugin.publisher.written_devices is not None)
+
+    def ready_written() -> bool:  # Prepare's own status write (Ready True) is done
+        (obj,) = rig.api.objects(CLAIMS, "vms")
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for d in (obj.get("status") or {}).get("devices") or []
+                   if d["driver"] == DRIVER for c in d.get("conditions") or [])  # fmt: skip
+
+    # else that write, queued by Prepare, can land after the mark and pass for the health's
+    await rig.wait("the claim's Ready written", ready_written)
     shown: list[dict[str, Any]] = []  # the VF as each publication wrote it
     rig.plugin.publisher.on_published.append(
         lambda _g, slices: shown.extend(
