@@ -72,6 +72,7 @@ def test_why_the_others_are_not_published(tmp_path: Path) -> None:
     why = {u.group: u.reasons for u in dra_units(inv, config) if not u.published}
     assert list(why) == [3]  # the host's NIC; the device-plugin NIC is not DRA's at all
     assert "used by the host" in why[3][0] and "eth0" in why[3][0]
+    assert "; fix: pick another device: eth0 is" in why[3][0], why[3][0]  # what frees it too
 
 
 def test_a_group_binding_cannot_make_viable_is_not_published(tmp_path: Path) -> None:

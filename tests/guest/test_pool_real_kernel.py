@@ -11,6 +11,11 @@ binding is refused; a stale claim's group whose native driver cannot be loaded i
 on vfio-pci with the reason, then switched once nvme is back. Switch times are recorded beside
 a plain ``vfioctl bind``/``unbind`` of the same device (numbers from inside the guest:
 software emulation, compare only with each other).
+
+A second boot of its own (``refused``: another machine shape, so the other tests' NVMe stays
+alone in its group) puts an NVMe and an e1000 behind one ``pcie-pci-bridge`` (one IOMMU
+group) and runs tests/guest/scenarios/pool_refused_scenario.py: switches ahead that cannot
+happen end in ``<driver>/failed`` and leave both functions as they were.
 """
 
 from __future__ import annotations
@@ -37,6 +42,54 @@ def nvme_args(image: Path) -> list[str]:
         "-drive", f"file={image},if=none,id=nvm0,format=raw",
         "-device", "nvme,serial=pool0,drive=nvm0,bus=rpn",
     ]  # fmt: skip
+
+
+def refused_args(image: Path) -> list[str]:
+    """An NVMe beside the e1000 of ``Topology(lone_e1000e=0, shared_e1000=1)``, behind the
+    same ``pcie-pci-bridge`` (``br1``, slot 2): conventional PCI behind a PCIe-to-PCI bridge,
+    so the kernel puts the bridge, the NIC and the NVMe in one IOMMU group."""
+    return [
+        "-drive", f"file={image},if=none,id=nvm1,format=raw",
+        "-device", "nvme,serial=pool1,drive=nvm1,bus=br1,addr=2",
+    ]  # fmt: skip
+
+
+#: ``strace`` makes the kernel never see the plugin daemon's first write to ``drivers_probe``
+#: and answers it with success: what the kernel answers when the driver's probe refuses the
+#: device (``drivers_probe`` reports success even when nothing attached)
+PROBE_REFUSED = (
+    'STRACE="strace -f -qq --seccomp-bpf -e signal=none -o $GUEST_RIG_OUT/strace-probe.txt '
+    '-e trace=write -P /sys/bus/pci/drivers_probe -e inject=write:retval=13:when=1" '
+    '"$PYTHON" tests/guest/scenarios/pool_refused_scenario.py probe'
+)
+
+
+@pytest.fixture(scope="module")
+def refused(guest: Guest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    image = tmp_path_factory.mktemp("nvme-shared") / "nvme.img"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    g = guest.with_options(
+        topology=Topology(lone_e1000e=0, shared_e1000=1),
+        modules=(*DEFAULT_MODULES, "nvme"),
+        extra_qemu_args=refused_args(image),
+    )
+    res = g.run_many(
+        {
+            "sibling": '"$PYTHON" tests/guest/scenarios/pool_refused_scenario.py sibling',
+            "probe": PROBE_REFUSED,
+        },
+        timeout=900,
+    )
+    out: dict[str, Any] = {}
+    for leg, r in res.items():
+        name = f"refused-{leg}.json"
+        assert name in r.files, f"{r.stdout}\n{r.stderr}\n{r.console[-3000:]}"
+        out[leg] = json.loads(r.files[name])
+        assert "crash" not in out[leg], out[leg]["crash"]
+    out["strace"] = res["probe"].files.get("strace-probe.txt", b"").decode()
+    out["plugin_log"] = res["probe"].files.get("plugin-probe.log", b"").decode()[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +221,71 @@ def test_the_claim_watch_switches_a_vm_claim_ahead_and_prepare_binds_nothing(
     assert w["prepare_host_calls"] == [], w["prepare_host_calls"]
     assert w["after_prepare"]["driver"] == "vfio-pci"
     assert w["unprepare"] == "" and w["after_unprepare"]["driver"] == "nvme"
+
+
+def same_group(leg: dict[str, Any]) -> str:
+    """The kernel put the NVMe and the e1000 in ONE IOMMU group (else the refusal below could
+    pass for another reason): its number."""
+    nvme, nic = leg["nvme"], leg["nic"]
+    group = leg["group_of"][nvme]
+    assert leg["group_of"][nic] == group, leg["group_of"]
+    assert {nvme, nic} <= set(leg["groups"][group]), leg["groups"]
+    return str(group)
+
+
+def test_a_switch_a_used_sibling_blocks_says_failed_and_leaves_both_as_they_were(
+    refused: dict[str, Any],
+) -> None:
+    """Issue 36 item 6 on the real kernel: the VM claim's group holds an e1000 whose
+    interface the host brought up after the group was published; the plugin's switch ahead
+    is refused (``SwitchRefused``, the NIC and the fix named), nothing is touched, and the
+    scheduler stand-in deallocates."""
+    s = refused["sibling"]
+    same_group(s)
+    nic, iface = s["nic"], s["iface"]
+    (result,) = s["result"]
+    vm = result["device"]  # the group's VFIO entry (named after the group's first function)
+    assert {vm, f"{vm}-native"} <= set(s["published"]), (s["published"], s["publish_problem"])
+    assert s["link_up"] == 0
+    before = s["before"]
+    assert before["nvme_driver"] == "nvme" and before["nic_driver"] == "e1000", before
+    assert before["iface_up"] and "nvme0n1" in before["nvme_nodes"], before
+    assert result["bindingFailureConditions"] == ["sibling.example.com/failed"], result
+    assert s["prebind"] == ["deallocated", f"{vm}: sibling.example.com/failed: SwitchRefused"]
+    c = s["condition"]
+    assert c["status"] == "True" and c["reason"] == "SwitchRefused", c
+    assert nic in c["message"] and f"network interface {iface} is up" in c["message"], c
+    fix = c["message"].split(f"{iface} is up", 1)[1]
+    assert fix.startswith("; fix: "), c  # the way out, not only the cause
+    assert f"ip link set {iface} down" in fix or "pick another device" in fix, c
+    assert s["after"] == before  # drivers, the interface, the nodes, no bind record
+    assert s["checkpoint"] == "None" and s["holders"] == "{}"
+    assert not s["allocation_left"]
+
+
+def test_a_switch_the_driver_refuses_says_failed_and_rolls_back_on_the_real_kernel(
+    refused: dict[str, Any],
+) -> None:
+    """The VFIO driver's probe does not take a function of the group (the kernel never sees
+    the first ``drivers_probe`` write and reports success, as it does when a probe refuses):
+    the group bind finds it on no driver, rolls every function back to its driver, and the
+    claim says ``DriverSwitchFailed``; the scheduler stand-in deallocates."""
+    p = refused["probe"]
+    same_group(p)
+    nvme, nic = p["nvme"], p["nic"]
+    assert "(INJECTED)" in refused["strace"], refused["strace"]
+    (result,) = p["result"]
+    vm = result["device"]
+    before = p["before"]
+    assert before["nvme_driver"] == "nvme" and before["nic_driver"] == "e1000", before
+    assert not before["iface_up"]
+    assert p["prebind"] == [
+        "deallocated",
+        f"{vm}: probe.example.com/failed: DriverSwitchFailed",
+    ], refused["plugin_log"]
+    c = p["condition"]
+    assert c["status"] == "True" and c["reason"] == "DriverSwitchFailed", c
+    assert "no driver" in c["message"] and (nvme in c["message"] or nic in c["message"]), c
+    assert p["after"] == before  # both back on their drivers, no record left
+    assert p["checkpoint"] == "None" and p["holders"] == "{}"
+    assert not p["allocation_left"]

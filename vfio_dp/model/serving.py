@@ -157,7 +157,8 @@ def _dra_reasons(
         )
     for d, _ in members:
         if d.in_use:
-            reasons.append(f"{d.describe()} is used by the host: {'; '.join(map(str, d.in_use))}")
+            uses = "; ".join(f"{u}; fix: {u.fix}" for u in d.in_use)
+            reasons.append(f"{d.describe()} is used by the host: {uses}")
     g = inventory.groups.get(group)
     if g is None:
         reasons.append(f"IOMMU group {group} is missing from sysfs")
