@@ -204,7 +204,7 @@ WEBHOOK_RATE = 500.0
 
 
 def webhook_row(
-    work: Path, nodes: int, devices: int, reviews: int, rate: float = 0.0
+    work: Path, nodes: int, devices: int, reviews: int, rate: float = 0.0, paced_s: float = 20.0
 ) -> dict[str, float]:
     """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
     API-server stand-in (a process of its own) holding ``nodes`` Nodes that each advertise
@@ -214,7 +214,7 @@ def webhook_row(
     of the run. ``reviews`` AdmissionReviews (a VMI asking for both) at 64 connections from
     two load-generator processes (bench/webhook_load.py), in a closed loop (each connection
     sends its next review when the answer is in: the server saturated) and at ``rate``
-    reviews/s (open loop; 0: not run); the same closed loop against a trivial TLS server
+    reviews/s for ``paced_s`` seconds (open loop; 0: not run); the same closed loop against a trivial TLS server
     (the floor: what the load generator and TLS cost). p99, the webhook's CPU per review,
     its RSS after a warm-up and after the reviews, the API reads."""
     from bench.webhook_bench import rss_kib, start_server
@@ -261,7 +261,7 @@ def webhook_row(
         out = {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
         if rate > 0:
             own0, kid0, _ = webhook_tree(proc.pid)
-            paced = run_drivers(url, ca, 64, int(rate * 20), rate)
+            paced = run_drivers(url, ca, 64, int(rate * paced_s), rate)
             own1, kid1, _ = webhook_tree(proc.pid)
             log(f"row 4 open loop at {rate:.0f}/s: p50 {paced['p50_ms']:.1f} ms, p99 "
                 f"{paced['p99_ms']:.1f} ms, max {paced['max_ms']:.1f} ms, {paced['rps']:.0f}/s; "
@@ -289,7 +289,7 @@ def webhook_row(
             f"{(cpu_ns(trivial.pid) - cpu0) / 1e6 / floor['reviews']:.3f} ms a review; load "
             f"generator {floor['driver_cpu_ms']:.3f} ms a review")  # fmt: skip
         if rate > 0:
-            paced = run_drivers(floor_url, ca, 64, int(rate * 20), rate)
+            paced = run_drivers(floor_url, ca, 64, int(rate * paced_s), rate)
             log(f"row 4 floor at {rate:.0f}/s (open loop): p50 {paced['p50_ms']:.1f} ms, p99 "
                 f"{paced['p99_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
     finally:
@@ -604,7 +604,8 @@ def measure(
             sriov_row(work / "sriov", 2 if small else 4, 16 if small else 256)))  # fmt: skip
         step("4 webhook", lambda: webhook_row(
             work / "webhook", 100 if not small else 10, 64 if not small else 8,
-            reviews or (300 if small else 20_000), 0.0 if small else WEBHOOK_RATE))  # fmt: skip
+            reviews or (300 if small else 20_000), 50.0 if small else WEBHOOK_RATE,
+            4.0 if small else 20.0))  # fmt: skip
         step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
         step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
     finally:
