@@ -41,21 +41,36 @@ from collections.abc import Iterable, Sequence
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
+def _temp_of(name: str) -> str:
+    """The temp file ``name`` is written to before its rename (this process and thread's)."""
+    return f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+
+
+def _write_temp(dir_fd: int, tmp: str, data: bytes) -> int:
+    """Create ``tmp`` in ``dir_fd`` (never an existing file, never through a link), write all
+    of ``data``; the open descriptor is the caller's to sync, close and rename. A failed
+    write closes and removes ``tmp``; a failed create leaves whatever has that name alone."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    return fd
+
+
 def replace_at(dir_fd: int, name: str, data: bytes, *, durable: bool = True) -> None:
     """Replace ``name`` in the open directory ``dir_fd`` with ``data``, atomically (and
     durably unless ``durable=False``: see the module docstring)."""
-    tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    fd = os.open(
-        tmp,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o644,
-        dir_fd=dir_fd,
-    )
+    tmp = _temp_of(name)
+    fd = _write_temp(dir_fd, tmp, data)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
         finally:
@@ -86,7 +101,6 @@ def replace_many_at(dir_fd: int, items: Sequence[tuple[str, bytes]]) -> None:
         return
     from concurrent.futures import ThreadPoolExecutor  # on use: `vfioctl list` never writes
 
-    tag = f"{os.getpid()}.{threading.get_ident()}"
     with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="fsync") as pool:
         for start in range(0, len(items), MANY_CHUNK):
             chunk = items[start : start + MANY_CHUNK]
@@ -94,13 +108,9 @@ def replace_many_at(dir_fd: int, items: Sequence[tuple[str, bytes]]) -> None:
             fds: list[int] = []  # still open
             try:
                 for name, data in chunk:
-                    tmp = f".{name}.{tag}.tmp"
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                    fds.append(os.open(tmp, flags, 0o644, dir_fd=dir_fd))
+                    tmp = _temp_of(name)
+                    fds.append(_write_temp(dir_fd, tmp, data))
                     temps.append((tmp, name))
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fds[-1], view) :]
                 list(pool.map(os.fsync, fds))
                 while fds:
                     os.close(fds.pop())
