@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -70,26 +69,17 @@ GROUP_THREADS = 32
 
 def all_at_once(count: int, work: Callable[[int], None]) -> None:
     """``work(0) .. work(count - 1)``, on up to :data:`GROUP_THREADS` threads when there are
-    several (every sysfs write inside has its own timeout, so each one ends)."""
-    if count == 1:
-        work(0)
-        return
-    todo = iter(range(count))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                i = next(todo, None)
-            if i is None:
-                return
+    several (every sysfs write inside has its own timeout, so each one ends; ``work`` reports
+    its own failures)."""
+    if count <= 1:
+        for i in range(count):
             work(i)
+        return
+    from concurrent.futures import ThreadPoolExecutor  # on use: `vfioctl list` never binds
 
-    threads = [threading.Thread(target=worker) for _ in range(min(count, GROUP_THREADS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    workers = min(count, GROUP_THREADS)
+    with ThreadPoolExecutor(workers, thread_name_prefix="vfio_dp-bind") as pool:
+        list(pool.map(work, range(count)))
 
 
 def _raise_failures(failed: dict[PciAddress, BaseException], done: list[str]) -> None:
