@@ -61,7 +61,7 @@ class FrontEndOptions(CoreFlags):
     #: whether the core reads host usage (``PciDevice.in_use``) on every scan
     needs_usage: ClassVar[bool] = False
     #: which front-end this is: the runner of its journals, the holder of its ``bind: true``
-    #: bind records (``vfio_dp.host.state.BOUND_BY_*``)
+    #: bind records (``vfio_dp.host.bound_by.BOUND_BY_*``)
     front_end: ClassVar[str]
 
     def core(self) -> CoreOptions:

@@ -27,7 +27,7 @@ Invariants (tested):
 - A unit one of whose endpoints a DRA pool holds (its bind record
   ``<root>/var/lib/vfio_dp/original/<bdf>.json`` says ``bound_by: pool:<driver>``: a claim
   switched it to VFIO ahead of its pod and went away) is Unhealthy, the hold and the fix as
-  the reason: only that pool's claims take it over (:func:`vfio_dp.host.state.pool_refusal`).
+  the reason: only that pool's claims take it over (:func:`vfio_dp.host.bound_by.pool_refusal`).
 - Lists are sorted by ID, so equal inventories give equal lists (no spurious updates).
 """
 

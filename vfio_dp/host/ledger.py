@@ -7,10 +7,10 @@ Files (formats in :mod:`.state`)::
 
 Holders (the record's ``bound_by``): ``operator`` (``vfioctl bind``), ``device-plugin`` / ``dra-plugin``
 (a selector's ``bind: true`` in that front-end), ``claim:<uid>`` (a DRA claim's Prepare),
-``pool:<driver>`` (a pool hold: who may take it, :func:`vfio_dp.host.state.pool_refusal`);
+``pool:<driver>`` (a pool hold: who may take it, :func:`vfio_dp.host.bound_by.pool_refusal`);
 ``daemon``, what versions before the split wrote for either front-end, still reads as an
 automatic front-end binding (never a claim's), and its interrupted operations are recovered
-by either front-end (:func:`vfio_dp.host.state.recovers`).
+by either front-end (:func:`vfio_dp.host.bound_by.recovers`).
 
 Every write of a record or a journal for bind, unbind and recovery is made here: the record
 to write is decided once per device (:meth:`Ledger.record_for`), all of them before the

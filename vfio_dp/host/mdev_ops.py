@@ -349,7 +349,7 @@ class Mdevs:
 
     def recover(self, *, runner: str | None = None) -> list[str]:
         """Finish or undo every interrupted create or remove (its parent's lock is free;
-        with ``runner``, only the ones it :func:`~vfio_dp.host.state.recovers`). Never
+        with ``runner``, only the ones it :func:`~vfio_dp.host.bound_by.recovers`). Never
         raises for one: a problem is said."""
         out: list[str] = []
         for uuid in self.store.journaled():

@@ -112,7 +112,7 @@ def _plan_bind(
     mdev: Sequence[MdevEntry] = (),
 ) -> BindPlan:
     """:func:`vfio_dp.model.plan.plan_bind`, and a device on VFIO already that a DRA pool
-    holds refused to every other ``holder`` (:func:`vfio_dp.host.state.pool_refusal`)."""
+    holds refused to every other ``holder`` (:func:`vfio_dp.host.bound_by.pool_refusal`)."""
     plan = plan_bind(
         inv, addresses, group=group, force=force, groups_in_use=in_use,
         root_display=host.fs.display, mdev_entries=mdev,

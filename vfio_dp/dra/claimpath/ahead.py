@@ -33,7 +33,7 @@ VFIO switch's group on its VFIO driver, held by the pool (bind records ``bound_b
 pool:<driver>``, :meth:`~vfio_dp.dra.claimpath.reconcile.Reconciler.hold_for_pool`: nothing
 unowned). The pool's next claim takes it over -- a VFIO claim with no driver work, a
 container claim switching it back to its native driver -- and nobody else may
-(:func:`vfio_dp.host.state.pool_refusal`); ``vfioctl unbind`` gives it back. Without the
+(:func:`vfio_dp.host.bound_by.pool_refusal`); ``vfioctl unbind`` gives it back. Without the
 API fields (``bindingConditions`` dropped by the server, or ``--binding-conditions=false``)
 no result carries binding conditions and Prepare does the switch as before.
 """

@@ -63,13 +63,13 @@ def refusals(
 ) -> None:
     """:class:`ClaimError` before anything is touched, when a group of the claim is held by
     someone else: a pool hold this claim may not take (another DRA driver's pool:
-    :func:`vfio_dp.host.state.pool_refusal`), or in the other personality: bound to VFIO by
+    :func:`vfio_dp.host.bound_by.pool_refusal`), or in the other personality: bound to VFIO by
     the operator or a front-end (``holders``: the bind records' holders), or prepared for
     another claim of ours (``others``: the checkpoint's other claims) as VFIO for a
     container entry, or as a container for a VFIO entry. The scheduler gives out one entry
     of a group at a time (a counter of value 1): this is the node's own check of the same
     rule. A stale claim's binding and ``driver``'s own pool hold are taken over
-    (:func:`vfio_dp.host.state.claim_takes`)."""
+    (:func:`vfio_dp.host.bound_by.claim_takes`)."""
     theirs: dict[str, tuple[str, bool]] = {}  # group name -> (claim, as a container)
     for rec in others:
         if rec.uid == uid:

@@ -120,7 +120,7 @@ class Reconciler:
         """A claim switched ahead of its pod (``switched``) that went away before its pod:
         the devices stay where its switch put them. What it bound to VFIO is held by the pool
         (bind records ``claim:<uid>`` → ``pool:<driver>``: nothing unowned, and the pool's
-        next claim takes it over: :func:`vfio_dp.host.state.claim_takes`); a container
+        next claim takes it over: :func:`vfio_dp.host.bound_by.claim_takes`); a container
         switch holds no record. Its files (none, normally) go, then its record. → the devices
         now held by the pool. Blocking."""
         mine = self.host.holdings(bound_by_claim(uid))

@@ -7,11 +7,11 @@ IOMMU groups.
 2. :meth:`DeviceSteps.check`: before anything is touched, a group held in the other
    personality or by someone this claim may not take it from is refused
    (:func:`.native.check`; a pool hold, ``pool:<driver>`` in
-   ``<root>/var/lib/vfio_dp/original/<bdf>.json``: :func:`vfio_dp.host.state.pool_refusal`);
+   ``<root>/var/lib/vfio_dp/original/<bdf>.json``: :func:`vfio_dp.host.bound_by.pool_refusal`);
 3. :meth:`DeviceSteps.take`: ``bind: onPrepare`` groups not on VFIO bound in ONE
    :meth:`vfio_dp.host.Host.bind` (holder ``claim:<uid>``, never ``probe``), the records a
    stale claim or the claim's own pool left on its groups taken over
-   (:func:`vfio_dp.host.state.claim_takes`), container groups put on their native driver
+   (:func:`vfio_dp.host.bound_by.claim_takes`), container groups put on their native driver
    and their device nodes waited for (:func:`.native.switch`);
 4. :meth:`DeviceSteps.verify`: each group where the claim needs it.
 
