@@ -389,6 +389,7 @@ class Webhook:
         await self._server.wait_closed()
         if self.lister is not None:
             await self.lister.close()
+        gc.unfreeze()
 
 
 async def serve(
