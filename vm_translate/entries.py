@@ -89,6 +89,14 @@ class VmClaim:
     resource_claim_template_name: str | None = None
 
 
+#: :func:`resolve_device_name`'s answers under one configuration (a resource name, or why
+#: not): reviews name the same few devices again and again. Emptied when the configuration
+#: object changes (a reload) and when it holds :data:`RESOLVED_MAX` names (they come from
+#: clients).
+_resolved: tuple[Config | None, dict[str, str | Unresolvable]] = (None, {})
+RESOLVED_MAX = 512
+
+
 def resolve_device_name(value: object, config: Config) -> str:
     """The resource name a ``deviceName`` / ``resource`` value stands for.
 
@@ -96,6 +104,26 @@ def resolve_device_name(value: object, config: Config) -> str:
     ``devices.kubevirt.io/10DE_1EB8`` → ``devices.kubevirt.io/10de_1eb8``;
     ``nvidia.com/TU104GL_Tesla_T4`` → unchanged. Raises :class:`Unresolvable`.
     """
+    global _resolved
+    if not isinstance(value, str):
+        return _resolve(value, config)
+    known, answers = _resolved
+    if known is not config or len(answers) >= RESOLVED_MAX:
+        answers = {}
+        _resolved = (config, answers)
+    answer = answers.get(value)
+    if answer is None:
+        try:
+            answer = _resolve(value, config)
+        except Unresolvable as why:
+            answer = why
+        answers[value] = answer
+    if isinstance(answer, Unresolvable):
+        raise Unresolvable(str(answer))
+    return answer
+
+
+def _resolve(value: object, config: Config) -> str:
     domain = config.resource_domain
     example = f"a resource name like {domain}/10de_1eb8 or a vendor:device pair like 10de:1eb8"
     if not isinstance(value, str) or not value:

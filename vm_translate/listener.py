@@ -34,12 +34,11 @@ response, and closes a connection whose next request's headers have not all arri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from asyncio import sslproto
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -245,19 +244,18 @@ class Listener:
         if conn in self._open:
             self._open.move_to_end(conn)
 
-    @contextlib.contextmanager
-    def busy(self, app_protocol: asyncio.BaseProtocol | None) -> Iterator[None]:
-        """While a request on this connection is answered, it is never evicted."""
+    def hold(self, app_protocol: asyncio.BaseProtocol | None) -> _TlsConnection | None:
+        """A request on this connection is being answered: it is not evicted until
+        :meth:`release` (call it in a ``finally``). None: not a connection of ours."""
         conn = self._by_app.get(app_protocol) if app_protocol is not None else None
-        if conn is None:
-            yield
-            return
-        conn.busy += 1
-        try:
-            yield
-        finally:
-            conn.busy -= 1
-            self.touch(conn)
+        if conn is not None:
+            conn.busy += 1
+        return conn
+
+    def release(self, conn: _TlsConnection) -> None:
+        """The request :meth:`hold` counted is answered."""
+        conn.busy -= 1
+        self.touch(conn)
 
     def close_all(self) -> None:
         for conn in list(self._open):

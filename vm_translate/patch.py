@@ -27,7 +27,11 @@ class JsonPatchOp(TypedDict):
 
 
 def escape(token: str | int) -> str:
-    return str(token).replace("~", "~0").replace("/", "~1")
+    if not isinstance(token, str):
+        return str(token)
+    if "~" not in token and "/" not in token:  # the usual key: nothing to escape
+        return token
+    return token.replace("~", "~0").replace("/", "~1")
 
 
 def unescape(token: str) -> str:
@@ -35,7 +39,7 @@ def unescape(token: str) -> str:
 
 
 def pointer(*tokens: str | int) -> str:
-    return "".join("/" + escape(t) for t in tokens)
+    return "".join(["/" + escape(t) for t in tokens])
 
 
 def split_pointer(path: str) -> list[str]:

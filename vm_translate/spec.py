@@ -226,12 +226,12 @@ def resolve_vm_entries(
     known = claims or {}
     requests: dict[tuple[str, str], str] = {}  # (claim, request) → the entry that has it
     for e in entries:
-        where = e.where(prefix)
         ok = True
         if not isinstance(e.name, str) or not e.name:
-            problems.append(Problem(f"{where}.name", e.name, "every entry needs a name"))
+            problems.append(Problem(f"{e.where(prefix)}.name", e.name, "every entry needs a name"))
             ok = False
         if e.has_claim:
+            where = e.where(prefix)
             claim = _claim_entry(e, where, known, claims_where, problems)
             if claim is not None and (claim.claim_name, claim.request_name) in requests:
                 # a request's metadata names ONE device per entry: hostdev would refuse both
@@ -251,7 +251,7 @@ def resolve_vm_entries(
         try:
             resource = resolve_device_name(e.device_name, config)
         except Unresolvable as why:
-            problems.append(Problem(f"{where}.deviceName", e.device_name, str(why)))
+            problems.append(Problem(f"{e.where(prefix)}.deviceName", e.device_name, str(why)))
             continue
         if ok:
             assert isinstance(e.name, str)

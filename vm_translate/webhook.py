@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -42,12 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
 
 from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
+from vm_translate.http_log import HttpLog
 from vm_translate.kube_adapter import ChildNodeLister
 from vm_translate.listener import Listener, ListenerLimits
 from vm_translate.nodes import NodeCache, NodeResources
@@ -103,14 +108,11 @@ class _State:
     draining: bool = False
 
 
-_STATE: web.AppKey[_State] = web.AppKey("vfio_dp_webhook", _State)
-
-
 def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
-async def _receive(request: web.Request, state: _State) -> bytes | web.Response:
+async def _receive(request: web.BaseRequest, state: _State) -> bytes | web.Response:
     """The body, or the error response saying why not (413, 408, 503)."""
     settings = state.settings
     declared = request.content_length
@@ -121,6 +123,8 @@ async def _receive(request: web.Request, state: _State) -> bytes | web.Response:
             "(--max-body-bytes)",
         )
     reserve = settings.max_body_bytes if declared is None else declared
+    if request.content.is_eof():  # all here already (a review comes with its headers)
+        return await request.read()  # returns at once: no timer, no budget
     if reserve <= SMALL_BODY:
         reserve = 0
     elif not state.budget.take(reserve):
@@ -147,77 +151,100 @@ async def _nodes_or_error(cache: NodeCache) -> list[NodeResources] | NodeCheckEr
         return e
 
 
-async def mutate(request: web.Request) -> web.Response:
-    state = request.app[_STATE]
-    with state.metrics.time("vfio_dp_webhook_review_seconds"):
+async def mutate(request: web.BaseRequest, state: _State) -> web.Response:
+    start = time.perf_counter()
+    listener = state.listener
+    conn = listener.hold(request.protocol) if listener else None
+    try:
         response = await _mutate(request, state)
+    finally:
+        if conn is not None:
+            conn.listener.release(conn)
+        state.metrics.took(time.perf_counter() - start)
     if response.status != 200:
-        state.metrics.inc("vfio_dp_webhook_refused_total", code=str(response.status))
+        state.metrics.refused(response.status)
     return response
 
 
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(
-        body=request.app[_STATE].metrics.render().encode(),
-        headers={"Content-Type": CONTENT_TYPE},
-    )
-
-
-async def _mutate(request: web.Request, state: _State) -> web.Response:
-    listener = state.listener
-    with listener.busy(request.protocol) if listener else contextlib.nullcontext():
-        body = await _receive(request, state)
-        if isinstance(body, web.Response):
-            return body
-        nodes: list[NodeResources] | None = None
-        warnings: list[str] = []
-        cache = state.nodes
-        got: list[NodeResources] | NodeCheckError | None = None
-        if cache is not None and (got := cache.peek()) is None:
-            wait = state.settings.node_wait  # before parsing: no parsed review held meanwhile
-            try:
-                async with asyncio.timeout(wait):  # the fetch goes on for later reviews
-                    got = await asyncio.shield(_nodes_or_error(cache))
-            except TimeoutError:
-                got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
-        if isinstance(got, NodeCheckError):
-            log.warning("%s", got)
-            warnings.append(f"vfio_dp: device availability not checked: {got}")
-        else:
-            nodes = got
+async def _mutate(request: web.BaseRequest, state: _State) -> web.Response:
+    body = await _receive(request, state)
+    if isinstance(body, web.Response):
+        return body
+    nodes: list[NodeResources] | None = None
+    warnings: list[str] = []
+    cache = state.nodes
+    got: list[NodeResources] | NodeCheckError | None = None
+    if cache is not None and (got := cache.peek()) is None:
+        wait = state.settings.node_wait  # before parsing: no parsed review held meanwhile
         try:
-            review_request = parse_review(body)
-        except ReviewError as e:
-            return _error(400, str(e))
-        del body
-        try:
-            answer = decide(review_request, state.configs.config, nodes, warnings)
-            text = json.dumps(answer)
-            state.metrics.inc("vfio_dp_webhook_reviews_total", result=review_result(answer))
-        except Exception as e:  # a bug, never the caller's fault: name the review, keep serving
-            log.exception("internal error answering review uid %r", review_request["uid"][:100])
-            return _error(500, f"internal error: {type(e).__name__}; see the webhook's log")
-        return web.Response(body=text.encode(), content_type="application/json")
+            async with asyncio.timeout(wait):  # the fetch goes on for later reviews
+                got = await asyncio.shield(_nodes_or_error(cache))
+        except TimeoutError:
+            got = NodeCheckError(f"the node list did not arrive within {wait:g}s")
+    if isinstance(got, NodeCheckError):
+        log.warning("%s", got)
+        warnings.append(f"vfio_dp: device availability not checked: {got}")
+    else:
+        nodes = got
+    try:
+        review_request = parse_review(body)
+    except ReviewError as e:
+        return _error(400, str(e))
+    del body
+    try:
+        answer = decide(review_request, state.configs.config, nodes, warnings)
+        text = json.dumps(answer)
+        state.metrics.reviewed(review_result(answer))
+    except Exception as e:  # a bug, never the caller's fault: name the review, keep serving
+        log.exception("internal error answering review uid %r", review_request["uid"][:100])
+        return _error(500, f"internal error: {type(e).__name__}; see the webhook's log")
+    return web.Response(body=text.encode(), content_type="application/json")
 
 
-async def healthz(request: web.Request) -> web.Response:
-    if request.app[_STATE].draining:
+def _get(request: web.BaseRequest, state: _State) -> web.Response:
+    if request.path == "/metrics":
+        return web.Response(
+            body=state.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE}
+        )
+    if state.draining:
         return web.Response(status=503, text="draining: shutting down")
     return web.Response(text="ok")
 
 
-def make_app(
-    config: Config | ConfigWatch, settings: WebhookSettings, node_fetch: NodeFetch | None = None
-) -> web.Application:
-    """The aiohttp application (no socket yet). ``node_fetch`` enables the capacity check."""
-    app = web.Application(client_max_size=settings.max_body_bytes)
-    cache = NodeCache(node_fetch, settings.node_cache_seconds) if node_fetch else None
-    configs = config if isinstance(config, ConfigWatch) else ConfigWatch.fixed(config)
-    app[_STATE] = _State(configs, settings, cache, _BodyBudget(settings.body_budget_bytes))
-    app.router.add_post("/mutate", mutate)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
-    return app
+_ROUTES = {"/mutate": ("POST",), "/healthz": ("GET", "HEAD"), "/metrics": ("GET", "HEAD")}
+
+
+def _server(state: _State, **handler_args: Any) -> web.Server:
+    """aiohttp's low-level server (``web.Server``: no application, router or middleware
+    chain per request) answering the three routes; other paths 404, other methods 405."""
+    settings = state.settings
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        path, method = request.path, request.method
+        allowed = _ROUTES.get(path)
+        if allowed is None:
+            return web.Response(status=404, text="404: Not Found")
+        if method not in allowed:
+            return web.Response(
+                status=405, text="405: Method Not Allowed", headers={"Allow": ",".join(allowed)}
+            )
+        if method == "POST":
+            return await mutate(request, state)
+        return _get(request, state)
+
+    def request_of(
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:  # the body's bound: over it, request.read() raises 413
+        return web.BaseRequest(
+            message, payload, protocol, writer, task, protocol._loop,
+            client_max_size=settings.max_body_bytes,
+        )  # fmt: skip
+
+    return web.Server(handle, request_factory=request_of, **handler_args)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -237,44 +264,13 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _HttpLog(logging.Logger):
-    """aiohttp's server logger. A malformed request from a client (bad request line, too many
-    or too long headers) is the client's fault: one WARNING line at most every
-    ``every`` seconds with a count, never aiohttp's ERROR with a traceback per request (a
-    hostile client could fill the log). Other exceptions keep their traceback: they are bugs."""
-
-    def __init__(self, every: float = 10.0) -> None:
-        super().__init__("vm_translate.webhook.http")
-        self.parent = log
-        self.every = every
-        self.malformed = 0
-        self._since = 0
-        self._last_report = -every
-
-    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info")
-        if not isinstance(exc, HttpProcessingError):
-            super().exception(msg, *args, **kwargs)
-            return
-        self.malformed += 1
-        self._since += 1
-        now = time.monotonic()
-        if now - self._last_report >= self.every:
-            self.warning(
-                "%d malformed HTTP request(s) answered 400 in the last %gs; last: %s",
-                self._since,
-                self.every,
-                str(exc.message)[:200],
-            )
-            self._since, self._last_report = 0, now
-
-
 class Webhook:
     """A started webhook: ``await Webhook.start(...)``, then ``.port``, then ``await .stop()``."""
 
     def __init__(
         self,
-        runner: web.AppRunner,
+        runner: web.ServerRunner,
+        state: _State,
         server: asyncio.Server,
         tls: ReloadingContext,
         configs: ConfigWatch,
@@ -283,6 +279,7 @@ class Webhook:
         lister: ChildNodeLister | None = None,
     ) -> None:
         self._runner = runner
+        self._state = state
         self._server = server
         self.tls = tls
         self.configs = configs
@@ -307,13 +304,15 @@ class Webhook:
         if settings.check_nodes and node_fetch is None:
             node_fetch = lister = ChildNodeLister()
         tls = ReloadingContext(settings.cert_file, settings.key_file)
-        app = make_app(config, settings, node_fetch if settings.check_nodes else None)
-        state = app[_STATE]
-        runner = web.AppRunner(
-            app,
+        fetch = node_fetch if settings.check_nodes else None
+        cache = NodeCache(fetch, settings.node_cache_seconds) if fetch else None
+        configs = config if isinstance(config, ConfigWatch) else ConfigWatch.fixed(config)
+        state = _State(configs, settings, cache, _BodyBudget(settings.body_budget_bytes))
+        http = _server(
+            state,
             keepalive_timeout=settings.idle_timeout,
             access_log=None,
-            logger=_HttpLog(),
+            logger=HttpLog(log),
             read_bufsize=READ_BUFSIZE,
             auto_decompress=False,  # the API server sends plain JSON; no gzip bombs
             # a header block is held whole until complete: aiohttp's defaults (128 headers of
@@ -321,8 +320,8 @@ class Webhook:
             max_headers=MAX_HEADERS,
             max_field_size=MAX_FIELD_SIZE,
             max_line_size=MAX_FIELD_SIZE,
-            handle_signals=False,
         )
+        runner = web.ServerRunner(http, handle_signals=False)
         await runner.setup()
         assert runner.server is not None
         loop = asyncio.get_running_loop()
@@ -355,19 +354,21 @@ class Webhook:
             settings.port,
             settings.max_connections,
         )
-        hook = cls(runner, server, tls, state.configs, listener, reloader, lister)
+        hook = cls(runner, state, server, tls, state.configs, listener, reloader, lister)
         if state.nodes is not None:  # the first list (the child's start) before any review
             hook._warm = asyncio.create_task(_nodes_or_error(state.nodes))
+        gc.collect()  # what start-up left behind, then everything it keeps is never scanned
+        gc.freeze()  # again by the collector (each full collection walked ~the whole heap)
         return hook
 
     def drain(self) -> None:
         """Fail /healthz from now on; keep answering reviews until :meth:`stop`."""
-        self._runner.app[_STATE].draining = True
+        self._state.draining = True
 
     @property
     def draining(self) -> bool:
         """:meth:`drain` was called."""
-        return self._runner.app[_STATE].draining
+        return self._state.draining
 
     async def stop(self) -> None:
         for task in (self._reloader, self._warm):
@@ -388,6 +389,7 @@ class Webhook:
         await self._server.wait_closed()
         if self.lister is not None:
             await self.lister.close()
+        gc.unfreeze()
 
 
 async def serve(

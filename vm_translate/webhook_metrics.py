@@ -38,6 +38,32 @@ class WebhookMetrics(Metrics):
         ),
     }
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: prometheus_client's series (its types stay in vfio_dp.core.metrics: import-linter)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _metric(self, name: str, **labels: str) -> Any:
+        """The series, looked up once (:meth:`Metrics.inc` resolves the labels at every call:
+        ~3 µs, a review's updates cost ~1 µs this way)."""
+        key = (name, *labels.values())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._child(name, labels)
+        return child
+
+    def reviewed(self, result: str) -> None:
+        """One review answered: ``result`` from :func:`review_result`."""
+        self._metric("vfio_dp_webhook_reviews_total", result=result).inc()
+
+    def refused(self, code: int) -> None:
+        """One POST /mutate answered ``code`` without a review."""
+        self._metric("vfio_dp_webhook_refused_total", code=str(code)).inc()
+
+    def took(self, seconds: float) -> None:
+        """The time one POST /mutate took."""
+        self._metric("vfio_dp_webhook_review_seconds").observe(seconds)
+
 
 def review_result(answer: Mapping[str, Any]) -> str:
     """allowed (unchanged), patched or denied: how a review was answered."""

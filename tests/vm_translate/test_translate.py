@@ -380,3 +380,12 @@ def test_pod_tampered_applied_annotation_rejected(config: Config) -> None:
     obj = pod('[{"name": "g", "resource": "10de:1eb8"}]', extra={APPLIED_ANNOTATION: "{bad"})
     with pytest.raises(SpecError, match="written by the vfio_dp webhook; delete it"):
         translate(obj, config)
+
+
+def test_pointer_escapes_only_what_rfc6901_escapes() -> None:
+    from vm_translate.patch import pointer, split_pointer
+
+    assert pointer("spec", "hostDevices", 0, "deviceName") == "/spec/hostDevices/0/deviceName"
+    assert pointer("a/b", "c~d", "~1") == "/a~1b/c~0d/~01"
+    assert split_pointer(pointer("a/b", "c~d", "~1")) == ["a/b", "c~d", "~1"]
+    assert pointer() == ""

@@ -307,3 +307,46 @@ async def test_node_check_failure_allows_with_warning(tmp_path: Path, config: Co
         assert "device availability not checked" in answer["response"]["warnings"][0]
     finally:
         await s.hook.stop()
+
+
+async def test_review_with_its_body_is_read_without_a_timer(
+    server: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's body arrives with its headers (a few KiB): it is read at once, with no
+    ``asyncio.timeout`` armed and cancelled per review (~10 µs each); a body still arriving
+    keeps its read_timeout (test_slow_body_times_out_with_408)."""
+    import sys
+
+    import vm_translate.webhook as webhook
+
+    armed: list[str] = []
+    real = asyncio.timeout
+
+    def counting(delay: float | None) -> asyncio.Timeout:
+        armed.append(sys._getframe(1).f_globals["__name__"])
+        return real(delay)
+
+    monkeypatch.setattr(webhook.asyncio, "timeout", counting)
+    for _ in range(5):
+        assert (await post(server, json.dumps(review(VMI)).encode()))[0] == 200
+    assert [m for m in armed if m == "vm_translate.webhook"] == []
+
+
+async def test_start_up_objects_are_frozen_out_of_collections(server: Running) -> None:
+    """What start-up made (modules, the settings, the server) is moved out of the garbage
+    collector's generations (gc.freeze): a full collection no longer walks it per review."""
+    import gc
+
+    assert gc.get_freeze_count() > 0
+
+
+async def test_routes_of_the_low_level_server(server: Running) -> None:
+    """aiohttp's low-level server answers the three routes as the application's router did:
+    other paths 404, other methods 405 naming the allowed ones, HEAD like GET."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/nope", ssl=server.client_ctx) as r:
+            assert r.status == 404
+        async with session.put(server.url + "/metrics", ssl=server.client_ctx) as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET,HEAD"
+        async with session.head(server.url + "/healthz", ssl=server.client_ctx) as r:
+            assert r.status == 200
