@@ -475,8 +475,11 @@ def republish_row(side: Side, work: Path, n: int, rounds: int) -> dict[str, floa
             "fleet_republish_writes": statistics.median(writes)}  # fmt: skip
 
 
-def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> dict[str, float]:
-    """Rows 3 (first publication), 6 (idle) and 5 (memory, soak) on one pair of daemons."""
+def daemons_rows(
+    side: Side, work: Path, n: int, claims: int, soak: float, window: float = IDLE_WINDOW
+) -> dict[str, float]:
+    """Rows 3 (first publication), 6 (idle, over ``window`` s) and 5 (memory, soak) on one
+    pair of daemons."""
     from bench.dra_bench import DRIVER
     from bench.dra_health_bench import name_of
     from tests.dra.apiserver_standin import CLAIMS
@@ -501,9 +504,8 @@ def daemons_rows(side: Side, work: Path, n: int, claims: int, soak: float) -> di
         loop.run(k.wait_for("registration", lambda s: DRIVER in s.plugins, 120), 150)
         loop.run(until(lambda: k.health_responses > 0, 60, "the health stream"), 90)
         time.sleep(RESYNC + 1)  # start-up work settled
-        # six resyncs: about one refresh of the health stream's unchanged list (every 30-35
-        # s), as the daemon's long run has (a window of two resyncs held one or none)
-        window = IDLE_WINDOW
+        # IDLE_WINDOW, six resyncs: about one refresh of the health stream's unchanged list
+        # (every 30-35 s), as the daemon's long run has (two resyncs held one or none)
         before = {p: cpu_ns(p) for p in (dra.proc.pid, dp.proc.pid)}
         t = time.monotonic()
         time.sleep(window)
@@ -638,7 +640,8 @@ def measure(
             reviews or (300 if small else 20_000), 50.0 if small else WEBHOOK_RATE,
             4.0 if small else 20.0))  # fmt: skip
         step("3 republish", lambda: republish_row(side, work, k1, 2 * rounds + 1))
-        step("6 daemons", lambda: daemons_rows(side, work, big, claims, soak))
+        step("6 daemons", lambda: daemons_rows(
+            side, work, big, claims, soak, 2 * RESYNC if small else IDLE_WINDOW))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return figures, broken
