@@ -9,7 +9,8 @@ What ``vfioctl dra-plugin`` runs, one asyncio process:
    (:class:`vfio_dp.dra.observers.slice_feed.SliceFeed`) says what the pool is now; this
    module hands it to the :class:`~vfio_dp.dra.apiserver.publisher.SlicePublisher` (which
    writes it when it changed and rewrites it when someone deleted or changed ours, within
-   one resync), to the health stream, to the metrics, and tells the claim-status feed
+   one resync), to the health stream (sent when it changed, else at its refresh), to the
+   metrics, and tells the claim-status feed
    (:class:`vfio_dp.dra.observers.claim_status.StatusFeed`) which prepared claims' devices
    changed health.
 3. The kubelet shell (:class:`vfio_dp.dra.kubeletapi.server.KubeletFrontEnd`) serves

@@ -12,7 +12,7 @@ timeout)::
 
     NodeWatchResourcesResponse{devices: [DeviceHealth{
         device: {pool_name: "node-a", device_name: "pci-0000-3b-00-0"},
-        health: UNHEALTHY, last_updated_time: 1763998874, health_check_timeout_seconds: 15,
+        health: UNHEALTHY, last_updated_time: 1763998874, health_check_timeout_seconds: 90,
         message: "0000:3b:00.0 (8086:10d3) was unbound from vfio-pci underneath ..."}]}
 
 A new stream gets the current list at once; every stream gets a new one after a scan that
