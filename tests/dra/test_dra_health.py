@@ -129,11 +129,31 @@ async def test_the_stream_carries_the_whole_pool(rig: Rig) -> None:
     seen = rig.kubelet.health[DRIVER]
     assert {d for _pool, d in seen} == set(rig.devices())  # every published device, no other
     assert {s.health for s in seen.values()} == {"Healthy"}
-    # a timeout that matches the resync: three scans of 0.2 s, at least 1 s
-    assert {s.timeout for s in seen.values()} == {1.0}
-    # the list comes again after every scan, so kubelet never times out while we run
-    before = rig.kubelet.health_responses
-    await rig.wait("more lists", lambda: rig.kubelet.health_responses >= before + 3)
+    # three refreshes of an unchanged list (30 s each; the resync of 0.2 s is shorter)
+    assert {s.timeout for s in seen.values()} == {90.0}
+
+
+async def test_idle_resyncs_resend_the_list_only_at_the_refresh(rig: Rig) -> None:
+    """An unchanged list is not sent again at every resync (4,096 devices every 5 s were
+    0.35 % of a core), only every refresh: kubelet's timeout never expires while we run."""
+    await rig.wait("the first health list", lambda: rig.kubelet.health.get(DRIVER))
+
+    def idle() -> float:
+        return rig.plugin.metrics.get("vfio_dp_resync_checks_total", result="unchanged")
+
+    checks = idle()
+    await rig.wait("start-up settled", lambda: idle() >= checks + 2)
+    before, checks = rig.kubelet.health_responses, idle()
+    await rig.wait("six idle resyncs", lambda: idle() >= checks + 6)
+    assert rig.kubelet.health_responses == before  # nothing changed: nothing sent
+    rig.plugin.health_stream.refresh = 0.5  # the refresh comes at a scan after it
+    await rig.wait("the refreshed list", lambda: rig.kubelet.health_responses > before)
+    assert {s.health for s in rig.kubelet.health[DRIVER].values()} == {"Healthy"}
+    # and a change is sent at once, whatever the refresh
+    rig.plugin.health_stream.refresh = 3600.0
+    sent = rig.kubelet.health_responses
+    rig.tree.set_driver("0000:af:00.1", "mlx5_core")  # an unprepared VF: withdrawn
+    await rig.wait("the change", lambda: rig.kubelet.health_responses > sent)
 
 
 async def test_prepared_group_unbound_underneath_is_tainted_not_withdrawn(rig: Rig) -> None:

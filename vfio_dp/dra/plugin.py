@@ -9,7 +9,8 @@ What ``vfioctl dra-plugin`` runs, one asyncio process:
    (:class:`vfio_dp.dra.observers.slice_feed.SliceFeed`) says what the pool is now; this
    module hands it to the :class:`~vfio_dp.dra.apiserver.publisher.SlicePublisher` (which
    writes it when it changed and rewrites it when someone deleted or changed ours, within
-   one resync), to the health stream, to the metrics, and tells the claim-status feed
+   one resync), to the health stream (sent when it changed, else at its refresh), to the
+   metrics, and tells the claim-status feed
    (:class:`vfio_dp.dra.observers.claim_status.StatusFeed`) which prepared claims' devices
    changed health.
 3. The kubelet shell (:class:`vfio_dp.dra.kubeletapi.server.KubeletFrontEnd`) serves
@@ -37,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,7 +55,7 @@ from vfio_dp.dra.claimpath.ahead import SwitchAhead
 from vfio_dp.dra.claimpath.claims import ClaimRef, ClaimResult
 from vfio_dp.dra.claimpath.holds import checkpoint_holds
 from vfio_dp.dra.claimpath.prepare import ClaimPreparer
-from vfio_dp.dra.kubeletapi.health_stream import HealthStream
+from vfio_dp.dra.kubeletapi.health_stream import HealthStream, timeout_for
 from vfio_dp.dra.kubeletapi.server import KubeletFrontEnd
 from vfio_dp.dra.observers import health
 from vfio_dp.dra.observers.api_fields import ApiFields, ApiFieldsStore
@@ -83,12 +83,6 @@ def confirm_delay(seen: float, now: float) -> float:
     return max(0.0, CONFIRM_DELAY - (now - seen))
 
 
-def health_timeout(resync: float) -> int:
-    """``health_check_timeout_seconds``: we report after every scan, at least every
-    ``resync`` seconds; three missed reports (as ``/healthz``) make kubelet say Unknown."""
-    return max(1, math.ceil(3 * resync))
-
-
 class DraPlugin(FrontEnd):
     """The DRA front-end over its own :class:`NodeCore`: wiring and lifecycle only; each
     job is its room's (docs/architecture.md, "The DRA plugin's rooms")."""
@@ -100,7 +94,7 @@ class DraPlugin(FrontEnd):
                 "pod's spec.nodeName (fieldRef)"
             )
         self.options = options
-        self.health_stream = HealthStream(options.node_name, health_timeout(options.resync))
+        self.health_stream = HealthStream(options.node_name, timeout_for(options.resync))
         self.kubelet = KubeletFrontEnd(
             options.driver_name,
             options.registry_dir,
@@ -292,7 +286,7 @@ class DraPlugin(FrontEnd):
         seen = time.monotonic()  # the scan has just ended
         update = await self.feed.update(snapshot)
         self.publisher.want(update.devices)
-        self._publish_health(update.devices)
+        self._publish_health(update.devices, changed=not update.same)
         if not update.same:  # the per-device gauges change only with the devices or health
             self._count(update)
         self.metrics.set("vfio_dp_dra_health_streams", self.health_stream.streams)
@@ -326,11 +320,14 @@ class DraPlugin(FrontEnd):
                 self.metrics.set("vfio_dp_dra_device_health", 1, device=name, health=health_)
                 self.metrics.set("vfio_dp_dra_device_tainted", tainted, device=name)
 
-    def _publish_health(self, devices: Sequence[Device]) -> None:
-        """The health stream's next list (built only when a kubelet stream wants it)."""
+    def _publish_health(self, devices: Sequence[Device], *, changed: bool) -> None:
+        """The health stream's next list (built only when a kubelet stream wants it; sent at
+        once only when ``changed``, else at the stream's refresh)."""
         model = self.feed.health
-        states, names, checked = model.states, [d.name for d in devices], model.checked
-        self.health_stream.publish(lambda: health.reports(states, names, checked))
+        states, checked = model.states, model.checked
+        self.health_stream.publish(
+            lambda: health.reports(states, [d.name for d in devices], checked), changed=changed
+        )
 
     def _confirm_scan(self) -> None:
         self._confirm = None
