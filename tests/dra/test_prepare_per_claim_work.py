@@ -102,3 +102,58 @@ def test_still_one_durable_checkpoint_write_per_call(
     assert all(r.error == "" for r in out.values()), out
     assert len(syncs) == 2, syncs
     assert on_disk(tree.root) == {r.uid: "prepared" for r in refs}
+
+
+def test_one_worker_at_a_time_reads_and_writes_a_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's claims settle on several worker threads, but their reads, checks and files
+    are made one claim at a time (the others wait on a lock, not on the GIL: a thread
+    switch per claim, not one per sysfs read), while a claim blocked in its bind (or a
+    container's wait for its device nodes) holds none of it: the others are prepared
+    meanwhile."""
+    import threading
+    import time
+
+    from vfio_dp.dra.claimpath.steps import DeviceSteps
+
+    tree = build(tmp_path / "root", N)
+    objects, refs = claims(N)
+    p = preparer(tree.root, tmp_path, objects)
+    inside, most = [0], [0]
+    guard = threading.Lock()
+    real_resolve, real_take = DeviceSteps.resolve, DeviceSteps.take
+    blocked, release = threading.Event(), threading.Event()
+
+    def resolve(self: DeviceSteps, *a: object, **k: object) -> object:
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.002)  # long enough for another worker to come in, were it let
+            return real_resolve(self, *a, **k)  # type: ignore[arg-type]
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    def take(self: DeviceSteps, who: str, uid: str, *a: object, **k: object) -> object:
+        if uid == refs[0].uid:  # the first claim's "bind" hangs until the others are done
+            blocked.set()
+            assert release.wait(30), "the other claims were not prepared meanwhile"
+        return real_take(self, who, uid, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DeviceSteps, "resolve", resolve)
+    monkeypatch.setattr(DeviceSteps, "take", take)
+
+    async def call() -> dict[str, str]:
+        task = asyncio.ensure_future(p.prepare(refs))
+        while len(list((tmp_path / "cdi").glob("*.json"))) < N - 1:  # all but the hung one
+            await asyncio.sleep(0.01)
+            assert not task.done(), task.result()
+        release.set()
+        return {u: r.error for u, r in (await task).items()}
+
+    errors = asyncio.run(asyncio.wait_for(call(), 60))
+    assert set(errors.values()) == {""}, errors
+    assert blocked.is_set()
+    assert most[0] == 1, most
