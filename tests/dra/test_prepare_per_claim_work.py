@@ -34,7 +34,9 @@ def _count(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[o
     return calls
 
 
-def test_a_repeat_prepare_makes_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_repeat_prepare_makes_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The first Prepare makes the claims' metadata directories (two levels each) and the
     CDI directory once; the same claims again (a kubelet restart) find them all: no
     ``mkdir`` at all (was two tried per claim: ``os.makedirs`` of the CDI directory and of
@@ -53,9 +55,9 @@ def test_a_repeat_prepare_makes_no_directory(tmp_path: Path, monkeypatch: pytest
 
 
 def test_the_cdi_spec_is_one_line_of_json(tmp_path: Path) -> None:
-    """``json.dumps(..., indent=2)`` runs Python's pure-Python encoder (a sixth of a
-    Prepare's CPU at 1,000 claims): the spec is written by the C encoder, one line, and
-    still reads back as the same spec."""
+    """``json.dumps(..., indent=2)`` runs Python's pure-Python encoder (dozens of calls
+    per claim): the spec is written by the C encoder, one line, and still reads back as
+    the same spec."""
     tree = build(tmp_path / "root", 2)
     objects, refs = claims(2)
     p = preparer(tree.root, tmp_path, objects)
