@@ -131,10 +131,14 @@ def replace_many_at(dir_fd: int, items: Sequence[tuple[str, bytes]]) -> None:
 
 
 def write_atomic(path: str, data: bytes, *, durable: bool = True) -> None:
-    """:func:`replace_at` for ``path`` (its directory is created when missing)."""
+    """:func:`replace_at` for ``path`` (its directory is created when missing: only then,
+    a Prepare of 1,000 claims writes 2,000 files into directories that mostly exist)."""
     directory, name = os.path.split(path)
-    os.makedirs(directory or ".", exist_ok=True)
-    dfd = os.open(directory or ".", _DIR_FLAGS)
+    try:
+        dfd = os.open(directory or ".", _DIR_FLAGS)
+    except FileNotFoundError:
+        os.makedirs(directory or ".", exist_ok=True)
+        dfd = os.open(directory or ".", _DIR_FLAGS)
     try:
         replace_at(dfd, name, data, durable=durable)
     finally:
