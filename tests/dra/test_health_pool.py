@@ -48,6 +48,27 @@ def test_published_tainted_withdrawn() -> None:
     assert lines[1].message == "unbound on c"
 
 
+def test_an_unchanged_held_device_is_the_same_object() -> None:
+    """Issue 39 row 1: every scan made each held device anew (``replace``), so 1,024 prepared
+    devices compared deep and were encoded again by the publisher (its cache is by identity)
+    at every change: now an unchanged one is the object it was."""
+    states = {
+        "a": _h("a", HEALTHY, True),  # prepared, healthy
+        "c": _h("c", UNHEALTHY, True, "unbound"),  # prepared, tainted
+    }
+    built = {n: Device(n, {"x": Attribute("int", 1)}) for n in ("a", "c")}
+    first = pool_devices(states, built, {}, {}, DRIVER)
+    assert first[0] is built["a"]  # healthy: the built device itself
+    again = pool_devices(
+        states, dict(built), {}, {}, DRIVER,
+        previous={d.name: d.taints for d in first}, kept={d.name: d for d in first},
+    )  # fmt: skip
+    assert again[0] is built["a"] and again[1] is first[1]  # the tainted one kept
+    states["c"] = _h("c", UNHEALTHY, True, "host-driver")  # a new fault: a new taint
+    changed = pool_devices(states, built, {}, {}, DRIVER, kept={d.name: d for d in first})
+    assert changed[1] is not first[1] and changed[1].taints[0]["value"] == "host-driver"
+
+
 def test_taint_value_fits_a_label_value() -> None:
     codes = ("unbound", "host-driver", "not-viable", "devnode-missing", "host-use", "function-gone")
     v = taint_value(_h("x", UNHEALTHY, True, *codes))

@@ -44,7 +44,7 @@ from typing import Any
 
 from vfio_dp.core.frontend import FrontEnd, serve
 from vfio_dp.core.health import HealthModel
-from vfio_dp.core.node import NodeCore, Snapshot
+from vfio_dp.core.node import DEBOUNCE, NodeCore, Snapshot
 from vfio_dp.core.sockets import SocketServer
 from vfio_dp.dra.apiserver.claim_status import ClaimStatusWriter
 from vfio_dp.dra.apiserver.claim_watch import BindingWrites, ClaimWatch
@@ -76,11 +76,13 @@ STATUS_HOLD = 2.0
 
 
 def confirm_delay(seen: float, now: float) -> float:
-    """Seconds from ``now`` to the confirming scan of a held device's new health: CONFIRM_DELAY
-    after the scan that saw it ended (``seen``), not after the slice feed digested it (0.1-0.4 s
-    at 1,024 changed devices on a busy node): the two looks at the device stay at least
-    CONFIRM_DELAY apart, so a flap shorter than that still never taints."""
-    return max(0.0, CONFIRM_DELAY - (now - seen))
+    """Seconds from ``now`` to the kick of the confirming scan of a held device's new health:
+    CONFIRM_DELAY after the scan that saw it ended (``seen``), not after the slice feed
+    digested it (0.1-0.4 s at 1,024 changed devices on a busy node), less the core's own
+    :data:`~vfio_dp.core.node.DEBOUNCE` between a kick and its scan: the two looks at the
+    device stay at least CONFIRM_DELAY apart, and no more, so a flap shorter than that still
+    never taints."""
+    return max(0.0, CONFIRM_DELAY - DEBOUNCE - (now - seen))
 
 
 class DraPlugin(FrontEnd):

@@ -144,6 +144,7 @@ class SliceFeed:
             self._effects,
             self.driver,
             previous={d.name: d.taints for d in self.devices} or self.on_server,
+            kept={d.name: d for d in self.devices},
         )
         if offers:  # a group offered to containers too: two entries
             devices = with_personalities(devices, offers, self.driver)
