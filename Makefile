@@ -26,24 +26,28 @@ demo: ## set up, then run the main job end to end (one VERDICT line)
 	@bash scripts/setup.sh || { rc=$$?; echo "VERDICT: FAIL — before step 1 (setup): scripts/setup.sh exited $$rc (its error is above)"; exit 1; }
 	$(PYTHON) demo/run.py
 
-# The unit tests (CHECK_MARKERS) on two workers (pytest-xdist; a test file stays on one worker),
-# then the guest, image, benchmark-harness and clean-install tests serially: they boot QEMU,
-# build images and time things. pytest's exit status 5 (no test selected, e.g. PYTEST_ARGS
-# named one file) is not a failure; either part failing fails the target.
+# The unit tests (CHECK_MARKERS) on UNIT_WORKERS workers (pytest-xdist; a test file stays on
+# one worker), then the guest, image, benchmark-harness and clean-install tests serially: they
+# boot QEMU, build images and time things. pytest's exit status 5 (no test selected, e.g.
+# PYTEST_ARGS named one file) is not a failure; either part failing fails the target.
 CHECK_MARKERS ?= not guest and not image and not bench and not install
-test: setup ## every test: unit tests on two workers, then guest/image/bench/install serially
+# Two workers per CPU core, at most 8: a unit test spends about 40 % of its time waiting
+# without a CPU (deadlines, timeouts, retries, servers and processes it talks to), and a
+# second worker per core runs meanwhile (docs/development.md, "The fast tier").
+UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((n * 2)); echo $$((n > 8 ? 8 : n)))
+test: setup ## every test: unit tests on two workers per core, then guest/image/bench/install serially
 	@rc=0; \
-	$(PYTHON) -m pytest -ra -n 2 --dist loadfile -m "$(CHECK_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
+	$(PYTHON) -m pytest -ra -n $(UNIT_WORKERS) --dist loadfile -m "$(CHECK_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
 	[ $$rc -eq 5 ] && rc=0; rc2=0; \
 	$(PYTHON) -m pytest -ra -m "not ($(CHECK_MARKERS))" $(PYTEST_ARGS) || rc2=$$?; \
 	[ $$rc2 -eq 5 ] && rc2=0; \
 	[ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
 
 # The fast tier for developers (docs/development.md): lint, types and import contracts, then
-# the unit tests on two workers without the guest, image, benchmark-harness and clean-install
-# tests, which `make test` and CI still run.
-check: lint ## lint, then the unit tests on two workers (no guest, image, bench, install)
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
+# the unit tests on UNIT_WORKERS workers without the guest, image, benchmark-harness and
+# clean-install tests, which `make test` and CI still run.
+check: lint ## lint, then the unit tests on two workers per core (no guest, image, bench, install)
+	$(PYTHON) -m pytest -q -n $(UNIT_WORKERS) --dist loadfile -m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 lint: ## ruff, mypy --strict and the import contracts
 	$(PYTHON) -m ruff check .

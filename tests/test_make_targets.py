@@ -72,3 +72,19 @@ def test_the_targets_keep_python_bytecode_caches() -> None:
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+
+@pytest.mark.parametrize(("cores", "workers"), [("1", 2), ("2", 4), ("3", 6), ("16", 8)])
+def test_the_unit_tests_run_on_two_workers_per_core_at_most_eight(cores: str, workers: int) -> None:
+    """`make check` and `make test` give the unit tests two pytest-xdist workers per CPU core
+    (nproc's count, which OMP_NUM_THREADS sets here): a unit test waits without a CPU for
+    about 40 % of its time, and the second worker on a core runs meanwhile. At most 8: each
+    worker collects the whole suite (~3 s of CPU) and holds its modules (~250 MB)."""
+    for target in ("check", "test"):
+        out = subprocess.run(["make", "-n", target], cwd=REPO,
+                             env={**os.environ, "OMP_NUM_THREADS": cores},
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        runs = re.findall(r"-m pytest .*", out.stdout)
+        assert f"-n {workers} --dist loadfile" in runs[0], (target, runs)

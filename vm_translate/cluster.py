@@ -14,10 +14,18 @@ What it calls, with the RBAC each needs (docs/install.md, "Every node from one c
 Configuration as kubectl plugins take it: ``--kubeconfig`` (else ``$KUBECONFIG``, else
 ``~/.kube/config``; in a pod, the service account), ``--context``, ``-n``. Every call has a
 deadline: ``request_timeout`` seconds for reads, ``exec_timeout`` for one command.
+
+Every call goes through the ``kubernetes`` client's ``ApiClient`` as it is (its kubeconfig or
+in-cluster auth, TLS, connection pool) with no typed API class: the reads are plain JSON GETs
+(:func:`vfio_dp.dra.apiserver.plain.send`) and the exec is the request ``CoreV1Api`` would
+make, upgraded by ``kubernetes.stream``'s ``websocket_call`` (what ``stream()`` does). Importing
+``CoreV1Api`` builds the pydantic model of every core type, ~0.7 s of CPU at each ``kubectl
+vfio`` start, and ``status`` wants plain dicts anyway.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,17 +82,19 @@ class Cluster:
         except (config.ConfigException, OSError, ValueError) as e:
             raise ClusterError(f"cannot load the kubeconfig {path or '~/.kube/config'}: {e}") from e
         self.server = self.api.configuration.host
-        self.core: Any = client.CoreV1Api(self.api)
 
     def close(self) -> None:
         self.api.close()
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _list(self, what: str, path: str, query: Sequence[tuple[str, str]] = ()) -> list[Any]:
+        """``GET path`` (a list): its ``items``, as plain API dicts (camelCase)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        from vfio_dp.dra.apiserver.plain import send
+
         try:
-            return fn(*args, _request_timeout=self.request_timeout, **kwargs)
+            raw = send(self.api, "GET", path, query=query, request_timeout=self.request_timeout)
         except ApiException as e:
             reason = (e.reason or "").strip() or "refused"
             raise ClusterError(
@@ -92,25 +102,43 @@ class Cluster:
             ) from e
         except (HTTPError, OSError) as e:
             raise ClusterError(f"the API server {self.server} did not answer {what}: {e}") from e
+        try:
+            items = json.loads(raw)["items"]
+        except (ValueError, TypeError, KeyError) as e:
+            raise ClusterError(
+                f"the API server {self.server} answered {what} with no list: {raw[:200]!r}"
+            ) from e
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ClusterError(f"the API server {self.server} answered {what} with bad items")
+        return items
+
+    def _pods(self, node: str | None = None) -> list[Any]:
+        """``GET /api/v1/namespaces/<ns>/pods?labelSelector=…[&fieldSelector=…]``."""
+        from urllib.parse import quote
+
+        query = [("labelSelector", POD_SELECTOR)]
+        if node:
+            query.append(("fieldSelector", f"spec.nodeName={node}"))
+        path = f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods"
+        return self._list(f"list pods in {self.namespace}", path, query)
 
     def pods(self, node: str | None = None) -> list[Pod]:
         """Our DaemonSet pods (on ``node`` only, when given), one per node: the device
         plugin's before the DRA plugin's (either sees the host)."""
-        kwargs: dict[str, Any] = {"label_selector": POD_SELECTOR}
-        if node:
-            kwargs["field_selector"] = f"spec.nodeName={node}"
-        listing = self._call(
-            f"list pods in {self.namespace}",
-            self.core.list_namespaced_pod,
-            self.namespace,
-            **kwargs,
-        )
         chosen: dict[str, Pod] = {}
-        for p in sorted(listing.items, key=lambda p: p.metadata.name):
-            if not p.spec.node_name or (p.status and p.status.phase != "Running"):
+        for p in sorted(self._pods(node), key=lambda p: str(_at(p, "metadata", "name"))):
+            name, on = _at(p, "metadata", "name"), _at(p, "spec", "nodeName")
+            containers = _at(p, "spec", "containers") or [{}]
+            status = p.get("status")
+            if (
+                not name
+                or not on
+                or (status is not None and _at(p, "status", "phase") != "Running")
+            ):
                 continue
-            pod = Pod(p.metadata.name, p.spec.node_name, p.spec.containers[0].name)
-            if pod.node not in chosen or "vfio-dp-daemon" in (p.metadata.labels or {}).values():
+            pod = Pod(str(name), str(on), str(containers[0].get("name", "")))
+            labels = _at(p, "metadata", "labels") or {}
+            if pod.node not in chosen or "vfio-dp-daemon" in labels.values():
                 chosen[pod.node] = pod
         return [chosen[n] for n in sorted(chosen)]
 
@@ -119,25 +147,32 @@ class Cluster:
         ``exec_timeout``: a command still running then is named, not waited for."""
         import websocket
         from kubernetes.client.exceptions import ApiException
-        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import websocket_call
         from websocket import WebSocketException
 
         # the client opens the WebSocket with no timeout of its own: a server that accepts and
         # never answers the handshake (or stalls mid-frame) would hold this process forever
         websocket.setdefaulttimeout(self.request_timeout)
+        upgrade: Any = websocket_call  # untyped package: one Any at the boundary
+        # CoreV1Api.connect_get_namespaced_pod_exec's request, as stream() sends it
+        method, url, headers, _, _ = self.api.param_serialize(
+            method="GET",
+            resource_path="/api/v1/namespaces/{namespace}/pods/{name}/exec",
+            path_params={"namespace": self.namespace, "name": pod.name},
+            query_params=[("command", list(command)), ("container", pod.container),
+                          ("stderr", True), ("stdin", False), ("stdout", True), ("tty", False)],
+            header_params={"Accept": "*/*"},
+            auth_settings=["BearerToken"],
+            collection_formats={"command": "multi"},
+        )  # fmt: skip
         try:
-            ws = stream(
-                self.core.connect_get_namespaced_pod_exec,
-                pod.name,
-                self.namespace,
-                command=list(command),
-                container=pod.container,
-                stdin=False,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                _preload_content=False,
+            ws = upgrade(
+                self.api.configuration,
+                method,
+                url,
+                headers=headers,
                 _request_timeout=self.request_timeout,
+                _preload_content=False,
             )
         except ApiException as e:
             raise ClusterError(
@@ -168,22 +203,18 @@ class Cluster:
 
     def objects(self) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
         """Nodes, our pods, ResourceSlices and ResourceClaims as plain API dicts (camelCase)."""
-        from kubernetes import client
-
-        res: Any = client.ResourceV1Api(self.api)
-        sanitize: Any = self.api.sanitize_for_serialization
-        nodes = self._call("list nodes", self.core.list_node)
-        pods = self._call(
-            f"list pods in {self.namespace}",
-            self.core.list_namespaced_pod,
-            self.namespace,
-            label_selector=POD_SELECTOR,
-        )
-        slices = self._call("list resourceslices", res.list_resource_slice)
-        claims = self._call("list resourceclaims", res.list_resource_claim_for_all_namespaces)
         return (
-            [sanitize(n) for n in nodes.items],
-            [sanitize(p) for p in pods.items],
-            [sanitize(s) for s in slices.items],
-            [sanitize(c) for c in claims.items],
+            self._list("list nodes", "/api/v1/nodes"),
+            self._pods(),
+            self._list("list resourceslices", "/apis/resource.k8s.io/v1/resourceslices"),
+            self._list("list resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims"),
         )
+
+
+def _at(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]…``, or None where a level is missing or not an object."""
+    for k in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(k)
+    return obj

@@ -10,6 +10,10 @@ the WebSocket remote-command protocol, the command run as a local process). The 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,3 +130,30 @@ def test_merge_tables_keeps_messages_and_skips_empty_outputs() -> None:
 def test_non_json_output_is_named() -> None:
     with pytest.raises(FleetError, match="node n1: the command's output is not JSON"):
         fleet.merge_json([("n1", "GROUP VIABLE\n")])
+
+
+def test_the_plugin_loads_no_typed_api_class(cluster: Any, tmp_path: Path) -> None:
+    """Its reads are plain JSON GETs and its exec the same request upgraded to a WebSocket,
+    through the ``ApiClient`` (issue 33 item 10): importing ``CoreV1Api`` builds the model of
+    every core type, ~0.7 s of CPU at each ``kubectl vfio`` start (and in every test here)."""
+    api, _ = cluster
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for args, shows in [(["--all-nodes", "groups"], "node-b"), (["status"], "DEVICE-PLUGIN")]:
+        listing = tmp_path / "modules"
+        code = (
+            "import atexit, sys\n"
+            f"atexit.register(lambda: open({str(listing)!r}, 'w').write('\\n'.join(sys.modules)))\n"
+            "from cli.kubectl_vfio import main\n"
+            "main()\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, "--kubeconfig", api.kubeconfig, *args],
+            capture_output=True, text=True, timeout=90, env=env, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert shows in out.stdout, out.stdout
+        loaded = set(listing.read_text().split())
+        assert "vm_translate.cluster" in loaded, args
+        assert "kubernetes.client.api.core_v1_api" not in loaded, args
+        assert "kubernetes.client.api.resource_v1_api" not in loaded, args
+        assert "kubernetes.client.models.v1_pod" not in loaded, args

@@ -13,8 +13,9 @@ auth, TLS and connection pool -- and the answer comes back as bytes; no pydantic
 built on either side. The typed APIs cost what this saves: a typed write validates a dict into
 models and back (~350 ms of CPU per 1,024-device republish against ~7 ms for ``json.dumps``),
 and importing ``CoreV1Api`` builds the model of every core type (~0.7-0.9 s of CPU per
-process start, for one GET). Used by :mod:`.publisher` (its writes and the Node's read) and
-``vfioctl webhook-certs`` (:mod:`vm_translate.webhook_certs`).
+process start, for one GET). Used by :mod:`.publisher` (its writes and the Node's read),
+``vfioctl webhook-certs`` (:mod:`vm_translate.webhook_certs`) and ``kubectl vfio``'s reads
+(:mod:`vm_translate.cluster`).
 """
 
 from __future__ import annotations
