@@ -29,6 +29,7 @@ __all__ = [
     "errors",
     "fleet",
     "hostdev",
+    "http_log",
     "inputs",
     "kube_adapter",
     "libvirt_adapter",
