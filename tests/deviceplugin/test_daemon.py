@@ -155,7 +155,12 @@ async def test_kubelet_restart_is_noticed(
     await kubelet.wait_for(
         "re-registration after a kubelet restart", listed(NIC, {NIC_ID: "Healthy"})
     )
-    assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
+    # the plugin counts a registration when Register has returned; the kubelet may list the
+    # devices (ListAndWatch, dialled on receiving Register) before that answer is back
+    await wait_until_async(
+        lambda: daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2,
+        what="the second registration counted",
+    )
 
 
 async def test_kubelet_restart_is_noticed_after_the_watch_settled(
@@ -173,7 +178,12 @@ async def test_kubelet_restart_is_noticed_after_the_watch_settled(
     await wait_until_async(lambda: watch._seen is not None, what="the kubelet dir settled")
     await kubelet.restart()
     await kubelet.wait_for("re-registered after the restart", listed(NIC, {NIC_ID: "Healthy"}))
-    assert daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2
+    # the plugin counts a registration when Register has returned; the kubelet may list the
+    # devices (ListAndWatch, dialled on receiving Register) before that answer is back
+    await wait_until_async(
+        lambda: daemon.metrics.get("vfio_dp_kubelet_registrations_total", resource=NIC) == 2,
+        what="the second registration counted",
+    )
     await wait_until_async(lambda: watch._seen is not None, what="settled again")
     path = daemon.endpoints[NIC].path
     os.unlink(path)
