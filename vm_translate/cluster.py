@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vfio_dp.model.parsed import dig
 from vm_translate.errors import ClusterError
 
 #: the DaemonSet pods of ours, either front-end: both see the host
@@ -126,18 +127,18 @@ class Cluster:
         """Our DaemonSet pods (on ``node`` only, when given), one per node: the device
         plugin's before the DRA plugin's (either sees the host)."""
         chosen: dict[str, Pod] = {}
-        for p in sorted(self._pods(node), key=lambda p: str(_at(p, "metadata", "name"))):
-            name, on = _at(p, "metadata", "name"), _at(p, "spec", "nodeName")
-            containers = _at(p, "spec", "containers") or [{}]
+        for p in sorted(self._pods(node), key=lambda p: str(dig(p, "metadata", "name"))):
+            name, on = dig(p, "metadata", "name"), dig(p, "spec", "nodeName")
+            containers = dig(p, "spec", "containers") or [{}]
             status = p.get("status")
             if (
                 not name
                 or not on
-                or (status is not None and _at(p, "status", "phase") != "Running")
+                or (status is not None and dig(p, "status", "phase") != "Running")
             ):
                 continue
             pod = Pod(str(name), str(on), str(containers[0].get("name", "")))
-            labels = _at(p, "metadata", "labels") or {}
+            labels = dig(p, "metadata", "labels") or {}
             if pod.node not in chosen or "vfio-dp-daemon" in labels.values():
                 chosen[pod.node] = pod
         return [chosen[n] for n in sorted(chosen)]
@@ -210,11 +211,3 @@ class Cluster:
             self._list("list resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims"),
         )
 
-
-def _at(obj: Any, *keys: str) -> Any:
-    """``obj[k1][k2]…``, or None where a level is missing or not an object."""
-    for k in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(k)
-    return obj

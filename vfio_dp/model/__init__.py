@@ -16,6 +16,7 @@ __all__ = [
     "mdev",
     "mdev_config",
     "naming",
+    "parsed",
     "persist",
     "personality",
     "plan",

@@ -33,6 +33,7 @@ from vfio_dp.dra.claimpath import extended
 from vfio_dp.errors import ClaimError
 from vfio_dp.model import dra_metadata as md
 from vfio_dp.model import naming
+from vfio_dp.model.parsed import dig
 
 
 # -- kubelet's side ------------------------------------------------------------------------
@@ -112,14 +113,6 @@ class ClaimView:
     request_classes: tuple[tuple[str, str], ...] = ()
 
 
-def _get(obj: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
 #: upstream's ``AllocationResultsMaxSize`` (resource.k8s.io/v1): no valid claim holds more results
 MAX_RESULTS = 32
 #: upstream's limit on ``status.allocation.devices.config`` entries (``+k8s:maxItems=64``)
@@ -140,7 +133,7 @@ def _kind(value: object) -> str:
 
 
 def _list(obj: Any, field: str, *path: str, limit: int | None = None) -> list[Any]:
-    value = _get(obj, *path)
+    value = dig(obj, *path)
     if value is None:
         return []
     if not isinstance(value, list):
@@ -195,7 +188,7 @@ def view_claim(obj: Mapping[str, Any]) -> ClaimView:
             if not all(isinstance(x, str) for x in reqs):
                 raise Malformed(f"{field}.requests", "must be a list of strings")
             configs.append((_str(opaque, "driver", f"{field}.opaque"), tuple(reqs)))
-    annotations = _get(obj, "metadata", "annotations")
+    annotations = dig(obj, "metadata", "annotations")
     if annotations is not None and not isinstance(annotations, dict):
         raise Malformed("metadata.annotations", f"must be an object, got {_kind(annotations)}")
     pcn = (annotations or {}).get(md.POD_CLAIM_NAME_ANNOTATION)
@@ -206,7 +199,7 @@ def view_claim(obj: Mapping[str, Any]) -> ClaimView:
         )
     meta: dict[str, str] = {}
     for key in ("uid", "name", "namespace"):
-        value = _get(obj, "metadata", key)
+        value = dig(obj, "metadata", key)
         if value is not None and not isinstance(value, str):
             raise Malformed(f"metadata.{key}", f"must be a string, got {_kind(value)}")
         meta[key] = value or ""
@@ -215,7 +208,7 @@ def view_claim(obj: Mapping[str, Any]) -> ClaimView:
         name=meta["name"],
         namespace=meta["namespace"],
         pod_claim_name=md.pod_claim_name(annotations),
-        allocated=isinstance(_get(obj, "status", "allocation"), dict),
+        allocated=isinstance(dig(obj, "status", "allocation"), dict),
         results=tuple(results),
         opaque_config=tuple(configs),
         extended=extended.is_extended(obj),
@@ -306,8 +299,8 @@ def stale_reason(uid: str, obj: Mapping[str, Any] | None, driver: str, node: str
     namespace/name (None: gone); None while it is still allocated on this node."""
     if obj is None:
         return "its ResourceClaim is gone"
-    if _get(obj, "metadata", "uid") != uid:
-        return f"its ResourceClaim was re-created (uid {str(_get(obj, 'metadata', 'uid'))[:80]})"
+    if dig(obj, "metadata", "uid") != uid:
+        return f"its ResourceClaim was re-created (uid {str(dig(obj, 'metadata', 'uid'))[:80]})"
     view = view_claim(obj)  # Malformed: the caller keeps the claim and reports it
     if view.uid != uid:
         return f"its ResourceClaim was re-created (uid {view.uid})"
