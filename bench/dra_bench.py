@@ -145,7 +145,7 @@ def main() -> int:
         [*vfioctl_command(), "dra-plugin", "--driver-name", DRIVER,
          "--kubeconfig", api.kubeconfig, "--root", str(tree.root),
          "--kubelet-registry-dir", f"{kdir}/registry", "--kubelet-plugins-dir", f"{kdir}/plugins",
-         "--resync", str(args.resync), "--metrics-port", "0", "--log-level", "warning"],
+         "--cdi-dir", f"{kdir}/cdi", "--resync", str(args.resync), "--metrics-port", "0", "--log-level", "warning"],
         env=env, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     rows: list[tuple[str, str, str, str]] = []

@@ -498,7 +498,7 @@ class DraRig:
             [*side.vfioctl(), "dra-plugin", "--driver-name", DRIVER, "--node-name", self.NODE,
              "--kubeconfig", self.api.kubeconfig, "--root", str(self.tree.root),
              "--kubelet-registry-dir", f"{self.kdir}/registry",
-             "--kubelet-plugins-dir", f"{self.kdir}/plugins",
+             "--kubelet-plugins-dir", f"{self.kdir}/plugins", "--cdi-dir", str(base / "cdi"),
              "--resync", str(RESYNC), "--metrics-port", "0", "--log-level", "warning"],
             env=side.env(), stdout=self.log, stderr=self.log,
         )  # fmt: skip

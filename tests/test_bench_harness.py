@@ -78,8 +78,14 @@ def test_fleet_runs_every_row_at_its_small_size() -> None:
     """``make bench``'s fleet rows (issue 39: ``bench/fleet.py`` through ``bench/goals.py``)
     measured once at their small sizes, in minutes at most (the figures mean nothing at that
     size); the rows it does not measure say why."""
+    host_cdi = Path("/var/run/cdi")  # the machine's own CDI specs: a bench writes its own dirs
+    before = set(host_cdi.glob("*.json")) if host_cdi.is_dir() else set()
     r = _run("bench/goals.py", "--rounds", "1", "--skip", "process,prepare,webhook,daemons,pool",
              "--fleet-small")  # fmt: skip
+    after = set(host_cdi.glob("*.json")) if host_cdi.is_dir() else set()
+    assert not after - before, (
+        f"the fleet rows wrote CDI specs on the host: {sorted(after - before)[:3]}"
+    )
     assert r.returncode in (0, 1), (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     for fig in FIGURES:
         if not fig.key.startswith("fleet_"):

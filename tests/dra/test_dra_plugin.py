@@ -404,7 +404,7 @@ def spawn(
         [sys.executable, "-c", "from cli.main import main; main()", "dra-plugin",
          "--driver-name", DRIVER, "--kubeconfig", api.kubeconfig,
          "--kubelet-registry-dir", registry, "--kubelet-plugins-dir", plugins,
-         "--config", str(config), "--root", str(tree.root), "--metrics-port", "0"],
+         "--cdi-dir", f"{plugins}/cdi", "--config", str(config), "--root", str(tree.root), "--metrics-port", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
