@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from cli.common import (
+    FiniteFloatRange,
     configure_logging,
     default_of,
     dir_option,
@@ -49,6 +50,17 @@ from vfio_dp.dra.options import DraOptions
     "pool to switch their devices before the pod is bound (KEP-5007). Left out anyway where "
     "the API server drops them (Prepare switches then); false: never.",
 )
+@option(
+    "--claim-check-seconds",
+    "claim_check",
+    type=FiniteFloatRange(min=0),
+    default=default_of(DraOptions, "claim_check"),
+    show_default=True,
+    help="Seconds in which each prepared claim is read again from the API server, spread over "
+    "the resyncs: a claim deleted or deallocated that kubelet never unprepared is released "
+    "within this (every claim is read at start, before kubelet can call); 0: every claim at "
+    "every resync.",
+)
 @dir_option(
     "--kubelet-registry-dir",
     DraOptions,
@@ -84,6 +96,7 @@ def dra_plugin(
     node_name: str | None,
     kubeconfig: str | None,
     binding_conditions: bool,
+    claim_check: float,
     kubelet_registry_dir: str,
     kubelet_plugins_dir: str,
     cdi_dir: str,
@@ -125,6 +138,7 @@ def dra_plugin(
             plugins_dir=kubelet_plugins_dir,
             cdi_dir=cdi_dir,
             binding_conditions=binding_conditions,
+            claim_check=claim_check,
             config_path=config_path,
             root=root,
             resync=resync,

@@ -100,3 +100,13 @@ def test_fleet_runs_every_row_at_its_small_size() -> None:
     for what in FLEET_NOT_MEASURED:
         assert f"{what}" in r.stdout and "not measured: " in r.stdout, what
     assert "could not run" not in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_reliability_fleet_loses_nothing_with_a_few_claims() -> None:
+    """``bench/reliability_fleet.py`` (issue 39: nothing lost when the DRA daemon is killed
+    mid-call) at a small size: every row answered correctly, no function without a driver."""
+    r = _run("bench/reliability_fleet.py", "--claims", "40")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    rows = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 3 and all("'answered_correctly': True" in row for row in rows), rows

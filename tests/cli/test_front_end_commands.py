@@ -61,6 +61,7 @@ def test_both_commands_take_the_core_flags_the_same_way() -> None:
             {
                 "--driver-name": "driver_name",
                 "--binding-conditions": "binding_conditions",
+                "--claim-check-seconds": "claim_check",
                 "--kubelet-registry-dir": "registry_dir",
                 "--kubelet-plugins-dir": "plugins_dir",
                 "--cdi-dir": "cdi_dir",

@@ -34,3 +34,8 @@ class DraOptions(FrontEndOptions):
     #: watch the claims allocated from our pool to switch their devices ahead of the pod and
     #: write ``<driver>/ready`` or ``<driver>/failed`` (:mod:`vfio_dp.dra.claimpath.ahead`)
     binding_conditions: bool = True
+    #: seconds in which each prepared claim is read again from the API server (spread over
+    #: the resyncs, the least recently read first): a claim deleted, re-created or
+    #: deallocated that kubelet never unprepared is released within this. Every claim is
+    #: read at start, before kubelet can call; 0 reads every claim at every resync
+    claim_check: float = 300.0

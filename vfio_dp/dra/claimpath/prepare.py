@@ -412,8 +412,9 @@ class ClaimPreparer:
             return ""
 
     # -- reconcile -----------------------------------------------------------------------
-    async def reconcile(self) -> ReconcileReport:
+    async def reconcile(self, budget: int | None = None) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot
-        (:meth:`vfio_dp.dra.claimpath.reconcile.Reconciler.reconcile`)."""
+        (:meth:`vfio_dp.dra.claimpath.reconcile.Reconciler.reconcile`; ``budget``: claims
+        read from the API server at most, None: all)."""
         await self.loaded()
-        return await self.reconciler.reconcile()
+        return await self.reconciler.reconcile(budget)
