@@ -99,8 +99,9 @@ async def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
 
 # -- row 1: health at scale (DRA plugin in-process) ---------------------------------------------
 async def health_row(work: Path, n: int, rounds: int) -> list[float]:
+    from bench.apiserver_proc import ApiServerProcess
     from bench.dra_health_bench import CONFIG, DRIVER, NODE, build_tree, name_of
-    from tests.dra.apiserver_standin import CLAIMS, NODES, ApiServerStandin
+    from tests.dra.apiserver_standin import CLAIMS, NODES
     from tests.dra.kubelet_dra_standin import KubeletDraStandin
     from vfio_dp.dra.options import DraOptions
     from vfio_dp.dra.plugin import DraPlugin
@@ -109,8 +110,7 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
     kdir = tempfile.mkdtemp(prefix="kfh", dir="/tmp")
     tree, addrs = build_tree(work / "root", n)
     (work / "config.yaml").write_text(CONFIG)
-    api = ApiServerStandin(str(work / "api"))
-    api.start()
+    api = ApiServerProcess(str(work / "api"))  # a process of its own, as the real one
     api.seed(NODES, {"metadata": {"name": NODE}})
     kubelet = KubeletDraStandin(f"{kdir}/registry", NODE, api_client=api.client())
     await kubelet.start()
@@ -146,9 +146,9 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
         await plugin.start()
         await kubelet.wait_for("registration", lambda k: DRIVER in k.plugins, 120)
         await until(lambda: count("Healthy") == n, 300, "every device healthy")
-        pairs = []
+        bodies = []
         for i, a in enumerate(addrs):
-            body = {
+            bodies.append({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": f"vm-{i}", "namespace": "vms"},
                 "spec": {"devices": {"requests": [
@@ -156,15 +156,16 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
                 "status": {"allocation": {"devices": {"results": [
                     {"request": "nic", "driver": DRIVER, "pool": NODE,
                      "device": name_of(a)}]}}},
-            }  # fmt: skip
-            pairs.append((api.seed(CLAIMS, body)["metadata"]["uid"], f"vm-{i}"))
+            })  # fmt: skip
+        seeded = api.seed(CLAIMS, *bodies)
+        pairs = [(c["metadata"]["uid"], c["metadata"]["name"]) for c in seeded]
         await kubelet.run_pod(DRIVER, "vm", "vms", pairs)  # one Prepare of every claim
         log(f"row 1: {n} claims prepared")
         for r in range(2 * rounds):
             bad = r % 2 == 0
             for a in addrs:
                 tree.set_driver(a, None if bad else "vfio-pci")
-            t, cpu = time.monotonic(), time.process_time()
+            t, cpu, api_cpu = time.monotonic(), time.process_time(), cpu_ns(api.pid)
             plugin.core.kick("uevent bench")
             want = "Unhealthy" if bad else "Healthy"
             seen = await until(lambda w=want: count(w) == n, 60, f"{n} {want}")  # type: ignore[misc]
@@ -177,10 +178,12 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
             written = next(w for w, x in tainted if w > t and x == goal) - t
             if bad:
                 out.append(max(seen, written))
-                # the CPU of this process (plugin and stand-ins, every thread) meanwhile
+                # the CPU of this process (the plugin and the kubelet stand-in, every
+                # thread) meanwhile, and of the API-server stand-in's
                 log(
                     f"row 1 round {r // 2 + 1}: stream {seen:.2f} s, slices {written:.2f} s, "
-                    f"CPU {time.process_time() - cpu:.2f} s, load {os.getloadavg()[0]:.1f}"
+                    f"CPU {time.process_time() - cpu:.2f} s (API-server stand-in "
+                    f"{(cpu_ns(api.pid) - api_cpu) / 1e9:.2f} s), load {os.getloadavg()[0]:.1f}"
                 )
     finally:
         await plugin.stop()
@@ -312,7 +315,8 @@ async def sriov_row(work: Path, pfs: int, vfs: int) -> dict[str, float]:
     driver): the DRA plugin starts; its core's SR-IOV pass makes the VFs, its bind pass puts
     them on vfio-pci, and the slices are written. Timed from the start to the slice write that
     holds every VF (and its CPU, every thread of this process)."""
-    from tests.dra.apiserver_standin import NODES, ApiServerStandin
+    from bench.apiserver_proc import ApiServerProcess
+    from tests.dra.apiserver_standin import NODES
     from tests.kernel_sim import SimulatedKernel
     from tests.sysfs_tree import Dev, SysfsTree
     from vfio_dp.dra.options import DraOptions
@@ -333,8 +337,7 @@ async def sriov_row(work: Path, pfs: int, vfs: int) -> dict[str, float]:
         "  bind: true\n"
     )
     kdir = tempfile.mkdtemp(prefix="kfs", dir="/tmp")
-    api = ApiServerStandin(str(work / "api"))
-    api.start()
+    api = ApiServerProcess(str(work / "api"))  # a process of its own, as the real one
     api.seed(NODES, {"metadata": {"name": node}})
     plugin = DraPlugin(
         DraOptions(
@@ -353,13 +356,15 @@ async def sriov_row(work: Path, pfs: int, vfs: int) -> dict[str, float]:
             done.append(time.monotonic())
 
     plugin.publisher.on_published.append(published)
-    t, cpu = time.monotonic(), time.process_time()
+    t, cpu, api_cpu = time.monotonic(), time.process_time(), cpu_ns(api.pid)
     try:
         await plugin.start()
         await until(lambda: bool(done), 300, f"{pfs * vfs} VFs published")
         took = done[0] - t
         log(f"row 3c: {pfs} x {vfs} VFs made and published in {took:.2f} s, "
-            f"CPU {time.process_time() - cpu:.2f} s, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            f"CPU {time.process_time() - cpu:.2f} s (the plugin and the kernel simulator; "
+            f"the API-server stand-in {(cpu_ns(api.pid) - api_cpu) / 1e9:.2f} s), "
+            f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     finally:
         await plugin.stop()
         api.stop()
