@@ -12,9 +12,9 @@ tests/test_bench_harness.py: its figures mean nothing, its goals are not judged)
    kubelet stand-in's health stream, and a slice write with all N tainted (median and
    worst over the rounds); the same change seen by the device plugin's ListAndWatch (its
    daemon, 1,024 devices, SIGUSR1 as a uevent's kick). The DRA plugin runs in this process
-   with the kubelet DRA stand-in (gRPC, real sockets) and the API-server stand-in, as
-   ``bench/dra_health_bench.py``; a temp tree emits no uevents, so the plugin is kicked
-   as one kicks it.
+   with the kubelet DRA stand-in (gRPC, real sockets), as ``bench/dra_health_bench.py``;
+   the API-server stand-in in a process of its own (``bench/apiserver_proc.py``), as the
+   real one is; a temp tree emits no uevents, so the plugin is kicked as one kicks it.
 2. **claims at scale**: one NodePrepareResources of 1,000 claims whose groups are on
    vfio-pci, the same NodeUnprepareResources, and a kubelet restart re-preparing 500 --
    the DRA handler in-process (``bench/dra_batch_bench.py``; no gRPC hop, ResourceClaims
@@ -22,8 +22,9 @@ tests/test_bench_harness.py: its figures mean nothing, its goals are not judged)
 3. **publication at scale**: the DRA daemon (``vfioctl dra-plugin``) on 1,024 devices: one
    device changes → its pool republished (median), and the slice writes that change made,
    counted in the API-server stand-in; on 4,096 devices: start → every device published.
-   ``numVfs: 256`` on 4 PFs is not measured here (the SR-IOV path needs the kernel
-   simulator in the daemon's process): said in the row.
+   3c: ``numVfs: 256`` on 4 PFs, the DRA plugin in this process on the kernel simulator
+   (its tree on a tmpfs, as sysfs is in memory; the API-server stand-in a process of its
+   own): start → the slice write holding every VF.
 4. **webhook at cluster scale**: the real ``vfioctl webhook --check-nodes`` against 100 nodes
    x 64 devices in the API-server stand-in (its own process), 64 TLS connections from two
    load-generator processes (``bench/webhook_load.py``): closed loop (saturating) and an
