@@ -30,6 +30,13 @@ real-kernel tests in the QEMU guest cross-check the same code paths:
   ``<bdf>/nvme/nvme0/nvme0n1/dev``, ``/sys/dev/block/259:0``, ``/dev/nvme0n1``), after
   :attr:`SimulatedKernel.node_delay` seconds (a probe's async part); its unbind removes them.
 
+Locking, as the kernel's: each write's reaction holds the lock of the device it acts on (the
+kernel's ``device_lock``; devices of one IOMMU group share it, as vfio's group mutex guards
+the group's ``/dev/vfio`` node), so writes to different groups react at once, from different
+threads, as the kernel binds different devices in parallel; ``sriov_numvfs`` also holds one
+lock for every structure change (the kernel's ``pci_rescan_remove_lock``: VFs made or
+destroyed, IOMMU group numbers handed out), and each VF's lock while it is destroyed.
+
 Hooks let a test make a write fail or hang, to exercise rollback and timeouts: ``fail``
 (an error for a write), ``block_seconds`` (a slow device: the write takes that long) and
 ``gates`` (the write hangs until the test opens the gate: the test decides when it ends).
@@ -37,6 +44,7 @@ Hooks let a test make a write fail or hang, to exercise rollback and timeouts: `
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -66,8 +74,12 @@ class SimulatedKernel:
         self.native_nodes: dict[str, list[tuple[str, str, str, str]]] = {}
         #: seconds after the attach the nodes appear (a driver's probe creates them async)
         self.node_delay = 0.0
-        # one write's reaction at a time, as the kernel's device lock makes each one atomic
+        #: structure changes (``sriov_numvfs``) one at a time, as the kernel's
+        #: ``pci_rescan_remove_lock``; each device's reactions under its own lock
+        #: (:meth:`device_lock`), as the kernel's ``device_lock`` makes each one atomic
         self._lock = threading.Lock()
+        self._device_locks: dict[object, threading.RLock] = {}
+        self._device_locks_guard = threading.Lock()
         if vfio_loaded:
             tree.ensure_driver("vfio-pci")
 
@@ -129,8 +141,33 @@ class SimulatedKernel:
             err = self.fail(path, data)
             if err is not None:
                 raise err
-        with self._lock:
+        addr, structure = self._target(path, data)
+        with (
+            self._lock if structure else contextlib.nullcontext(),
+            self.device_lock(addr) if addr else contextlib.nullcontext(),
+        ):
             self._react(path, data)
+
+    def device_lock(self, addr: str) -> threading.RLock:
+        """The lock a write's reaction on ``addr`` holds: one per IOMMU group (the kernel's
+        ``device_lock``, and vfio's group mutex over the group's ``/dev/vfio`` node), one per
+        address for a device without a group (or not there)."""
+        dev = self.tree.devs.get(addr)
+        key: object = dev.group if dev is not None and dev.group is not None else addr
+        with self._device_locks_guard:
+            return self._device_locks.setdefault(key, threading.RLock())
+
+    def _target(self, path: str, data: str) -> tuple[str | None, bool]:
+        """(the device a write to ``path`` acts on, or None; does it change the structure
+        -- make or destroy devices -- or touch no device: then under the global lock)."""
+        parts = self._rel(path)
+        if parts[:4] == ["sys", "bus", "pci", "devices"] and len(parts) == 6:
+            return parts[4], parts[5] == "sriov_numvfs"
+        if parts == ["sys", "bus", "pci", "drivers_probe"] or (
+            parts[:4] == ["sys", "bus", "pci", "drivers"] and len(parts) == 6
+        ):
+            return data.strip(), False
+        return None, True
 
     def _react(self, path: str, data: str) -> None:
         parts = self._rel(path)
@@ -212,9 +249,10 @@ class SimulatedKernel:
         if want == 0:
             for link in sorted(d.glob("virtfn*")):
                 vf = os.path.basename(os.readlink(link))
-                link.unlink()
-                if vf in self.tree.devs:
-                    self.tree.remove(vf)
+                with self.device_lock(vf):  # a write on it under way ends first
+                    link.unlink()
+                    if vf in self.tree.devs:
+                        self.tree.remove(vf)
             (d / "sriov_numvfs").write_text("0\n")
             return
         if have:
