@@ -164,11 +164,14 @@ class Root:
         """Join validated components under the root (no ``..``, no slashes inside a part)."""
         return self.prefix + "/" + "/".join(safe_component(p) for p in parts)
 
-    def resolve(self, path: str) -> str:
+    def resolve(self, path: str, links: dict[str, str | None] | None = None) -> str:
         """Resolve every symlink in ``path`` without ever leaving the root.
 
         ``/sys/bus/pci/devices/0000:01:00.0`` → ``/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0``
         (all under the root). Absolute link targets are re-rooted; escapes raise.
+        ``links``: what each path's ``readlink`` answered (None: not a link), kept by a
+        caller resolving many paths in one pass (thousands of devices share ``sys``,
+        ``sys/bus/pci/devices`` and their bridges' directories): each is read once.
         """
         if not path.startswith(self.prefix + "/"):
             raise PathEscapeError(path, self.display)
@@ -186,11 +189,19 @@ class Root:
                 done.pop()
                 continue
             candidate = self.prefix + "/" + "/".join([*done, part])
-            try:
-                target = os.readlink(candidate)
-            except OSError:
+            if links is not None and candidate in links:
+                link = links[candidate]
+            else:
+                try:
+                    link = os.readlink(candidate)
+                except OSError:
+                    link = None
+                if links is not None:
+                    links[candidate] = link
+            if link is None:
                 done.append(part)
                 continue
+            target = link
             hops += 1
             if hops > _MAX_LINKS:
                 raise HostError(f"too many symlinks resolving {path}")

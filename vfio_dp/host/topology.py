@@ -22,11 +22,16 @@ _ROOT_COMPONENT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
 def pcie_roots(fs: Root, addresses: Iterable[PciAddress]) -> dict[PciAddress, str]:
-    """``{address: "pci0000:00"}`` for every address whose sysfs path shows its root."""
+    """``{address: "pci0000:00"}`` for every address whose sysfs path shows its root.
+
+    Each link on the way is read once per call (:meth:`Root.resolve`'s ``links``): the
+    directories every device shares (``sys/bus/pci/devices``, ``sys/devices/pci0000:00``
+    and the bridges') were read again for every device, ~9 ``readlink`` calls a device."""
     out: dict[PciAddress, str] = {}
+    links: dict[str, str | None] = {}
     for addr in addresses:
         try:
-            resolved = fs.resolve(fs.path("sys", "bus", "pci", "devices", str(addr)))
+            resolved = fs.resolve(fs.path("sys", "bus", "pci", "devices", str(addr)), links)
         except HostError:
             continue
         for part in resolved.split("/"):
