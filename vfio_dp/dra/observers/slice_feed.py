@@ -86,6 +86,8 @@ class SliceFeed:
         self._built: dict[str, tuple[DraUnit, PciDevice, Device]] = {}
         #: the group nodes to look for, per (generation, the groups our claims hold)
         self._held_nodes: tuple[int, frozenset[int | None], dict[str, int]] | None = None
+        #: the checkpoint's records at the last update and the holds made of them
+        self._holds: tuple[tuple[Any, ...], health.ClaimHolds] | None = None
         #: what the last update's verdicts came from (an equal next one changes nothing)
         self._idle_key: tuple[Any, ...] | None = None
         #: how each published group is offered (device name -> Offer) after a scan; None:
@@ -98,9 +100,13 @@ class SliceFeed:
     async def update(self, snapshot: Snapshot) -> PoolUpdate:
         """The pool after ``snapshot`` (see the module docstring)."""
         inv = snapshot.inventory
-        records = self.records().values()
+        records = tuple(self.records().values())
         withheld, units = await self._withdraw_held(snapshot, records)
-        holds = health.claim_holds(records)
+        # the same records (the checkpoint keeps each unchanged record's object): the same
+        # holds object, so the idle check below compares it by identity, not 1,000 entries
+        if self._holds is None or self._holds[0] != records:
+            self._holds = (records, health.claim_holds(records))
+        holds = self._holds[1]
         offers = await self._offers_of(snapshot, units)
         mdevs = await self.core.run(
             mdev.pool, self.core.host, snapshot.config, self.records(), self.mdev_costs
