@@ -159,3 +159,27 @@ async def test_with_usage_an_interface_brought_up_is_seen_within_one_resync(
     assert core.inventory.devices[PciAddress.parse(NIC)].in_use == ()
     assert rec.snapshots[-1].inventory is core.inventory
     assert core.metrics.get("vfio_dp_scans_total", trigger="resync") == 0
+
+
+async def test_an_idle_resync_with_usage_hops_to_the_executor_once(
+    running: Callable[..., object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 row 6: the cheap look and the host's use it is followed by when unchanged
+    are one job on the host-I/O executor, not two (each hop wakes a thread and the loop)."""
+    tree = build(tmp_path / "t")
+    core, _ = await running(tree, usage=True, path=DRA)  # type: ignore[misc]
+    await two_resyncs(core)
+    jobs: list[object] = []
+    real = core.run
+
+    async def counted(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+        jobs.append(fn)
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(core, "run", counted)
+    start = checks(core)
+    await two_resyncs(core)
+    await two_resyncs(core)
+    done = checks(core) - start
+    assert done >= 4 and core.metrics.get("vfio_dp_resync_checks_total", result="changed") == 0
+    assert len(jobs) <= done + 1, (len(jobs), done)  # one per check (one may be under way)

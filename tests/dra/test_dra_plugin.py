@@ -249,7 +249,8 @@ async def test_a_watch_whose_resource_version_expired_lists_again(
     await until("the 410", lambda: watch.expired >= 1 and watch.lists > lists, timeout=30)
     await until(
         "republished",
-        lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen,
+        lambda: len(pool(apiserver)[2]) == 2 and pool(apiserver)[0] > gen
+        and bool(pool(apiserver)[1]),  # complete: not while its slices are being written
         timeout=30,
     )
     assert pool(apiserver)[1] == set(PUBLISHED)
@@ -503,3 +504,63 @@ async def test_someone_elses_change_to_our_slice_is_undone_at_once(
     assert pool(apiserver)[1] == {d.name for d in devices[1:]}
     conflicts = [r for r in apiserver.requests if r.method == "PUT" and r.code == 409]
     assert conflicts, "the stale write was refused by the stand-in and then redone"
+
+
+async def test_an_idle_check_of_the_pool_stays_on_the_event_loop(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 row 6: while the slice watch is synced, an idle resync's check of the pool
+    is answered on the event loop (what we wrote is what is wanted, and the watch shows the
+    server holds exactly it): no hop to the slice lane's thread and its deadline watchdog;
+    a slice deleted meanwhile is still put back (the watch's event wakes the lane)."""
+    plugin = await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    watch = plugin.publisher.watch
+    assert watch is not None
+    await until(
+        "the watch",
+        lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
+    )
+    runs: list[str] = []
+    real = plugin.publisher.lane.run
+
+    async def counted(what: str, *args: Any, **kwargs: Any) -> Any:
+        runs.append(what)
+        return await real(what, *args, **kwargs)
+
+    monkeypatch.setattr(plugin.publisher.lane, "run", counted)
+    checks = plugin.publisher.checks
+    await until("three more checks", lambda: plugin.publisher.checks >= checks + 3)
+    assert runs == []
+    gen = pool(apiserver)[0]
+    (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
+    api = k8s.ResourceV1Api(apiserver.client())
+    await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
+    await until("republished", lambda: pool(apiserver)[0] > gen and bool(pool(apiserver)[1]))
+    assert pool(apiserver)[1] == set(PUBLISHED) and len(pool(apiserver)[2]) == 2
+    assert runs  # on the lane, as every write
+
+
+async def test_without_a_synced_watch_a_deleted_slice_is_put_back_at_a_resync(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle check on the event loop answers only from a synced watch: a server that
+    refuses the watch (403) still gets a full list at each resync, and a slice deleted
+    behind our back is rewritten at the next one."""
+    import tests.dra.apiserver_standin as standin
+
+    def refused(self: Any, kind: Any, ns: str, query: dict[str, str]) -> Any:
+        raise standin.ApiError(403, "Forbidden", "resourceslices is forbidden: watch")
+
+    monkeypatch.setattr(standin.ApiServerStandin, "watch", refused)
+    plugin = await start_plugin()
+    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
+    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
+    gen = pool(apiserver)[0]
+    (victim,) = [s for s in pool(apiserver)[2] if "sharedCounters" in s["spec"]]
+    api = k8s.ResourceV1Api(apiserver.client())
+    await asyncio.to_thread(api.delete_resource_slice, victim["metadata"]["name"])
+    await until("republished", lambda: pool(apiserver)[0] > gen and bool(pool(apiserver)[1]))
+    assert pool(apiserver)[1] == set(PUBLISHED) and len(pool(apiserver)[2]) == 2
+    await until("the write recorded", lambda: plugin.publisher.writes == 2)

@@ -12,7 +12,8 @@ plugin in :mod:`vfio_dp.dra`) shares, and nothing kubelet-specific:
   changes and every :data:`FULL_SCAN_INTERVAL`, a cheap refresh otherwise; triggered by kernel
   PCI uevents (debounced 50 ms), :meth:`NodeCore.kick` (SIGUSR1) and a front-end's own need
   (:meth:`NodeCore.rescan`). Every ``resync`` seconds the core first takes the cheap look of
-  :func:`vfio_dp.host.changes.fingerprint` (a few directory listings, no per-device read):
+  :func:`vfio_dp.host.changes.fingerprint` (two directory listings and three stats, no
+  per-device read):
   it scans only when that differs from the look taken with the last scan -- so a driver or
   group link changed or a VFIO node gone without a uevent is seen within one period, and an
   idle daemon costs a few listings per period (with ``numVfs`` selectors or VFs it made, every
@@ -57,7 +58,12 @@ from vfio_dp.core.sriov_pass import SriovPass
 from vfio_dp.core.uevents import UeventSource
 from vfio_dp.errors import BindError, ConfigError, PathConflictError
 from vfio_dp.host import Host
-from vfio_dp.host.changes import Fingerprint, fingerprint, with_usage
+from vfio_dp.host.changes import (
+    Fingerprint,
+    devices_or_groups_changed,
+    fingerprint,
+    with_usage,
+)
 from vfio_dp.host.inotify import DirWatcher, config_dirs
 from vfio_dp.model.address import PciAddress
 from vfio_dp.model.config import DEFAULT_CONFIG, DRA, Config
@@ -280,22 +286,31 @@ class NodeCore:
         ):
             await self.rescan("resync")
             return
-        look = await self.run(fingerprint, self.host.fs)
-        if look != self._fingerprint:
-            self.metrics.inc("vfio_dp_resync_checks_total", result="changed")
-            # a device came, went or was re-made, or a group came or went (a device's group
-            # may differ): read every device in full
-            devices_or_groups = (look[0], look[2]) != (self._fingerprint[0], self._fingerprint[2])
-            await self.rescan("resync", full=devices_or_groups)
-            return
-        self.metrics.inc("vfio_dp_resync_checks_total", result="unchanged")
-        if not self.options.usage:
-            self._last_scan = time.monotonic()  # checked: the view is current
-            return
-        async with self._scan_lock:
-            if self.inventory is not None:
-                inv = await self.run(with_usage, self.host.fs, self.inventory)
-                await self._tell(inv, "resync")
+        async with self._scan_lock:  # the look and (usage) the host's use: ONE executor job
+            known, inv = self._fingerprint, self.inventory
+            look, used = await self.run(self._look_then_usage, known, inv)
+            if look == known:
+                self.metrics.inc("vfio_dp_resync_checks_total", result="unchanged")
+                if used is None:
+                    self._last_scan = time.monotonic()  # checked: the view is current
+                    return
+                await self._tell(used, "resync")
+                return
+        self.metrics.inc("vfio_dp_resync_checks_total", result="changed")
+        # a device came, went or was re-made, or a group came or went (a device's group
+        # may differ): read every device in full
+        await self.rescan("resync", full=devices_or_groups_changed(look, known))
+
+    def _look_then_usage(
+        self, known: Fingerprint | None, inv: Inventory | None
+    ) -> tuple[Fingerprint, Inventory | None]:
+        """The cheap look and, when it equals ``known`` and the core reads the host's use,
+        ``inv`` with that use read again (:func:`with_usage`; None otherwise): an idle resync
+        hops to the executor once."""
+        look = fingerprint(self.host.fs)
+        if look != known or not self.options.usage or inv is None:
+            return look, None
+        return look, with_usage(self.host.fs, inv)
 
     def _refuse_path_conflicts(self, inv: Inventory, config: Config) -> None:
         """Raise :class:`PathConflictError` when a resource name would be served by both

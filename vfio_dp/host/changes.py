@@ -2,20 +2,32 @@
 
 A resync must notice what a missed uevent would hide -- a device's driver or IOMMU group
 link changed, a device or a VFIO node gone -- without re-reading every attribute of every
-device. :func:`fingerprint` reads a handful of directories, one listing each, never one
-system call per device::
+device. :func:`fingerprint` reads two directories, one listing each, and looks at three
+more with one ``stat`` each, never one system call per device::
 
-    <root>/sys/bus/pci/devices/<bdf>        the names and inode numbers of the entries (a
-                                            device removed and added again at one address,
-                                            e.g. with another IOMMU group, is a new entry
-                                            with a new inode number)
-    <root>/sys/bus/pci/drivers/<drv>/<bdf>  the devices each driver holds (the kernel makes
-                                            and removes this link together with
+    <root>/sys/bus/pci/devices/<bdf>        listed: the names and inode numbers of the
+                                            entries (a device removed and added again at one
+                                            address, e.g. with another IOMMU group, is a new
+                                            entry: kernfs never gives a new node an old inode
+                                            number)
+    <root>/sys/bus/pci/drivers/<drv>/<bdf>  listed: the devices each driver holds (the kernel
+                                            makes and removes this link together with
                                             <bdf>/driver; a rebind re-makes it)
-    <root>/sys/kernel/iommu_groups/<N>      the group numbers (a test tree's filesystem may
-                                            give a re-made entry its old inode number; a
-                                            group that came or went shows it there)
-    <root>/dev/vfio/<N>, <root>/dev/vfio/devices/vfioN   the VFIO nodes
+    <root>/sys/kernel/iommu_groups          stat: its link count, 2 + the number of groups
+                                            (kernfs, ext4 and tmpfs count subdirectories so).
+                                            A PCI device's group comes and goes with the
+                                            device (listed above); a group that came with no
+                                            new entry there (an IOMMU driver that probes late)
+                                            changes the count
+    <root>/dev/vfio, <root>/dev/vfio/devices   stat: inode, link count, size, mtime and ctime.
+                                            devtmpfs (tmpfs) sets the directory's mtime and
+                                            ctime at every node made or removed and its size
+                                            by 20 bytes a node (ext4 test trees: the times);
+                                            since Linux 6.13 (multigrain timestamps) a change
+                                            after our ``stat`` always gets a later ctime, and
+                                            before it a single node made or removed still
+                                            changes the size on devtmpfs. An mdev instance's
+                                            group (not a PCI device) shows here too
 
 Two equal fingerprints: no device came, went or was re-made, none changed driver, and no
 group or VFIO node appeared or vanished. What changes with none of these (a
@@ -58,8 +70,27 @@ def _listing(root: Root, *parts: str, inodes: bool = False) -> object:
         os.close(fd)
 
 
+def _stat(root: Root, *parts: str, full: bool = True) -> object:
+    """What a ``stat`` of the directory ``<root>/<parts>`` says of its entries: its link
+    count (and, when ``full``, its inode, size, mtime and ctime); None when absent or not
+    openable inside the root."""
+    try:
+        fd = root.open(root.path(*parts), os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, PathEscapeError, HostError):
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not full:
+        return st.st_nlink
+    return (st.st_ino, st.st_nlink, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def fingerprint(root: Root) -> Fingerprint:
-    """What a resync compares (see the module docstring); cheap: one listing per directory."""
+    """What a resync compares (see the module docstring); cheap: two listings, three stats."""
     drivers = _listing(root, "sys", "bus", "pci", "drivers")
     held = {}
     if isinstance(drivers, frozenset):
@@ -68,10 +99,16 @@ def fingerprint(root: Root) -> Fingerprint:
     return (
         _listing(root, "sys", "bus", "pci", "devices", inodes=True),
         held,
-        _listing(root, "sys", "kernel", "iommu_groups"),
-        _listing(root, "dev", "vfio"),
-        _listing(root, "dev", "vfio", "devices"),
+        _stat(root, "sys", "kernel", "iommu_groups", full=False),
+        _stat(root, "dev", "vfio"),
+        _stat(root, "dev", "vfio", "devices"),
     )
+
+
+def devices_or_groups_changed(look: Fingerprint, before: Fingerprint) -> bool:
+    """Do two fingerprints differ in the devices or the IOMMU groups (a device's group may
+    differ: the caller reads every device in full), not only in drivers or VFIO nodes?"""
+    return (look[0], look[2]) != (before[0], before[2])
 
 
 def with_usage(root: Root, inv: Inventory) -> Inventory:

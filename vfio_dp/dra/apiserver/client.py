@@ -163,7 +163,9 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 class _Watchdog:
-    """One daemon thread that expires deadlines when they pass."""
+    """One daemon thread that expires deadlines when they pass; it does not wake for one
+    finished before its time (a burst of calls -- the first publication's slice writes --
+    would otherwise wake it once per call, a minute later)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -185,6 +187,8 @@ class _Watchdog:
         while True:
             with self._cond:
                 while not self._heap or self._heap[0][0] > time.monotonic():
+                    while self._heap and self._heap[0][2].done:  # finished: no wake-up for it
+                        heapq.heappop(self._heap)
                     wait = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cond.wait(wait)
                 _, _, d = heapq.heappop(self._heap)

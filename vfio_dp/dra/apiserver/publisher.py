@@ -23,8 +23,8 @@ Invariants:
   keeps the server's names and resourceVersions current: a slice deleted or changed by anyone
   else (kubelet deletes a node's slices at its start and 30 s after the driver goes away)
   wakes the publisher at once, which lists the pool and republishes it at a new generation.
-  An idle resync costs no request while the watch is synced; without it (not started, or
-  failing) each check is a full list, as before;
+  An idle resync costs no request (checked on the event loop, no hop to the lane) while the
+  watch is synced; without it (not started, or failing) each check is a full list, as before;
 - at start, slices already on the server that are exactly what we would publish are adopted
   without a write (a restart does not churn the scheduler);
 - a device stays in its slice (:func:`~vfio_dp.dra.slices.layout`, seeded from the server at
@@ -184,6 +184,8 @@ class SlicePublisher:
             devices = self.wanted
             if devices is None:
                 continue
+            if self._checked_here(devices):
+                continue
             try:
                 await self.lane.run("publishing ResourceSlices", self.reconcile, devices)
             except PublishError as e:
@@ -197,6 +199,19 @@ class SlicePublisher:
                 log.info("ResourceSlices published again")
             self.problem = None
             backoff = 0.2
+
+    def _checked_here(self, devices: list[Device]) -> bool:
+        """The idle check on the event loop's thread, no hop to the lane: True when what we
+        wrote is what is wanted (as the server keeps it) and the synced watch shows the
+        server holds exactly it (:meth:`_unchanged_on_server`); else the lane reconciles."""
+        if not (self.counters_kept and self.binding_kept) or self.problem is not None:
+            return False  # fit_api reshapes the devices: the lane compares them
+        if not self.written or self.written_devices is None or self.node.uid is None:
+            return False
+        if devices != self.written_devices or not self._unchanged_on_server():
+            return False
+        self.checks += 1
+        return True
 
     # -- the blocking side (one thread) ----------------------------------------------------
     def _read_node_uid(self) -> None:
