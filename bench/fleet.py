@@ -197,41 +197,53 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
 
 
 # -- row 4: the webhook at cluster scale ---------------------------------------------------------
-def webhook_tree(pid: int) -> tuple[int, int, float]:
-    """CPU so far (ns) of the webhook ``pid`` and of its child processes (the node-list
-    child), and the children's RSS (MB)."""
-    kids: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
-            kids += [int(k) for k in f.read().split()]
-    child, rss = 0, 0.0
-    for k in kids:
+def webhook_tree(pid: int) -> dict[int, tuple[int, float]]:
+    """CPU so far (ns) and RSS (MB) of the webhook ``pid`` and of each of its descendants
+    (its serving workers with ``--workers``, the node-list child), by pid."""
+    out: dict[int, tuple[int, float]] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
         with contextlib.suppress(OSError):
-            child, rss = child + cpu_ns(k), rss + rss_mb(k)
-    return cpu_ns(pid), child, rss
+            out[p] = (cpu_ns(p), rss_mb(p))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(k) for k in f.read().split()]
+    return out
+
+
+def tree_cpu_ms(before: dict[int, tuple[int, float]], after: dict[int, tuple[int, float]]) -> float:
+    """CPU (ms) the webhook's processes spent between two :func:`webhook_tree` looks."""
+    return sum(c - before.get(p, (0, 0.0))[0] for p, (c, _) in after.items()) / 1e6
 
 
 #: row 4's offered rate (open loop): the closed loop's p99 at 64 connections is the queue of
-#: 64 reviews on one core (~64 x the CPU of one), what a saturating client makes of any server
+#: 64 reviews on the cores (~64 x the CPU of one / the cores serving), what a saturating
+#: client makes of any server
 WEBHOOK_RATE = 500.0
+#: row 4's ``vfioctl webhook --workers`` (deploy/base's default); BENCH_WEBHOOK_WORKERS=1 for
+#: a tree without the flag (main before it)
+WEBHOOK_WORKERS = 2
 
 
 def webhook_row(
     work: Path, nodes: int, devices: int, reviews: int, rate: float = 0.0, paced_s: float = 20.0
 ) -> dict[str, float]:
-    """The real ``vfioctl webhook --self-signed --check-nodes`` (TLS, a subprocess) against the
-    API-server stand-in (a process of its own) holding ``nodes`` Nodes that each advertise
-    ``devices`` of one device plugin resource, and a DeviceClass of ours with a slice of
-    ``devices`` DRA devices per node (the DRA-aware lookup, KEP-5004).
+    """The real ``vfioctl webhook --self-signed --check-nodes --workers 2`` (TLS, a
+    subprocess) against the API-server stand-in (a process of its own) holding ``nodes``
+    Nodes that each advertise ``devices`` of one device plugin resource, and a DeviceClass of
+    ours with a slice of ``devices`` DRA devices per node (the DRA-aware lookup, KEP-5004).
     ``--node-cache-seconds 1``: the 100 nodes and 6,400 devices are listed again every second
-    of the run. ``reviews`` AdmissionReviews (a VMI asking for both) at 64 connections from
-    two load-generator processes (bench/webhook_load.py), in a closed loop (each connection
-    sends its next review when the answer is in: the server saturated) and at ``rate``
-    reviews/s for ``paced_s`` seconds (open loop; 0: not run); the same closed loop against a trivial TLS server
-    (the floor: what the load generator and TLS cost). p99, the webhook's CPU per review,
-    its RSS after a warm-up and after the reviews, the API reads."""
-    from bench.webhook_bench import rss_kib, start_server
-    from bench.webhook_load import run_drivers
+    of the run. ``reviews`` AdmissionReviews (a VMI asking for both) at 64 connections in a
+    closed loop from ``wrk`` (each connection sends its next review when the answer is in:
+    the server saturated; bench/webhook_load.py ``run_wrk``), and at ``rate`` reviews/s for
+    ``paced_s`` seconds from two Python load-generator processes (open loop: wrk has none;
+    0: not run); the same closed loop against a trivial TLS server (the floor: what the load
+    generator and TLS cost). p99, the CPU per review of the webhook's processes (serving
+    workers and node-list child), their RSS after a warm-up and after the reviews, the API
+    reads."""
+    from bench.webhook_bench import start_server
+    from bench.webhook_load import run_drivers, run_wrk
 
     standin = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "webhook_load.py"), "standin",
@@ -241,9 +253,10 @@ def webhook_row(
     assert standin.stdin is not None and standin.stdout is not None
     kubeconfig = standin.stdout.readline().strip()
     certs = work / "certs"
-    proc, url, _ = start_server(
-        str(certs), ("--check-nodes", "--node-cache-seconds", "1"), {"KUBECONFIG": kubeconfig}
-    )
+    workers = int(os.environ.get("BENCH_WEBHOOK_WORKERS", WEBHOOK_WORKERS))
+    flags = ("--check-nodes", "--node-cache-seconds", "1")
+    flags += ("--workers", str(workers)) if workers != 1 else ()
+    proc, url, _ = start_server(str(certs), flags, {"KUBECONFIG": kubeconfig})
     ca = str(certs / "ca.crt")
     out: dict[str, float] = {}
 
@@ -255,35 +268,41 @@ def webhook_row(
         return got
 
     try:
-        run_drivers(url, ca, 64, 1280)  # warm-up: connections, caches
-        (own0, kid0, kid_rss0), reads0 = webhook_tree(proc.pid), api_reads()
-        rss0 = rss_kib(proc.pid) / 1024
-        got = run_drivers(url, ca, 64, reviews)
-        own1, kid1, kid_rss = webhook_tree(proc.pid)
-        own, kid = (own1 - own0) / 1e6 / got["reviews"], (kid1 - kid0) / 1e6 / got["reviews"]
-        grew = rss_kib(proc.pid) / 1024 - rss0 + kid_rss - kid_rss0  # the child's too
+        run_wrk(url, 64, 1280)  # warm-up: connections, caches, every worker
+        tree0, reads0 = webhook_tree(proc.pid), api_reads()
+        got = run_wrk(url, 64, reviews)
+        tree1 = webhook_tree(proc.pid)
+        own = tree_cpu_ms(tree0, tree1) / got["reviews"]
+        grew = sum(r for _, r in tree1.values()) - sum(r for _, r in tree0.values())
+        rss = sum(r for _, r in tree1.values())
+        each = ", ".join(
+            f"{(c - tree0.get(p, (0, 0.0))[0]) / 1e6 / got['reviews']:.3f}"
+            for p, (c, _) in tree1.items()
+        )
         reads = {k: v - reads0.get(k, 0) for k, v in api_reads().items()}
         node_reads = sum(v for k, v in reads.items() if k.endswith("/nodes"))
-        log(f"row 4 closed loop: {got['reviews']:.0f} reviews, p50 {got['p50_ms']:.1f} ms, "
-            f"p99 {got['p99_ms']:.1f} ms, mean {got['mean_ms']:.1f} ms, {got['rps']:.0f}/s; "
-            f"webhook CPU {own:.3f} ms a review (service), its node-list child {kid:.3f} ms "
-            f"(queueing: mean {got['mean_ms'] - own:.1f} ms); load generator CPU "
-            f"{got['driver_cpu_ms']:.3f} ms a review, busiest {100 * got['driver_busiest']:.0f} % "
-            f"of a core; RSS {rss0:.0f} MB {grew:+.1f} MB, child {kid_rss:.0f} MB; node list "
-            f"read {node_reads} times in {got['elapsed']:.1f} s; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        log(f"row 4 closed loop (wrk, {workers} worker(s)): {got['reviews']:.0f} reviews, p50 "
+            f"{got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f} ms, mean {got['mean_ms']:.1f} ms, "
+            f"{got['rps']:.0f}/s; webhook CPU {own:.3f} ms a review (its processes: {each}); "
+            f"wrk CPU {got['driver_cpu_ms']:.3f} ms a review; RSS of the webhook's "
+            f"{len(tree1)} processes {rss:.0f} MB {grew:+.1f} MB; node list read {node_reads} "
+            f"times in {got['elapsed']:.1f} s; load {os.getloadavg()[0]:.1f}")  # fmt: skip
         out = {"fleet_webhook_p99": got["p99_ms"], "fleet_webhook_rss_growth": grew}
         if rate > 0:
-            own0, kid0, _ = webhook_tree(proc.pid)
+            tree0 = webhook_tree(proc.pid)
             paced = run_drivers(url, ca, 64, int(rate * paced_s), rate)
-            own1, kid1, _ = webhook_tree(proc.pid)
             log(f"row 4 open loop at {rate:.0f}/s: p50 {paced['p50_ms']:.1f} ms, p99 "
                 f"{paced['p99_ms']:.1f} ms, max {paced['max_ms']:.1f} ms, {paced['rps']:.0f}/s; "
-                f"webhook CPU {(own1 - own0) / 1e6 / paced['reviews']:.3f} ms a review, child "
-                f"{(kid1 - kid0) / 1e6 / paced['reviews']:.3f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+                f"webhook CPU {tree_cpu_ms(tree0, webhook_tree(proc.pid)) / paced['reviews']:.3f} "
+                f"ms a review; load {os.getloadavg()[0]:.1f}")  # fmt: skip
             out["fleet_webhook_p99_paced"] = paced["p99_ms"]
     finally:
-        proc.kill()
-        proc.wait()
+        proc.terminate()  # SIGTERM: every worker and the node-list child end with it
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         standin.stdin.close()
         standin.wait()
     trivial = subprocess.Popen(
@@ -294,13 +313,13 @@ def webhook_row(
     assert trivial.stdout is not None
     try:
         floor_url = trivial.stdout.readline().strip()
-        run_drivers(floor_url, ca, 64, 1280)  # warm-up, as the webhook's
+        run_wrk(floor_url, 64, 1280)  # warm-up, as the webhook's
         cpu0 = cpu_ns(trivial.pid)
-        floor = run_drivers(floor_url, ca, 64, min(reviews, 20_000))
-        log(f"row 4 floor (trivial TLS server, closed loop): p50 {floor['p50_ms']:.1f} ms, p99 "
-            f"{floor['p99_ms']:.1f} ms, {floor['rps']:.0f}/s; server CPU "
-            f"{(cpu_ns(trivial.pid) - cpu0) / 1e6 / floor['reviews']:.3f} ms a review; load "
-            f"generator {floor['driver_cpu_ms']:.3f} ms a review")  # fmt: skip
+        floor = run_wrk(floor_url, 64, min(reviews, 20_000))
+        log(f"row 4 floor (trivial TLS server, one process, closed loop, wrk): p50 "
+            f"{floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms, {floor['rps']:.0f}/s; "
+            f"server CPU {(cpu_ns(trivial.pid) - cpu0) / 1e6 / floor['reviews']:.3f} ms a "
+            f"review; wrk {floor['driver_cpu_ms']:.3f} ms a review")  # fmt: skip
         if rate > 0:
             paced = run_drivers(floor_url, ca, 64, int(rate * paced_s), rate)
             log(f"row 4 floor at {rate:.0f}/s (open loop): p50 {paced['p50_ms']:.1f} ms, p99 "

@@ -14,6 +14,12 @@ webhook they measure:
              ResourceSlice of ``--devices`` DRA devices per node; prints its kubeconfig path,
              then on each line read from stdin one JSON line of the GETs it answered by path
              and its CPU seconds; exits at EOF.
+``run_wrk``  the closed loop's peer: ``wrk`` (C, Debian's package; scripts/setup.sh installs
+             it) with bench/webhook_wrk.lua: each of ``--connections`` keep-alive TLS
+             connections POSTs the review when its previous answer is in, every answer
+             checked (200 and a patch); it stops after ``reviews``. The Python drivers
+             spend about as much CPU per review as the webhook itself: on 2 cores they
+             took a share of the cores the closed loop measures.
 ``trivial``  the floor: an aiohttp TLS server with the same certificate answering every POST
              with the same fixed AdmissionReview (no parsing, no lookups).
 
@@ -27,6 +33,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import ssl
 import sys
 import time
@@ -221,6 +228,62 @@ def run_drivers(
         "elapsed": elapsed,
         "driver_cpu_ms": 1000 * sum(o["cpu"] for o in outs) / n,
         "driver_busiest": max(o["cpu"] / o["elapsed"] for o in outs),
+    }
+
+
+def run_wrk(url: str, connections: int, reviews: int, max_seconds: float = 600.0) -> dict[str, float]:
+    """``reviews`` reviews at ``connections`` connections in a closed loop from ``wrk -t 2``
+    (bench/webhook_wrk.lua): the keys of :func:`run_drivers`. Raises when wrk is missing
+    (``apt-get install wrk``; scripts/setup.sh) or any answer was not a 200 with a patch."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError(
+            "row 4's closed loop needs wrk (Debian package wrk; bash scripts/setup.sh installs it)"
+        )
+    threads = min(2, connections)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as body:
+        body.write(json.dumps(REVIEW))
+        body.flush()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wrk_proc = subprocess.Popen(
+            [wrk, "-t", str(threads), "-c", str(connections), "-d", f"{max_seconds:.0f}s",
+             "--timeout", "10s", "-s", str(Path(__file__).with_name("webhook_wrk.lua")), url,
+             "--", body.name, str(-(-reviews // threads))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert wrk_proc.stdout is not None
+        lines, stopped = [], 0
+        for line in wrk_proc.stdout:
+            stopped += line.startswith("stopped")
+            if stopped == threads:  # each thread answered its share: end the -d sleep
+                wrk_proc.send_signal(signal.SIGINT)
+                stopped = -1
+            lines.append(line)
+        err = wrk_proc.stderr.read() if wrk_proc.stderr else ""
+        wrk_proc.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = [ln for ln in lines if ln.startswith("{")]
+    if wrk_proc.returncode != 0 or not lines:
+        raise RuntimeError(f"wrk failed ({wrk_proc.returncode}): {(err or ''.join(lines))[-300:]}")
+    got = json.loads(lines[-1])
+    if got["bad"] or got["errors"]:
+        raise RuntimeError(f"wrk: {got['bad']} answers without a patch, {got['errors']} errors")
+    n, elapsed = got["requests"], got["duration_us"] / 1e6
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {
+        "reviews": n,
+        "p50_ms": got["p50_us"] / 1000,
+        "p99_ms": got["p99_us"] / 1000,
+        "max_ms": got["max_us"] / 1000,
+        "mean_ms": got["mean_us"] / 1000,
+        "rps": n / elapsed,
+        "elapsed": elapsed,
+        "driver_cpu_ms": 1000 * cpu / n,
+        "driver_busiest": cpu / elapsed / threads,
     }
 
 

@@ -131,6 +131,14 @@ from cli.vm_cmds import CONFIG_HELP as _CONFIG_HELP
     help="After SIGTERM, keep answering this many seconds with /healthz failing, so a rolling "
     "update's endpoint change refuses no review (the Deployment sets 5).",
 )
+@option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Serving processes sharing the port (one core each at most); the node list is "
+    "fetched once for all (vm_translate.workers).",
+)
 @log_level_option
 @log_format_option
 def webhook(
@@ -152,6 +160,7 @@ def webhook(
     check_nodes: bool,
     node_cache_seconds: float,
     shutdown_delay: float,
+    workers: int,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -209,12 +218,16 @@ def webhook(
             check_nodes=check_nodes,
             node_cache_seconds=node_cache_seconds,
             shutdown_delay=shutdown_delay,
+            workers=workers,
         )
-        run(
-            config,
-            settings,
-            ready=lambda p: click.echo(f"serving https://{address}:{p}/mutate", err=True),
-        )
+        def ready(p: int) -> None:
+            click.echo(f"serving https://{address}:{p}/mutate", err=True)
+
+        if workers > 1:
+            from vm_translate.workers import run_workers
+
+            return run_workers(config, settings, ready)
+        run(config, settings, ready=ready)
         return 0
 
     run_guarded(body)

@@ -43,6 +43,8 @@ APT_ALL=(
   driverctl dpdk
   # the external fault injector of the crash tests (SIGKILL, ENOSPC, delays on sysfs writes)
   strace
+  # bench/fleet.py row 4's closed loop: a C HTTP load generator (TLS, keep-alive, Lua)
+  wrk
   # `vagrant validate` of the Vagrantfile with its real libvirt provider; shellcheck for its
   # provisioning script
   vagrant vagrant-libvirt shellcheck

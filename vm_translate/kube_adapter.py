@@ -112,13 +112,7 @@ class ChildNodeLister:
                 f"({line.decode(errors='replace')[:200] or 'no answer'}); a new one is "
                 "started at the next list (is the webhook's memory limit too low?)"
             )
-        got = json.loads(line)
-        if "error" in got:
-            raise NodeCheckError(str(got["error"]))
-        return [
-            NodeResources(n["name"], n["allocatable"], frozenset(n["unchecked"]))
-            for n in got["nodes"]
-        ]
+        return nodes_of_line(line)
 
     async def close(self) -> None:
         """Stop the child (it also exits by itself when this process dies: its stdin closes)."""
@@ -132,6 +126,29 @@ class ChildNodeLister:
         await proc.wait()
 
 
+def nodes_of_line(line: bytes) -> list[NodeResources]:
+    """The nodes of one answer line of :class:`ChildNodeLister`'s protocol, or its
+    NodeCheckError."""
+    got = json.loads(line)
+    if "error" in got:
+        raise NodeCheckError(str(got["error"]))
+    return [
+        NodeResources(n["name"], n["allocatable"], frozenset(n["unchecked"])) for n in got["nodes"]
+    ]
+
+
+def line_of_nodes(nodes: list[NodeResources] | NodeCheckError) -> bytes:
+    """One answer line of :class:`ChildNodeLister`'s protocol (its child's, and the
+    supervisor's to its workers: :mod:`vm_translate.workers`)."""
+    if isinstance(nodes, NodeCheckError):
+        return (json.dumps({"error": str(nodes)}) + "\n").encode()
+    out = {"nodes": [
+        {"name": n.name, "allocatable": dict(n.allocatable), "unchecked": sorted(n.unchecked)}
+        for n in nodes
+    ]}  # fmt: skip
+    return (json.dumps(out) + "\n").encode()
+
+
 #: the longest answer line of the child (100,000 nodes of 100 resources fit)
 _LINE_LIMIT = 256 * 1024 * 1024
 
@@ -141,13 +158,10 @@ def _serve_lists() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the webhook's to handle
     for _ in sys.stdin:
         try:
-            out: dict[str, Any] = {"nodes": [
-                {"name": n.name, "allocatable": dict(n.allocatable), "unchecked": sorted(n.unchecked)}
-                for n in list_nodes()
-            ]}  # fmt: skip
+            line = line_of_nodes(list_nodes())
         except NodeCheckError as e:
-            out = {"error": str(e)}
-        sys.stdout.write(json.dumps(out) + "\n")
+            line = line_of_nodes(e)
+        sys.stdout.buffer.write(line)
         sys.stdout.flush()
 
 

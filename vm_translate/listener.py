@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from asyncio import sslproto
 from collections import OrderedDict
@@ -261,3 +262,20 @@ class Listener:
         for conn in list(self._open):
             self.forget(conn)
             conn.evict()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
+        sock.bind(addr)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -54,7 +54,7 @@ from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
 from vm_translate.http_log import HttpLog
 from vm_translate.kube_adapter import ChildNodeLister
-from vm_translate.listener import Listener, ListenerLimits
+from vm_translate.listener import Listener, ListenerLimits, listening_socket
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
 from vm_translate.tls import ReloadingContext
@@ -247,21 +247,17 @@ def _server(state: _State, **handler_args: Any) -> web.Server:
     return web.Server(handle, request_factory=request_of, **handler_args)
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+def open_listener(settings: WebhookSettings) -> socket.socket:
+    """The bound socket of ``settings.host``:``settings.port`` (not listening yet), or
+    PortError naming the flag."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6 and host in ("::", ""):
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
-        sock.bind(addr)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+        return listening_socket(settings.host, settings.port)
+    except OSError as e:  # one line naming the flag, not a traceback
+        raise PortError(
+            f"--port {settings.port}: cannot listen on {settings.host or '0.0.0.0'}:"
+            f"{settings.port}: {os.strerror(e.errno) if e.errno else e}; another process may hold it "
+            f"(ss -ltnp 'sport = :{settings.port}'): pick another --port or stop it"
+        ) from e
 
 
 class Webhook:
@@ -298,8 +294,12 @@ class Webhook:
         config: Config | ConfigWatch,
         settings: WebhookSettings,
         node_fetch: NodeFetch | None = None,
+        sock: socket.socket | None = None,
     ) -> Webhook:
-        """Serve ``config`` (fixed) or a :class:`ConfigWatch` (followed every reload_interval)."""
+        """Serve ``config`` (fixed) or a :class:`ConfigWatch` (followed every reload_interval).
+        ``sock``: a listening socket shared with other serving processes
+        (:mod:`vm_translate.workers`) instead of one of its own; ``node_fetch``: where the
+        node list comes from instead of a child of its own."""
         lister = None
         if settings.check_nodes and node_fetch is None:
             node_fetch = lister = ChildNodeLister()
@@ -337,14 +337,10 @@ class Webhook:
         )
         state.listener = listener
         try:
-            sock = _listening_socket(settings.host, settings.port)
-        except OSError as e:  # one line naming the flag, not a traceback
+            sock = sock or open_listener(settings)
+        except PortError:
             await runner.cleanup()
-            raise PortError(
-                f"--port {settings.port}: cannot listen on {settings.host or '0.0.0.0'}:"
-                f"{settings.port}: {os.strerror(e.errno) if e.errno else e}; another process may hold it "
-                f"(ss -ltnp 'sport = :{settings.port}'): pick another --port or stop it"
-            ) from e
+            raise
         server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
         sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
         reloader = asyncio.create_task(follow(tls, state.configs, settings.reload_interval))
@@ -397,9 +393,11 @@ async def serve(
     settings: WebhookSettings,
     ready: Callable[[int], None] | None = None,
     started: Callable[[Webhook], None] | None = None,
+    node_fetch: NodeFetch | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Run until cancelled (SIGTERM/SIGINT under :func:`run`)."""
-    hook = await Webhook.start(config, settings)
+    hook = await Webhook.start(config, settings, node_fetch, sock)
     if started is not None:
         started(hook)
     if ready is not None:
@@ -414,8 +412,13 @@ def run(
     config: Config | ConfigWatch,
     settings: WebhookSettings,
     ready: Callable[[int], None] | None = None,
+    worker: Callable[[Callable[[], None]], Awaitable[tuple[socket.socket, NodeFetch | None]]]
+    | None = None,
 ) -> None:
-    """Blocking entry point for ``vfioctl webhook``; returns on SIGTERM / Ctrl-C."""
+    """Blocking entry point for ``vfioctl webhook``; returns on SIGTERM / Ctrl-C.
+    ``worker``: this process is one of :mod:`vm_translate.workers`' serving processes; called
+    in its loop with the function that stops it (its supervisor is gone), it gives the shared
+    listening socket and the node fetch."""
     import signal
 
     async def main() -> None:
@@ -423,6 +426,10 @@ def run(
         assert task is not None
         loop = asyncio.get_running_loop()
         hooks: list[Webhook] = []
+        def stop() -> None:
+            task.cancel()
+
+        sock, fetch = await worker(stop) if worker else (None, None)
 
         def terminate() -> None:
             if settings.shutdown_delay <= 0 or not hooks or loop.is_closed():
@@ -435,6 +442,6 @@ def run(
         loop.add_signal_handler(signal.SIGTERM, terminate)
         loop.add_signal_handler(signal.SIGINT, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, settings, ready, hooks.append)
+            await serve(config, settings, ready, hooks.append, fetch, sock)
 
     asyncio.run(main())

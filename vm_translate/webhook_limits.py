@@ -56,20 +56,29 @@ class WebhookSettings:
     #: Service drops a terminating pod's endpoint a moment after the kubelet's SIGTERM, and
     #: reviews sent meanwhile must not be refused); SIGINT stops at once
     shutdown_delay: float = 0.0
+    #: serving processes (:mod:`vm_translate.workers`): ``max_connections`` and
+    #: ``body_budget_bytes`` are the replica's, each worker holding its share
+    workers: int = 1
+
+    def share(self, n: int) -> int:
+        """A worker's share of the replica's bound ``n`` (rounded up)."""
+        return -(-n // self.workers)
 
 
 def worst_case_rss_bytes(settings: WebhookSettings) -> int:
     """An upper bound of the webhook's RSS under any mix of clients, from its limits: each open
     connection at most its measured cost (with a full header block), undecrypted input,
     parser buffer and a small body being received; plus every large body the budget admits, each parsed once (JSON objects
-    take several times their text; one review is parsed at a time); plus the node-list child
-    with ``check_nodes``."""
+    take several times their text; one review is parsed at a time in each serving process);
+    plus the node-list child with ``check_nodes``; with ``workers`` > 1, a baseline for each
+    worker and one for the supervisor (counted whole: what the fork shares is not relied on)."""
     per_connection = CONNECTION_RSS + INCOMING_HIGH_WATER + 2 * READ_BUFSIZE + SMALL_BODY
     parsed = 10 * settings.max_body_bytes
+    n = settings.workers
     return (
-        BASELINE_RSS
+        BASELINE_RSS * (n + (n > 1))
         + (NODE_CHECK_RSS if settings.check_nodes else 0)
-        + settings.max_connections * per_connection
-        + settings.body_budget_bytes
-        + parsed
+        + n * settings.share(settings.max_connections) * per_connection
+        + n * settings.share(settings.body_budget_bytes)
+        + n * parsed
     )

@@ -318,6 +318,7 @@ def test_memory_limit_covers_the_webhooks_worst_case(
         max_body_bytes=flag("max_body_bytes"),
         body_budget_bytes=flag("body_budget_bytes"),
         check_nodes=bool(flag("check_nodes")),
+        workers=int(flag("workers")),
     )
     limit = _bytes(ctr["resources"]["limits"]["memory"])
     worst = worst_case_rss_bytes(settings)
@@ -325,3 +326,16 @@ def test_memory_limit_covers_the_webhooks_worst_case(
         f"worst-case RSS {worst / 2**20:.0f} MiB is over the memory limit {limit / 2**20:.0f} "
         "MiB: lower --max-connections / --body-budget-bytes or raise the limit"
     )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cpu_limit_lets_every_worker_run(
+    rendered: dict[str, list[Obj]], target: str, webhook_cmd: click.Command
+) -> None:
+    """A worker is one core at most (vm_translate.workers): a CPU limit under ``--workers``
+    cores would throttle the replica back to what fewer workers answer."""
+    _, _, ctr = _webhook(rendered[target])
+    workers = int(_args(ctr, webhook_cmd).get("workers", 1))
+    cpu = str(ctr["resources"]["limits"]["cpu"])
+    cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    assert workers >= 2 and cores >= workers, (cpu, workers)
