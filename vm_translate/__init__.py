@@ -45,4 +45,5 @@ __all__ = [
     "webhook_certs",
     "webhook_limits",
     "webhook_metrics",
+    "workers",
 ]
