@@ -79,6 +79,7 @@ from bench.rows import (
     cpu_ns,
     met,
     rss_mb,
+    vm_claim,
 )
 
 #: row 6's window, seconds
@@ -151,15 +152,7 @@ async def health_row(work: Path, n: int, rounds: int) -> list[float]:
         await until(lambda: count("Healthy") == n, 300, "every device healthy")
         bodies = []
         for i, a in enumerate(addrs):
-            bodies.append({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": f"vm-{i}", "namespace": "vms"},
-                "spec": {"devices": {"requests": [
-                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
-                "status": {"allocation": {"devices": {"results": [
-                    {"request": "nic", "driver": DRIVER, "pool": NODE,
-                     "device": name_of(a)}]}}},
-            })  # fmt: skip
+            bodies.append(vm_claim(i, name_of(a), DRIVER, NODE))
         seeded = api.seed(CLAIMS, *bodies)
         pairs = [(c["metadata"]["uid"], c["metadata"]["name"]) for c in seeded]
         await kubelet.run_pod(DRIVER, "vm", "vms", pairs)  # one Prepare of every claim
@@ -573,15 +566,7 @@ def daemons_rows(
         out["fleet_idle_dp"] = (cpu_ns(dp.proc.pid) - before[dp.proc.pid]) / 1e9 / took * 100
         pairs = []
         for i, a in enumerate(dra.addrs[:claims]):
-            body = {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": f"vm-{i}", "namespace": "vms"},
-                "spec": {"devices": {"requests": [
-                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
-                "status": {"allocation": {"devices": {"results": [
-                    {"request": "nic", "driver": DRIVER, "pool": DraRig.NODE,
-                     "device": name_of(a)}]}}},
-            }  # fmt: skip
+            body = vm_claim(i, name_of(a), DRIVER, DraRig.NODE)
             pairs.append((dra.api.seed(CLAIMS, body)["metadata"]["uid"], f"vm-{i}"))
         loop.run(k.run_pod(DRIVER, "vm", "vms", pairs), 600)
         log(f"rows 5: {claims} claims prepared in the DRA daemon")

@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.rows import DraRig, LoopThread, Side, rss_mb  # noqa: E402
+from bench.rows import DraRig, LoopThread, Side, rss_mb, vm_claim  # noqa: E402
 
 AREA = "fleet"
 FULL, QUICK = 1000, 200
@@ -87,15 +87,7 @@ class _Node:
         self.wanted: dict[str, str] = {}  # claim uid -> its device's name
         self.claims: list[tuple[str, str, str]] = []  # (namespace, uid, name)
         for i, a in enumerate(self.rig.addrs[:n]):
-            body = {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": f"vm-{i}", "namespace": "vms"},
-                "spec": {"devices": {"requests": [
-                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
-                "status": {"allocation": {"devices": {"results": [
-                    {"request": "nic", "driver": DRIVER, "pool": DraRig.NODE,
-                     "device": name_of(a)}]}}},
-            }  # fmt: skip
+            body = vm_claim(i, name_of(a), DRIVER, DraRig.NODE)
             uid = self.rig.api.seed(CLAIMS, body)["metadata"]["uid"]
             self.claims.append(("vms", uid, f"vm-{i}"))
             self.wanted[uid] = name_of(a)

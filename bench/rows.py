@@ -476,6 +476,19 @@ class DevicePluginRig:
         shutil.rmtree(self.kdir, ignore_errors=True)
 
 
+def vm_claim(i: int, device: str, driver: str, pool: str) -> dict[str, Any]:
+    """The ResourceClaim ``vms/vm-<i>``, allocated ``device`` of ``driver`` in ``pool`` (the
+    fleet rows' claims: one request ``nic``, one device)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"vm-{i}", "namespace": "vms"},
+        "spec": {"devices": {"requests": [
+            {"name": "nic", "exactly": {"deviceClassName": driver}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "nic", "driver": driver, "pool": pool, "device": device}]}}},
+    }  # fmt: skip
+
+
 class DraRig:
     """``vfioctl dra-plugin`` of one side on its own tree, with its own API-server stand-in."""
 

@@ -559,6 +559,15 @@ def test_reconcile_never_acts_on_a_claim_it_cannot_read(
     assert tree.driver_of(E1000_A) == "vfio-pci"
 
 
+def _three_claims(claims: Claims) -> list[ClaimRef]:
+    """Claims of the e1000 pair, the GPU and the lone NIC."""
+    return [
+        claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")]),
+        claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")]),
+        claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")]),
+    ]
+
+
 def test_a_resync_reconcile_reads_a_share_of_the_claims_the_least_recently_read_first(
     tree: SysfsTree, preparer: ClaimPreparer, claims: Claims
 ) -> None:
@@ -573,11 +582,7 @@ def test_a_resync_reconcile_reads_a_share_of_the_claims_the_least_recently_read_
         return await plain(namespace, name)
 
     preparer.reconciler.read_claim = counted
-    refs = [
-        claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")]),
-        claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")]),
-        claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")]),
-    ]
+    refs = _three_claims(claims)
     assert all(r.error == "" for r in run(preparer.prepare(refs)).values())
     run(preparer.reconcile())  # at start: every claim
     assert sorted(read) == ["vm-gpu", "vm-lone", "vm-nic"]
@@ -616,11 +621,7 @@ def test_the_start_reconcile_reads_the_claims_a_few_at_a_time(
         return await plain(namespace, name)
 
     preparer.reconciler.read_claim = slow
-    refs = [
-        claims.add("vm-nic", "uid-nic", [result("pci-0000-03-01-0")]),
-        claims.add("vm-gpu", "uid-gpu", [result("pci-0000-3b-00-0", request="gpu")]),
-        claims.add("vm-lone", "uid-lone", [result("pci-0000-65-00-0")]),
-    ]
+    refs = _three_claims(claims)
     run(preparer.prepare(refs))
     report = run(preparer.reconcile())
     assert report.unprepared == [] and report.errors == []
