@@ -181,7 +181,7 @@ class Reconciler:
     async def reconcile(self, budget: int | None = None) -> ReconcileReport:
         """Release what is no longer ours; re-verify claims of another boot. ``budget``: at
         most this many claims read from the API server (the least recently read first:
-        the plugin's resync spreads the reads, :data:`vfio_dp.dra.options.CLAIM_CHECK`);
+        the plugin's resync spreads the reads over ``DraOptions.claim_check`` seconds);
         None reads every claim (at start)."""
         report = ReconcileReport()
         bad = self.checkpoint.bad

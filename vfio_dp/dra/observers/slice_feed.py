@@ -100,7 +100,8 @@ class SliceFeed:
     async def update(self, snapshot: Snapshot) -> PoolUpdate:
         """The pool after ``snapshot`` (see the module docstring)."""
         inv = snapshot.inventory
-        records = tuple(self.records().values())
+        by_uid = self.records()  # one copy of the checkpoint's records for this update
+        records = tuple(by_uid.values())
         withheld, units = await self._withdraw_held(snapshot, records)
         # the same records (the checkpoint keeps each unchanged record's object): the same
         # holds object, so the idle check below compares it by identity, not 1,000 entries
@@ -109,7 +110,7 @@ class SliceFeed:
         holds = self._holds[1]
         offers = await self._offers_of(snapshot, units)
         mdevs = await self.core.run(
-            mdev.pool, self.core.host, snapshot.config, self.records(), self.mdev_costs
+            mdev.pool, self.core.host, snapshot.config, by_uid, self.mdev_costs
         )
         key = (snapshot.generation, withheld, holds, tuple(m.device for m in mdevs))
         if key == self._idle_key and offers == self._offers and not self.health.waiting:
