@@ -9,11 +9,8 @@ start it with :class:`ApiServerProcess`; its child is this script::
 
 which prints the stand-in's kubeconfig path, then answers one JSON line on stdout for each
 JSON line read on stdin, until stdin closes:
-
-- ``{"op": "seed", "plural": "resourceclaims", "objects": [...]}`` → ``{"seeded": [...]}``
-  (each object stored as :meth:`ApiServerStandin.seed` does: status kept, validated);
-- ``{"op": "count"}`` → ``{"requests": N, "slice_writes": M}`` (requests answered so far,
-  and the ResourceSlice creates and updates among them).
+``{"op": "seed", "plural": "resourceclaims", "objects": [...]}`` → ``{"seeded": [...]}``
+(each object stored as :meth:`ApiServerStandin.seed` does: status kept, validated).
 """
 
 from __future__ import annotations
@@ -61,9 +58,6 @@ class ApiServerProcess:
         )["seeded"]
         return seeded
 
-    def count(self) -> dict[str, int]:
-        return self._ask({"op": "count"})
-
     def client(self) -> Any:
         """A real ``kubernetes.client.ApiClient`` loaded from :attr:`kubeconfig`."""
         import kubernetes.config
@@ -92,19 +86,10 @@ def serve(directory: str) -> None:
         for line in sys.stdin:
             request = json.loads(line)
             try:
-                if request["op"] == "seed":
-                    kind = kinds[request["plural"]]
-                    answer: dict[str, Any] = {
-                        "seeded": [api.seed(kind, o) for o in request["objects"]]
-                    }
-                else:
-                    with api.lock:
-                        writes = sum(
-                            1
-                            for r in api.requests
-                            if r.method in ("POST", "PUT", "PATCH") and "resourceslices" in r.path
-                        )
-                        answer = {"requests": len(api.requests), "slice_writes": writes}
+                if request["op"] != "seed":
+                    raise ValueError(f"unknown op {request['op']!r}")
+                kind = kinds[request["plural"]]
+                answer: dict[str, Any] = {"seeded": [api.seed(kind, o) for o in request["objects"]]}
             except Exception as e:  # said to the parent, which raises it
                 answer = {"error": f"{type(e).__name__}: {e}"}
             print(json.dumps(answer), flush=True)

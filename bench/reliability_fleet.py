@@ -51,20 +51,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.rows import DraRig, LoopThread, Side, rss_mb, vm_claim  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 AREA = "fleet"
 FULL, QUICK = 1000, 200
 #: how long the kubelet stand-in keeps calling again after a failed call (kubelet retries a
 #: pod's Prepare with a backoff for as long as the pod exists)
 RETRY_FOR = 180.0
-
-
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.005)
 
 
 class _Node:
@@ -108,7 +101,9 @@ class _Node:
         """Start ``call`` on the stand-in's loop, SIGKILL the daemon once ``check()``; →
         (whether the kill came before the call's answer, what the call ended with)."""
         future = asyncio.run_coroutine_threadsafe(call, self.loop.loop)
-        _wait(lambda: check() or future.done(), 120, "the call to be under way")
+        wait_until(
+            lambda: check() or future.done(), what="the call under way", timeout=120, interval=0.005
+        )
         early = not future.done()
         self.rig.proc.kill()
         self.rig.proc.wait(30)
@@ -213,11 +208,11 @@ def run(n: int) -> list[dict[str, object]]:
         for a in node.rig.addrs[:n]:
             node.rig.tree.set_driver(a, None)
         os.kill(node.rig.proc.pid, signal.SIGUSR1)
-        _wait(lambda: node.health("Unhealthy") == n, 120, f"{n} Unhealthy")
+        wait_until(lambda: node.health("Unhealthy") == n, what=f"{n} Unhealthy", timeout=120)
         for a in node.rig.addrs[:n]:
             node.rig.tree.set_driver(a, "vfio-pci")
         os.kill(node.rig.proc.pid, signal.SIGUSR1)
-        _wait(lambda: node.health("Healthy") == n, 120, f"{n} Healthy again")
+        wait_until(lambda: node.health("Healthy") == n, what=f"{n} Healthy again", timeout=120)
         cp = node.checkpoint()
         kept = sum(1 for uid, s in cp.items() if uid in node.wanted and s == "prepared")
         rows.append(_row(

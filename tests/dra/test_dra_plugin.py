@@ -161,14 +161,8 @@ async def test_registers_publishes_exactly_and_refuses_a_missing_claim(
         await kubelet.stop()
 
 
-async def test_an_idle_resync_rebuilds_nothing_and_lists_nothing(
-    apiserver: ApiServerStandin, start_plugin: StartPlugin
-) -> None:
-    """Issue 25, issue 33 item 2: an idle resync (the same inventory: the core's cheap look
-    saw nothing) reuses the devices it built and sends no request at all -- the slice watch
-    knows the server's names and resourceVersions; a slice deleted meanwhile is put back at
-    once, by the watch's event, not at a resync (there is none here)."""
-    plugin = await start_plugin()
+async def _published_and_watched(plugin: DraPlugin, apiserver: ApiServerStandin) -> None:
+    """Until the pool is written and the publisher's slice watch shows exactly what it wrote."""
     await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
     await until("the publisher's record", lambda: plugin.publisher.writes == 1)
     watch = plugin.publisher.watch
@@ -177,6 +171,17 @@ async def test_an_idle_resync_rebuilds_nothing_and_lists_nothing(
         "the watch",
         lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
     )
+
+
+async def test_an_idle_resync_rebuilds_nothing_and_lists_nothing(
+    apiserver: ApiServerStandin, start_plugin: StartPlugin
+) -> None:
+    """Issue 25, issue 33 item 2: an idle resync (the same inventory: the core's cheap look
+    saw nothing) reuses the devices it built and sends no request at all -- the slice watch
+    knows the server's names and resourceVersions; a slice deleted meanwhile is put back at
+    once, by the watch's event, not at a resync (there is none here)."""
+    plugin = await start_plugin()
+    await _published_and_watched(plugin, apiserver)
     devices = list(plugin.devices)
     checks, n = plugin.publisher.checks, len(apiserver.requests)
     await until("three more resyncs", lambda: plugin.publisher.checks >= checks + 3)
@@ -514,14 +519,7 @@ async def test_an_idle_check_of_the_pool_stays_on_the_event_loop(
     server holds exactly it): no hop to the slice lane's thread and its deadline watchdog;
     a slice deleted meanwhile is still put back (the watch's event wakes the lane)."""
     plugin = await start_plugin()
-    await until("the slices", lambda: pool(apiserver)[1] == set(PUBLISHED))
-    await until("the publisher's record", lambda: plugin.publisher.writes == 1)
-    watch = plugin.publisher.watch
-    assert watch is not None
-    await until(
-        "the watch",
-        lambda: bool(plugin.publisher.written) and watch.snapshot() == plugin.publisher.written,
-    )
+    await _published_and_watched(plugin, apiserver)
     runs: list[str] = []
     real = plugin.publisher.lane.run
 

@@ -12,20 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.core.test_resync import NIC, OTHER, build  # the resync tests' two-NIC tree
 from tests.sysfs_tree import Dev, SysfsTree
 from vfio_dp.host.changes import devices_or_groups_changed, fingerprint
 from vfio_dp.host.root import Root
-
-NIC = "0000:65:00.0"
-OTHER = "0000:66:00.0"
-
-
-def build(base: Path) -> SysfsTree:
-    t = SysfsTree(base)
-    t.add(Dev("0000:00:00.0", "8086", "29c0", "060000", group=0))
-    t.add(Dev(NIC, "8086", "10d3", "020000", driver="vfio-pci", group=11))
-    t.add(Dev(OTHER, "8086", "10d3", "020000", driver="vfio-pci", group=12))
-    return t
 
 
 @pytest.fixture
