@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deviceplugin.test_metrics import series_named_in
+from tests.vm_translate.streams import close_streams
 from tests.waiting import wait_until_async
 from vfio_dp.model.config import Config
 from vm_translate.config_watch import ConfigWatch
@@ -223,7 +224,7 @@ async def test_slow_body_times_out_with_408(server: Running) -> None:
     await writer.drain()
     head = await asyncio.wait_for(reader.readline(), timeout=5)
     assert head.startswith(b"HTTP/1.1 408"), head
-    writer.close()
+    await close_streams([writer])
 
 
 async def test_plain_http_is_not_served(server: Running) -> None:
@@ -244,7 +245,7 @@ async def _peer_fingerprint(s: Running, ctx: ssl.SSLContext) -> str:
         "127.0.0.1", s.hook.port, ssl=ctx, server_hostname="127.0.0.1"
     )
     der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-    writer.close()
+    await close_streams([writer])
     return hashlib.sha256(der).hexdigest()
 
 

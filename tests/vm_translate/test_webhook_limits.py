@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.vm_translate.conftest import CONFIG_YAML
+from tests.vm_translate.streams import close_streams
 from tests.vm_translate.test_webhook import VMI, Running, post, review, start
 from tests.waiting import wait_until_async
 from vfio_dp.model.config import Config
@@ -101,12 +102,11 @@ async def test_many_open_connections_are_held_and_reviews_still_answered(
         )
         head = await asyncio.wait_for(reader.readline(), timeout=10)
         assert head.startswith(b"HTTP/1.1 200"), head
-        writer.close()
+        await close_streams([writer])
         assert _sockets(proc.pid) >= base + len(held)  # the 300 are still held
         assert proc.poll() is None
     finally:
-        for h in held:
-            h.close()
+        await close_streams(held)
         proc.kill()
         proc.communicate()
 
@@ -142,8 +142,7 @@ async def test_new_connection_refused_while_all_are_young(tmp_path: Path, config
         assert listener.refused == 1 and listener.evicted == 0
         assert listener.open_connections == 20
     finally:
-        for h in held:
-            h.close()
+        await close_streams(held)
         await s.hook.stop()
 
 
@@ -176,8 +175,7 @@ async def test_connection_cap_evicts_silent_then_idle_and_reviews_answered(
         first.settimeout(10)
         assert await asyncio.to_thread(first.recv, 1) == b""
     finally:
-        for h in held:
-            h.close()
+        await close_streams(held)
         await s.hook.stop()
 
 
@@ -210,10 +208,9 @@ async def test_connection_answering_a_request_is_never_evicted(
         await writer.drain()
         head = await asyncio.wait_for(reader.readline(), timeout=10)
         assert head.startswith(b"HTTP/1.1 200"), head
-        writer.close()
+        await close_streams([writer])
     finally:
-        for h in held:
-            h.close()
+        await close_streams(held)
         await s.hook.stop()
 
 
@@ -222,7 +219,7 @@ async def test_bare_tcp_closed_after_handshake_timeout(tmp_path: Path, config: C
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.hook.port)
         assert await asyncio.wait_for(reader.read(1), timeout=10) == b""
-        writer.close()
+        await close_streams([writer])
         assert s.hook.listener.open_connections == 0
     finally:
         await s.hook.stop()
@@ -242,7 +239,7 @@ async def test_idle_and_slow_header_connections_closed(
         except ConnectionError:  # closed without close_notify: closed all the same
             data = b""
         assert data == b"", data
-        writer.close()
+        await close_streams([writer])
     finally:
         await s.hook.stop()
 
@@ -259,9 +256,7 @@ async def test_declared_oversize_body_gets_413_before_it_is_sent(
         assert head.startswith(b"HTTP/1.1 413"), head
         rest = await asyncio.wait_for(reader.read(4096), timeout=10)
         assert b"100000000 bytes is over the limit of 65536" in rest
-        writer.close()
-        with contextlib.suppress(ConnectionError):  # else stop() waits for it (10 s)
-            await writer.wait_closed()
+        await close_streams([writer])  # else stop() waits for it (10 s)
     finally:
         await s.hook.stop()
 
@@ -283,8 +278,7 @@ async def test_large_bodies_beyond_budget_get_503_small_ones_pass(
         status, _ = await post(s, json.dumps(review(VMI)).encode())
         assert status == 200
     finally:
-        for w in writers:
-            w.close()
+        await close_streams(writers)
         await s.hook.stop()
 
 
@@ -544,7 +538,7 @@ async def test_header_block_is_bounded(
                 await writer.drain()
                 head = await asyncio.wait_for(reader.readline(), timeout=10)
                 assert head.split()[1] == b"400", head
-                writer.close()
+                await close_streams([writer])
         assert "Traceback" not in caplog.text
         warnings = [r for r in caplog.records if "malformed HTTP request" in r.getMessage()]
         assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
@@ -564,6 +558,6 @@ async def test_connections_share_the_listeners_receive_buffer(
         (conn,) = list(listener._open)
         assert conn.get_buffer(-1) is listener.recv_view
         assert len(conn.get_buffer(-1)) == len(listener.recv_buffer)
-        writer.close()
+        await close_streams([writer])
     finally:
         await s.hook.stop()

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.releases import PREVIOUS_MAIN, REPO, archive
+from tests.vm_translate.streams import close_streams
 from tests.vm_translate.test_webhook import VMI, review
 
 LAG = 1.0  # seconds between SIGTERM and the endpoint leaving the Service
@@ -84,6 +85,7 @@ class Service:
         self.turn = 0
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.open: set[asyncio.StreamWriter] = set()  # both ends of every forwarded connection
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
@@ -92,11 +94,14 @@ class Service:
     async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         self.turn += 1
         port = self.endpoints[self.turn % len(self.endpoints)]
+        self.open.add(w)
         try:
             br, bw = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
-            w.close()  # the endpoint refused: the client sees a reset, as through kube-proxy
+            await close_streams([w])  # the endpoint refused: the client sees a reset, as through kube-proxy
+            self.open.discard(w)
             return
+        self.open.add(bw)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError):
@@ -107,10 +112,14 @@ class Service:
                 dst.close()
 
         await asyncio.gather(pipe(r, bw), pipe(br, w))
+        await close_streams([w, bw])
+        self.open -= {w, bw}
 
     async def stop(self) -> None:
+        """Stop listening and close what is still forwarded, before the test's loop ends."""
         assert self.server is not None
         self.server.close()
+        await close_streams(list(self.open))
 
 
 async def _review(port: int, ctx: ssl.SSLContext, body: bytes) -> str:
@@ -119,15 +128,19 @@ async def _review(port: int, ctx: ssl.SSLContext, body: bytes) -> str:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1"), 10
         )
+    except (OSError, TimeoutError, ssl.SSLError) as e:
+        return f"{type(e).__name__}: {e}"
+    try:
         writer.write(
             b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
             + body
         )
         raw = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
     except (OSError, TimeoutError, ssl.SSLError) as e:
         return f"{type(e).__name__}: {e}"
+    finally:
+        await close_streams([writer])
     head, _, payload = raw.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         return head[:80].decode(errors="replace") or "no answer"

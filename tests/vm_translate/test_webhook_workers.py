@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.dra.apiserver_standin import ApiServerStandin
+from tests.vm_translate.streams import close_streams
 from tests.vm_translate.test_webhook import VMI, review
 from tests.vm_translate.test_webhook_node_child import api, children, node_lists  # noqa: F401
 from tests.waiting import wait_until
@@ -108,7 +109,7 @@ async def denied_on_a_new_connection(t: Tree) -> int:
     length = next(int(h[15:]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))
     answer = json.loads(await reader.readexactly(length))["response"]
     if answer["allowed"]:  # the first reviews may come before the first list: unchecked
-        writer.close()
+        await close_streams([writer])
         return 0
     assert "no schedulable node advertises" in answer["status"]["message"]
     port = int(writer.get_extra_info("sockname")[1])
@@ -136,8 +137,7 @@ async def test_every_worker_answers_and_checks_the_nodes(
             if answered == set(workers):
                 break
     finally:
-        for w in _OPEN:
-            w.close()
+        await close_streams(_OPEN)
         _OPEN.clear()
     assert answered == set(workers)
     # one node-list child, the supervisor's; none in the workers
@@ -157,8 +157,7 @@ async def test_sigterm_ends_every_process_of_the_tree(tree: Tree) -> None:
 
 async def denied_or_allowed(t: Tree) -> None:
     await denied_on_a_new_connection(t)
-    for w in _OPEN:
-        w.close()
+    await close_streams(_OPEN)
     _OPEN.clear()
 
 
