@@ -90,9 +90,14 @@ def add_instance(tree: SysfsTree, parent: str, type_id: str, uuid: str, group: i
 
 
 def _available(type_dir: Path, delta: int) -> int:
+    """``available_instances`` moved by ``delta``, replaced whole: a sysfs attribute is read in
+    one ``show()``, so a reader never sees it half written (``write_text`` truncates first: a
+    reader in between read "" -- no slots -- and the DRA plugin's pool lost them)."""
     f = type_dir / "available_instances"
     now = int(f.read_text().strip())
-    f.write_text(f"{now + delta}\n")
+    new = type_dir / ".available_instances.new"
+    new.write_text(f"{now + delta}\n")
+    os.replace(new, f)
     return now
 
 

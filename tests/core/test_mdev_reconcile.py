@@ -114,6 +114,32 @@ def test_a_reboot_remakes_recorded_instances_with_their_uuids(tmp_path: Path) ->
     assert ours(t, "mtty", "mtty-1", by="claim:5d1e") == [CLAIMED]
 
 
+def test_an_unprepare_between_the_pass_reading_and_remaking_is_not_undone(
+    tmp_path: Path,
+) -> None:
+    """A claim's Unprepare removes the instance, then its record (both under the parent's
+    lock). A pass that read the instances after the first step and the records before the
+    second must not make the instance again for a claim that is gone (it did: the instance
+    stayed, taking a slot, until a later reconcile released it)."""
+    t = tree(tmp_path / "root")
+    dra = Pass(t, "dra-plugin", "dra")
+    dra.mdevs.create("mtty", "mtty-1", [CLAIMED], by="claim:5d1e")
+    store = dra.mdevs.store
+    read_records = store.records
+
+    def records_then_unprepare_ends() -> tuple[list[MdevRecord], list[str]]:
+        seen = read_records()
+        store.remove(CLAIMED)  # the Unprepare's last step, right after the pass's read
+        return seen
+
+    remove_instance(t, CLAIMED)  # the Unprepare's first step: the instance is gone
+    store.records = records_then_unprepare_ends  # type: ignore[method-assign]
+    said = dra.reconcile_sync(cfg(MTTY2 % 2), {})
+    assert CLAIMED not in {i.uuid for i in read_mdevs(dra.mdevs.host.fs).instances}
+    assert store.get(CLAIMED) is None
+    assert not any("re-made" in m for m in said), said
+
+
 def test_a_parent_that_disappears_keeps_its_records(tmp_path: Path) -> None:
     t = tree(tmp_path / "root")
     Pass(t).reconcile_sync(cfg(MTTY2 % 1), {})

@@ -97,7 +97,8 @@ async def test_slots_allocated_prepared_unprepared_and_remade_after_a_reboot(
         ids: list[Any] = list(answer[uid0].devices[0].cdi_device_ids)
         assert ids[0] == f"{DRIVER}/vfio={uid0}-{answer[uid0].devices[0].device_name}"
         # the slots and their names stay: 10 available + the 2 claims made
-        await until("republished", lambda: plugin.publisher.writes >= 1)
+        # (a republish may be under way: pool() names the devices once it is complete)
+        await until("republished", lambda: plugin.publisher.writes >= 1 and bool(pool(apiserver)[1]))
         assert pool(apiserver)[1] == SLOTS
         assert await kubelet.unprepare(DRIVER, [("default", uid0, "c0")]) == {uid0: ""}
         assert _instances(tree) == {u1}

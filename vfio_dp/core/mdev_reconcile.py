@@ -36,7 +36,7 @@ from vfio_dp.host.bound_by import BOUND_BY_DRA_PLUGIN, claim_of
 from vfio_dp.host.host import Host
 from vfio_dp.host.mdev_ops import Mdevs
 from vfio_dp.model.config import Config
-from vfio_dp.model.mdev import MdevInventory, is_uuid
+from vfio_dp.model.mdev import MdevInventory, MdevRecord, is_uuid
 from vfio_dp.model.mdev_config import STATIC, MdevEntry
 
 log = logging.getLogger("vfio_dp.core")
@@ -168,7 +168,7 @@ class MdevPass:
             w = want_of.get(rec.parent)
             ours = rec.by == m.by and w is not None and w.type_id == rec.type_id
             if ours or (claims and claim_of(rec.by) is not None):
-                out += self._make(rec.parent, rec.type_id, [rec.uuid], rec.by, "re-made")
+                out += self._remake(rec)
         inv = m.read()
         present = {i.uuid for i in inv.instances}
         mine = [r for r in records if r.by == m.by and r.uuid in present]
@@ -205,6 +205,13 @@ class MdevPass:
         except HostError as e:
             return [f"mdev {type_id} on {parent}: not {how}: {e}"]
         return [f"mdev {type_id} on {parent}: {how} {', '.join(uuids)}"]
+
+    def _remake(self, rec: MdevRecord) -> list[str]:
+        try:
+            made = self.mdevs.remake(rec).uuids
+        except HostError as e:
+            return [f"mdev {rec.type_id} on {rec.parent}: not re-made: {e}"]
+        return [f"mdev {rec.type_id} on {rec.parent}: re-made {rec.uuid}"] if made else []
 
     def _remove(self, uuids: list[str], extra: Mapping[str, Sequence[str]], why: str) -> list[str]:
         out: list[str] = []

@@ -192,6 +192,20 @@ class Mdevs:
                 self._create_one(MdevRecord(u, parent, type_id, by or self.by), result)
         return result
 
+    def remake(self, rec: MdevRecord) -> MdevResult:
+        """Make again the recorded instance ``rec`` that is gone (a reboot), with its UUID --
+        only if, under the parent's lock, its record is still ``rec`` and the instance still
+        gone: a pass that read both before a claim's Unprepare removed the instance and
+        then its record must not bring it back. ``uuids`` empty: nothing to make now."""
+        result = MdevResult()
+        with self.host.state.locked([rec.parent], self.host.lock_timeout):
+            result.warnings += self._recover_locked(rec.parent)
+            if self.store.get(rec.uuid) != rec or self._exists(rec.uuid):
+                return result
+            self.check_create(self.read(), rec.parent, rec.type_id, [rec.uuid])
+            self._create_one(rec, result)
+        return result
+
     def _create_one(self, rec: MdevRecord, result: MdevResult) -> None:
         path = self.create_path(rec.parent, rec.type_id)
         self.host.fs.check_inside(path)
