@@ -50,8 +50,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.sysfs_tree import SysfsTree
+
+
+def shown(attr: Path, text: str) -> None:
+    """Set a sysfs attribute's value whole: the kernel's ``show()`` is read in one go, so a
+    reader never sees it half written (``write_text`` truncates first: a reader in between
+    reads "")."""
+    new = attr.with_name(f".{attr.name}.new")
+    new.write_text(text)
+    os.replace(new, attr)
 
 
 class SimulatedKernel:
@@ -179,7 +189,7 @@ class SimulatedKernel:
             if parts[5] == "sriov_drivers_autoprobe":
                 if value not in ("0", "1"):
                     raise OSError(errno.EINVAL, "Invalid argument")
-                (self.tree.dev_dir(parts[4]) / "sriov_drivers_autoprobe").write_text(value + "\n")
+                shown(self.tree.dev_dir(parts[4]) / "sriov_drivers_autoprobe", value + "\n")
                 return
         if parts[:4] == ["sys", "bus", "pci", "devices"] and parts[5] == "driver_override":
             self.tree.set_override(parts[4], None if data in ("\n", "") else value)
@@ -253,7 +263,7 @@ class SimulatedKernel:
                     link.unlink()
                     if vf in self.tree.devs:
                         self.tree.remove(vf)
-            (d / "sriov_numvfs").write_text("0\n")
+            shown(d / "sriov_numvfs", "0\n")
             return
         if have:
             raise OSError(errno.EBUSY, "Device or resource busy")
@@ -288,4 +298,4 @@ class SimulatedKernel:
                     physfn=pf,
                 )
             )
-        (d / "sriov_numvfs").write_text(f"{count}\n")
+        shown(d / "sriov_numvfs", f"{count}\n")

@@ -25,7 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.kernel_sim import SimulatedKernel
+from tests.kernel_sim import SimulatedKernel, shown
 from tests.sysfs_tree import SysfsTree
 from vfio_dp.model.mdev import is_uuid
 
@@ -95,9 +95,7 @@ def _available(type_dir: Path, delta: int) -> int:
     reader in between read "" -- no slots -- and the DRA plugin's pool lost them)."""
     f = type_dir / "available_instances"
     now = int(f.read_text().strip())
-    new = type_dir / ".available_instances.new"
-    new.write_text(f"{now + delta}\n")
-    os.replace(new, f)
+    shown(f, f"{now + delta}\n")
     return now
 
 
