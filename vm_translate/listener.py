@@ -168,6 +168,8 @@ class Listener:
         self.refused = 0
         #: evictions by what the connection was doing: silent, idle, handshaking, young
         self.evicted_by: dict[str, int] = {}
+        #: called when a connection is added or gone (vm_translate.balance publishes the count)
+        self.counted: Callable[[], None] | None = None
 
     @property
     def open_connections(self) -> int:
@@ -190,6 +192,8 @@ class Listener:
         conn = _TlsConnection(self, app, self.context)
         self._open[conn] = None
         self._by_app[app] = conn
+        if self.counted is not None:
+            self.counted()
         return conn
 
     def _victim(self) -> tuple[_TlsConnection, str] | None:
@@ -239,6 +243,8 @@ class Listener:
     def forget(self, conn: _TlsConnection) -> None:
         self._open.pop(conn, None)
         self._by_app.pop(conn.app, None)
+        if self.counted is not None:
+            self.counted()
 
     def touch(self, conn: _TlsConnection) -> None:
         """``conn`` made progress: it becomes the last candidate for eviction."""

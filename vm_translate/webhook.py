@@ -50,6 +50,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from vfio_dp.core.metrics import CONTENT_TYPE
 from vfio_dp.model.config import Config
+from vm_translate.balance import BalancedServer, SharedSocket
 from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
 from vm_translate.http_log import HttpLog
@@ -267,7 +268,7 @@ class Webhook:
         self,
         runner: web.ServerRunner,
         state: _State,
-        server: asyncio.Server,
+        server: asyncio.Server | BalancedServer,
         tls: ReloadingContext,
         configs: ConfigWatch,
         listener: Listener,
@@ -294,12 +295,12 @@ class Webhook:
         config: Config | ConfigWatch,
         settings: WebhookSettings,
         node_fetch: NodeFetch | None = None,
-        sock: socket.socket | None = None,
+        sock: socket.socket | SharedSocket | None = None,
     ) -> Webhook:
         """Serve ``config`` (fixed) or a :class:`ConfigWatch` (followed every reload_interval).
-        ``sock``: a listening socket shared with other serving processes
-        (:mod:`vm_translate.workers`) instead of one of its own; ``node_fetch``: where the
-        node list comes from instead of a child of its own."""
+        ``sock``: a bound socket, or a worker's place on the socket it shares with the other
+        workers (:mod:`vm_translate.balance`), instead of one of its own; ``node_fetch``:
+        where the node list comes from instead of a child of its own."""
         lister = None
         if settings.check_nodes and node_fetch is None:
             node_fetch = lister = ChildNodeLister()
@@ -336,13 +337,18 @@ class Webhook:
             loop,
         )
         state.listener = listener
-        try:
-            sock = sock or open_listener(settings)
-        except PortError:
-            await runner.cleanup()
-            raise
-        server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
-        sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
+        server: asyncio.Server | BalancedServer
+        if isinstance(sock, SharedSocket):  # a worker: accepts while it has the fewest
+            server = BalancedServer(sock, listener.protocol, lambda: listener.open_connections, loop)
+            listener.counted = server.publish
+        else:
+            try:
+                sock = sock or open_listener(settings)
+            except PortError:
+                await runner.cleanup()
+                raise
+            server = await loop.create_server(listener.protocol, sock=sock, backlog=ACCEPT_BATCH)
+            sock.listen(BACKLOG)  # asyncio accepts up to `backlog` per wakeup: keep that small
         reloader = asyncio.create_task(follow(tls, state.configs, settings.reload_interval))
         log.info(
             "webhook serving https://%s:%d/mutate (at most %d connections)",
@@ -394,7 +400,7 @@ async def serve(
     ready: Callable[[int], None] | None = None,
     started: Callable[[Webhook], None] | None = None,
     node_fetch: NodeFetch | None = None,
-    sock: socket.socket | None = None,
+    sock: socket.socket | SharedSocket | None = None,
 ) -> None:
     """Run until cancelled (SIGTERM/SIGINT under :func:`run`)."""
     hook = await Webhook.start(config, settings, node_fetch, sock)
@@ -412,13 +418,13 @@ def run(
     config: Config | ConfigWatch,
     settings: WebhookSettings,
     ready: Callable[[int], None] | None = None,
-    worker: Callable[[Callable[[], None]], Awaitable[tuple[socket.socket, NodeFetch | None]]]
+    worker: Callable[[Callable[[], None]], Awaitable[tuple[SharedSocket, NodeFetch | None]]]
     | None = None,
 ) -> None:
     """Blocking entry point for ``vfioctl webhook``; returns on SIGTERM / Ctrl-C.
     ``worker``: this process is one of :mod:`vm_translate.workers`' serving processes; called
-    in its loop with the function that stops it (its supervisor is gone), it gives the shared
-    listening socket and the node fetch."""
+    in its loop with the function that stops it (its supervisor is gone), it gives its place
+    on the shared listening socket and the node fetch."""
     import signal
 
     async def main() -> None:

@@ -20,9 +20,12 @@ answer is the child's line: :func:`~vm_translate.kube_adapter.line_of_nodes`) an
 the answer the other half, so a list is at most ``--node-cache-seconds`` old and the API
 server is asked as often as with one process.
 
+Connections: a worker with more open connections than its least-loaded peer stops
+accepting until the others catch up (:mod:`vm_translate.balance`; the kernel does not
+balance a shared socket, and kube-apiserver keeps its connections for long).
+
 Bounds: ``--max-connections`` and ``--body-budget-bytes`` are the replica's; each worker
-holds its share (N = 2: 192 connections each; the kernel does not balance them, so one
-worker may reach its share first). Memory: see
+holds its share (N = 2: 192 connections each). Memory: see
 :func:`vm_translate.webhook_limits.worst_case_rss_bytes`.
 
 Shutdown: SIGTERM or SIGINT to the supervisor is sent on to every worker (each drains for
@@ -50,6 +53,7 @@ import socket
 from collections.abc import Callable
 
 from vfio_dp.model.config import Config
+from vm_translate.balance import SharedSocket, shared_counts
 from vm_translate.config_watch import ConfigWatch
 from vm_translate.errors import NodeCheckError
 from vm_translate.kube_adapter import ChildNodeLister, line_of_nodes, nodes_of_line
@@ -102,11 +106,11 @@ class SupervisorLink:
 
 
 def _worker(
-    config: ConfigWatch, settings: WebhookSettings, sock: socket.socket, link: socket.socket
+    config: ConfigWatch, settings: WebhookSettings, sock: SharedSocket, link: socket.socket
 ) -> None:
     """A forked worker: serves ``sock`` until SIGTERM/SIGINT or its supervisor's end."""
 
-    async def attach(stop: Callable[[], None]) -> tuple[socket.socket, NodeFetch | None]:
+    async def attach(stop: Callable[[], None]) -> tuple[SharedSocket, NodeFetch | None]:
         to_parent = await SupervisorLink.open(link, stop)
         return sock, to_parent if settings.check_nodes else None
 
@@ -214,7 +218,8 @@ def run_workers(
     sock.listen(BACKLOG)
     pids: list[int] = []
     links: list[socket.socket] = []
-    for _ in range(workers):
+    counts = shared_counts(workers)  # each worker's open connections (vm_translate.balance)
+    for index in range(workers):
         ours, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:  # the worker: no event loop, thread or signal handler was made before
@@ -223,7 +228,7 @@ def run_workers(
                 ours.close()
                 for other in links:
                     other.close()
-                _worker(configs, settings, sock, theirs)
+                _worker(configs, settings, SharedSocket(sock, counts, index), theirs)
             except BaseException:
                 log.exception("webhook worker %d failed", os.getpid())
                 code = 1

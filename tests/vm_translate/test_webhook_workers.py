@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -192,3 +193,50 @@ def test_the_replicas_bounds_are_shared_by_its_workers() -> None:
     assert worst_case_rss_bytes(two) - worst_case_rss_bytes(one) == (
         2 * BASELINE_RSS + 10 * one.max_body_bytes
     )
+
+
+def accept_queue(port: int) -> int:
+    """Connections waiting in the listening socket's accept queue (/proc/net/tcp: a LISTEN
+    entry's rx_queue)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(f":{port:04X}") and f[3] == "0A":
+            return int(f[4].split(":")[1], 16)
+    return 0
+
+
+async def test_connections_are_balanced_over_the_workers(tree: Tree) -> None:
+    """16 connections arrive while one worker is held (SIGSTOP, as a worker busy with a
+    burst of reviews): the other takes one and leaves the rest queued until its peer
+    catches up (vm_translate.balance); without the balance it took all 16 (asyncio accepts
+    up to 16 at a wake-up), and kept them for as long as the client kept them open."""
+    held, running = tree.workers()
+    socks = [socket.create_connection(("127.0.0.1", tree.port)) for _ in range(16)]
+    ports = [s.getsockname()[1] for s in socks]
+    writers: list[asyncio.StreamWriter] = []
+    os.kill(held, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: [holder(tree.port, p, [running]) for p in ports].count(running)
+            + accept_queue(tree.port) == 16,
+            what="every connection accepted by the running worker or queued",
+        )
+    finally:
+        os.kill(held, signal.SIGCONT)
+    whose = wait_until(
+        lambda: (h := [holder(tree.port, p, [held, running]) for p in ports]) and None not in h and h,
+        what="every connection accepted",
+    )
+    try:
+        for s in socks:  # each is served: a review on it
+            r, w = await asyncio.open_connection(sock=s, ssl=tree.ctx, server_hostname="127.0.0.1")
+            writers.append(w)
+            body = json.dumps(review(VMI)).encode()
+            w.write(
+                f"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    finally:
+        await close_streams([*writers, *socks[len(writers) :]])
+    assert abs(whose.count(held) - whose.count(running)) <= 2, whose
