@@ -55,7 +55,7 @@ from vm_translate.config_watch import ConfigWatch, follow
 from vm_translate.errors import NodeCheckError, PortError, ReviewError
 from vm_translate.http_log import HttpLog
 from vm_translate.kube_adapter import ChildNodeLister
-from vm_translate.listener import Listener, ListenerLimits, listening_socket
+from vm_translate.listener import Listener, ListenerLimits, event_loop, listening_socket
 from vm_translate.nodes import NodeCache, NodeResources
 from vm_translate.review import decide, parse_review
 from vm_translate.tls import ReloadingContext
@@ -450,4 +450,5 @@ def run(
         with contextlib.suppress(asyncio.CancelledError):
             await serve(config, settings, ready, hooks.append, fetch, sock)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=event_loop) as runner:  # uvloop's where installed
+        runner.run(main())
