@@ -280,7 +280,7 @@ def event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         log.warning(
             "uvloop is not installed (pip install 'uvloop>=0.19', a dependency of vfio_dp): "
-            "serving on asyncio's event loop, ~15 %% more CPU a review"
+            "serving on asyncio's event loop, ~15 % more CPU a review"
         )
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
