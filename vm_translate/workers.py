@@ -4,9 +4,10 @@ One serving process is one core at most (one event loop, one GIL): at 0.35 ms of
 review it answers ~2,850 reviews/s, and 64 connections in a closed loop wait 64 x 0.35 ms
 on average whatever the client does. With ``--workers N`` the process started (the
 supervisor) binds and listens, then forks N workers that each accept from that one socket
-(the kernel hands each connection to one of them) and serve exactly as ``--workers 1``
-does (:func:`vm_translate.webhook.run`): TLS, bounds, certificate and ``--config`` reload
-(each worker follows the files itself), drain on SIGTERM. The process tree::
+(the kernel hands each connection to one of those accepting: those with the fewest open
+connections, :mod:`vm_translate.balance`) and serve exactly as ``--workers 1`` does
+(:func:`vm_translate.webhook.run`): TLS, bounds, certificate and ``--config`` reload (each
+worker follows the files itself), drain on SIGTERM. The process tree::
 
     vfioctl webhook --workers 2          supervisor: signals, node list, no HTTP
     ├── worker 1                         serves the socket
