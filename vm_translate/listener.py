@@ -272,7 +272,7 @@ class Listener:
 
 def event_loop() -> asyncio.AbstractEventLoop:
     """A serving process's event loop: uvloop's (its event loop and socket transports are
-    C: ~15 % less CPU a review than asyncio's under row 4's closed loop, docs/performance.md;
+    C: ~10-15 % less CPU a review than asyncio's under row 4's closed loop (docs/performance.md);
     the TLS stays :class:`_TlsConnection`, asyncio's Python ``SSLProtocol``); asyncio's own,
     with a warning, where uvloop is not installed (a platform without its wheel)."""
     try:
@@ -280,7 +280,7 @@ def event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         log.warning(
             "uvloop is not installed (pip install 'uvloop>=0.19', a dependency of vfio_dp): "
-            "serving on asyncio's event loop, ~15 % more CPU a review"
+            "serving on asyncio's event loop, ~10-15 % more CPU a review"
         )
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
