@@ -25,8 +25,9 @@ import contextlib
 import logging
 import mmap
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from vm_translate.listener import Listener
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +57,30 @@ class SharedSocket:
 
 class BalancedServer:
     """Accepts from a :class:`SharedSocket` while this worker has the fewest connections;
-    the connections go to ``protocol`` as ``loop.create_server``'s would (``sockets``,
-    ``close`` and ``wait_closed`` as :class:`asyncio.Server`'s)."""
+    the connections go to ``listener`` as ``loop.create_server(listener.protocol)``'s would
+    (``sockets``, ``close`` and ``wait_closed`` as :class:`asyncio.Server`'s); the listener
+    tells it when a connection is made or gone (``Listener.counted``)."""
 
     def __init__(
-        self,
-        seat: SharedSocket,
-        protocol: Callable[[], asyncio.BaseProtocol],
-        open_connections: Callable[[], int],
-        loop: asyncio.AbstractEventLoop,
+        self, seat: SharedSocket, listener: Listener, loop: asyncio.AbstractEventLoop
     ) -> None:
         self.seat = seat
         self.sockets = [seat.sock]
-        self._protocol = protocol
-        self._open = open_connections
+        self._listener = listener
         self._loop = loop
         self._accepted = 0  # accepted, protocol not made yet
         self._reading = False
         self._recheck: asyncio.TimerHandle | None = None
         self._handing: set[asyncio.Task[None]] = set()
         self._closed = False
+        listener.counted = self.publish
         self.publish()
         self._resume()
 
     def publish(self) -> None:
         """Write this worker's count; a paused worker whose count is now the lowest
         accepts again. Called by the listener at each connection made or gone."""
-        self.seat.counts[self.seat.index] = self._open() + self._accepted
+        self.seat.counts[self.seat.index] = self._listener.open_connections + self._accepted
         if not self._reading and not self._closed and self.seat.may_accept():
             self._resume()
 
@@ -133,7 +131,7 @@ class BalancedServer:
             nonlocal made
             made = True
             self._accepted -= 1
-            return self._protocol()  # the listener publishes the new count
+            return self._listener.protocol()  # which publishes the new count
 
         try:
             await self._loop.connect_accepted_socket(protocol, conn)

@@ -339,8 +339,7 @@ class Webhook:
         state.listener = listener
         server: asyncio.Server | BalancedServer
         if isinstance(sock, SharedSocket):  # a worker: accepts while it has the fewest
-            server = BalancedServer(sock, listener.protocol, lambda: listener.open_connections, loop)
-            listener.counted = server.publish
+            server = BalancedServer(sock, listener, loop)
         else:
             try:
                 sock = sock or open_listener(settings)

@@ -205,6 +205,11 @@ def accept_queue(port: int) -> int:
     return 0
 
 
+def held_by(t: Tree, ports: list[int], pids: list[int]) -> list[int | None]:
+    """Which of ``pids`` holds each connection from ``ports`` (None: not accepted yet)."""
+    return [holder(t.port, p, pids) for p in ports]
+
+
 async def test_connections_are_balanced_over_the_workers(tree: Tree) -> None:
     """16 connections arrive while one worker is held (SIGSTOP, as a worker busy with a
     burst of reviews): the other takes one and leaves the rest queued until its peer
@@ -217,14 +222,13 @@ async def test_connections_are_balanced_over_the_workers(tree: Tree) -> None:
     os.kill(held, signal.SIGSTOP)
     try:
         wait_until(
-            lambda: [holder(tree.port, p, [running]) for p in ports].count(running)
-            + accept_queue(tree.port) == 16,
+            lambda: held_by(tree, ports, [running]).count(running) + accept_queue(tree.port) == 16,
             what="every connection accepted by the running worker or queued",
         )
     finally:
         os.kill(held, signal.SIGCONT)
     whose = wait_until(
-        lambda: (h := [holder(tree.port, p, [held, running]) for p in ports]) and None not in h and h,
+        lambda: None if None in (h := held_by(tree, ports, [held, running])) else h,
         what="every connection accepted",
     )
     try:
@@ -232,10 +236,8 @@ async def test_connections_are_balanced_over_the_workers(tree: Tree) -> None:
             r, w = await asyncio.open_connection(sock=s, ssl=tree.ctx, server_hostname="127.0.0.1")
             writers.append(w)
             body = json.dumps(review(VMI)).encode()
-            w.write(
-                f"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )
+            head = f"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            w.write(head.encode() + body)
             assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
     finally:
         await close_streams([*writers, *socks[len(writers) :]])
@@ -244,7 +246,7 @@ async def test_connections_are_balanced_over_the_workers(tree: Tree) -> None:
 
 def test_workers_serve_on_uvloop(tree: Tree) -> None:
     """Each serving process runs uvloop's event loop (vm_translate.listener.event_loop:
-    ~15 % less CPU a review under row 4): its extension is mapped in every worker."""
+    ~10-15 % less CPU a review under row 4): its extension is mapped in every worker."""
     for pid in tree.workers():
         wait_until(
             lambda pid=pid: "uvloop/loop." in Path(f"/proc/{pid}/maps").read_text(),
