@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: seconds between a paused worker's looks at its peers' counts
 RECHECK = 0.01
 _SLOT = 8  # bytes of one worker's count (a signed 64-bit integer)
+#: the count of a worker that stopped accepting (its drain, its stop)
+CLOSED = 2**62
 
 
 def shared_counts(workers: int) -> memoryview:
@@ -80,8 +82,10 @@ class BalancedServer:
     def publish(self) -> None:
         """Write this worker's count; a paused worker whose count is now the lowest
         accepts again. Called by the listener at each connection made or gone."""
+        if self._closed:  # its peers must not wait for it: it accepts no more
+            return
         self.seat.counts[self.seat.index] = self._listener.open_connections + self._accepted
-        if not self._reading and not self._closed and self.seat.may_accept():
+        if not self._reading and self.seat.may_accept():
             self._resume()
 
     def _resume(self) -> None:
@@ -144,8 +148,10 @@ class BalancedServer:
                 self.publish()
 
     def close(self) -> None:
-        """Stop accepting (this worker's socket closed; its connections stay)."""
+        """Stop accepting (this worker's socket closed; its connections stay). Its count
+        becomes the highest possible, so a peer never waits for it to catch up."""
         self._closed = True
+        self.seat.counts[self.seat.index] = CLOSED
         if self._recheck is not None:
             self._recheck.cancel()
         if self._reading:
