@@ -10,7 +10,11 @@ start it with :class:`ApiServerProcess`; its child is this script::
 which prints the stand-in's kubeconfig path, then answers one JSON line on stdout for each
 JSON line read on stdin, until stdin closes:
 ``{"op": "seed", "plural": "resourceclaims", "objects": [...]}`` → ``{"seeded": [...]}``
-(each object stored as :meth:`ApiServerStandin.seed` does: status kept, validated).
+(each object stored as :meth:`ApiServerStandin.seed` does: status kept, validated);
+``{"op": "wait_pool", "node": ..., "devices": N, "timeout": S}`` → ``{"at": T}``: when the
+node's newest pool generation is complete (``resourceSliceCount`` slices) and holds ``N``
+devices, ``T`` its ``time.monotonic()`` (one clock for every process of the machine),
+judged at each request the stand-in serves, as it stores it: no copy, no polling.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +65,23 @@ class ApiServerProcess:
         )["seeded"]
         return seeded
 
+    def pool_complete(
+        self, node: str, devices: int, timeout: float, alive: Callable[[], None]
+    ) -> float:
+        """The ``time.monotonic()`` at which ``node``'s pool became complete with ``devices``
+        devices (the child judges it as it stores each write); ``alive()`` is called every
+        50 ms meanwhile (it raises to give up: the daemon under test exited)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        ask = {"op": "wait_pool", "node": node, "devices": devices, "timeout": timeout}
+        self.proc.stdin.write(json.dumps(ask) + "\n")
+        self.proc.stdin.flush()
+        while not select.select([self.proc.stdout], [], [], 0.05)[0]:
+            alive()
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        if "error" in answer:
+            raise RuntimeError(f"the API-server stand-in: {answer['error']}")
+        return float(answer["at"])
+
     def client(self) -> Any:
         """A real ``kubernetes.client.ApiClient`` loaded from :attr:`kubeconfig`."""
         import kubernetes.config
@@ -74,6 +98,27 @@ class ApiServerProcess:
             self.proc.wait()
 
 
+def _pool_complete(api: Any, node: str, devices: int, timeout: float) -> float:
+    """When ``node``'s newest pool is complete with ``devices`` devices (monotonic time)."""
+    from bench.dra_bench import pool_of
+
+    at: list[float] = []
+
+    def complete(standin: Any) -> bool:
+        slices = [
+            o
+            for (plural, _, _), o in standin.store.objects.items()
+            if plural == "resourceslices" and o["spec"].get("nodeName") == node
+        ]
+        if pool_of(slices)[1] == devices:
+            at.append(time.monotonic())
+            return True
+        return False
+
+    api.wait_for(f"{devices} devices published for {node}", complete, timeout)
+    return at[0]
+
+
 def serve(directory: str) -> None:
     sys.path.insert(0, str(REPO))
     from tests.dra.apiserver_standin import KINDS, ApiServerStandin
@@ -86,10 +131,15 @@ def serve(directory: str) -> None:
         for line in sys.stdin:
             request = json.loads(line)
             try:
-                if request["op"] != "seed":
+                answer: dict[str, Any]
+                if request["op"] == "wait_pool":
+                    answer = {"at": _pool_complete(
+                        api, request["node"], request["devices"], request["timeout"])}  # fmt: skip
+                elif request["op"] == "seed":
+                    kind = kinds[request["plural"]]
+                    answer = {"seeded": [api.seed(kind, o) for o in request["objects"]]}
+                else:
                     raise ValueError(f"unknown op {request['op']!r}")
-                kind = kinds[request["plural"]]
-                answer: dict[str, Any] = {"seeded": [api.seed(kind, o) for o in request["objects"]]}
             except Exception as e:  # said to the parent, which raises it
                 answer = {"error": f"{type(e).__name__}: {e}"}
             print(json.dumps(answer), flush=True)

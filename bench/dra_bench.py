@@ -87,10 +87,10 @@ def pool(api: ApiServerStandin) -> tuple[int, int]:
             for (plural, _, _), o in api.store.objects.items()
             if plural == SLICES.plural and o["spec"]["nodeName"] == NODE
         ]
-        return _pool_of(slices)
+        return pool_of(slices)
 
 
-def _pool_of(slices: list[dict[str, Any]]) -> tuple[int, int]:
+def pool_of(slices: list[dict[str, Any]]) -> tuple[int, int]:
     if not slices:
         return 0, 0
     gen = max(s["spec"]["pool"]["generation"] for s in slices)

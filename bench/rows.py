@@ -490,11 +490,15 @@ def vm_claim(i: int, device: str, driver: str, pool: str) -> dict[str, Any]:
 
 
 class DraRig:
-    """``vfioctl dra-plugin`` of one side on its own tree, with its own API-server stand-in."""
+    """``vfioctl dra-plugin`` of one side on its own tree, with its own API-server stand-in:
+    in this process (``api_process`` False: :meth:`republish` reads its store in place), or
+    in a process of its own (:class:`bench.apiserver_proc.ApiServerProcess`, as the real API
+    server is: its CPU is not this process's; :meth:`wait_ready` only)."""
 
     NODE = "bench-node"
 
-    def __init__(self, side: Side, base: Path, devices: int) -> None:
+    def __init__(self, side: Side, base: Path, devices: int, *, api_process: bool = False) -> None:
+        from bench.apiserver_proc import ApiServerProcess
         from bench.dra_bench import DRIVER, build_tree
         from tests.dra.apiserver_standin import NODES, ApiServerStandin
 
@@ -503,13 +507,22 @@ class DraRig:
         self.kdir = tempfile.mkdtemp(prefix="kdb", dir="/tmp")
         for sub in ("registry", "plugins"):  # the kubelet makes them; the plugin never does
             os.makedirs(f"{self.kdir}/{sub}")
-        self.api = ApiServerStandin(str(base / "api"))
-        self.api.start()
-        self.api.seed(NODES, {"metadata": {"name": self.NODE}})
+        self.api: Any = None
+        self.api_proc: ApiServerProcess | None = None
+        if api_process:
+            self.api_proc = ApiServerProcess(str(base / "api"))
+            self.api_proc.seed(NODES, {"metadata": {"name": self.NODE}})
+            kubeconfig = self.api_proc.kubeconfig
+        else:
+            self.api = ApiServerStandin(str(base / "api"))
+            self.api.start()
+            self.api.seed(NODES, {"metadata": {"name": self.NODE}})
+            kubeconfig = self.api.kubeconfig
         self.log = open(base / "dra.log", "w")  # noqa: SIM115
+        self.started = time.monotonic()  # the daemon's exec is counted
         self.proc = subprocess.Popen(
             [*side.vfioctl(), "dra-plugin", "--driver-name", DRIVER, "--node-name", self.NODE,
-             "--kubeconfig", self.api.kubeconfig, "--root", str(self.tree.root),
+             "--kubeconfig", kubeconfig, "--root", str(self.tree.root),
              "--kubelet-registry-dir", f"{self.kdir}/registry",
              "--kubelet-plugins-dir", f"{self.kdir}/plugins", "--cdi-dir", str(base / "cdi"),
              "--resync", str(RESYNC), "--metrics-port", "0", "--log-level", "warning"],
@@ -537,8 +550,16 @@ class DraRig:
                 raise RuntimeError(f"timed out after {timeout}s")
             time.sleep(0.002)
 
-    def wait_ready(self) -> None:
+    def wait_ready(self) -> float:
+        """Wait until every device is published; the ``time.monotonic()`` when it was."""
+        if self.api_proc is not None:
+            return self.api_proc.pool_complete(self.NODE, self.devices, 180, self._alive)
         self._wait(lambda: self._pool()[1] == self.devices, 180)
+        return time.monotonic()
+
+    def _alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"dra-plugin exited {self.proc.returncode}")
 
     def republish(self) -> float:
         """One change (a function leaves vfio-pci, or comes back) → seconds to the new pool."""
@@ -559,7 +580,7 @@ class DraRig:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.api.stop()
+        (self.api_proc or self.api).stop()
         self.log.close()
         shutil.rmtree(self.kdir, ignore_errors=True)
 
