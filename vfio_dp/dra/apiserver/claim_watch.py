@@ -36,6 +36,7 @@ from typing import Any
 import kubernetes.client as k8s
 
 from vfio_dp.dra.apiserver.client import Lane, own_client
+from vfio_dp.dra.apiserver.plain import lister
 from vfio_dp.dra.apiserver.watch import WATCH_SECONDS, ListWatch
 from vfio_dp.errors import ApiCallError
 
@@ -75,9 +76,8 @@ class ClaimWatch(ListWatch):
         on_claim: OnClaim,
         seconds: int = WATCH_SECONDS,
     ) -> None:
-        self.api = k8s.ResourceV1Api(own_client(client))
         super().__init__(
-            self.api.list_resource_claim_for_all_namespaces,
+            lister(own_client(client), "/apis/resource.k8s.io/v1/resourceclaims"),
             None,
             seconds,
             "vfio_dp-claim-watch",

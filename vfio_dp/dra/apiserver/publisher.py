@@ -1,11 +1,10 @@
 """Keeps this node's ResourceSlices published: the slice writer of the DRA plugin.
 
-Talks to the API server through the ``kubernetes`` client (pinned in ``pyproject.toml`` to the
-tested 37.x, whose ``ResourceV1Api`` serves ``resource.k8s.io/v1``): reads slices through the
-typed ``ResourceV1Api``; writes (:mod:`.slice_writes`), and the Node's read, with plain JSON
-(:mod:`.plain`) through the same ``ApiClient`` (its kubeconfig / in-cluster auth and TLS):
-importing ``CoreV1Api`` builds every core model (~0.7 s of CPU per start, for one GET). Its
-calls (what the DRA plugin's RBAC must allow)::
+Talks to the API server through the ``kubernetes`` client's ``ApiClient`` (pinned in
+``pyproject.toml`` to the tested 37.x; its kubeconfig / in-cluster auth and TLS) with plain
+JSON (:mod:`.plain`), no typed API: importing ``CoreV1Api`` builds every core model (~0.7 s of
+CPU per start, for one GET), ``ResourceV1Api`` ~100 models (~0.15 s, before the first slice
+was written). Its calls (what the DRA plugin's RBAC must allow)::
 
     GET    /api/v1/nodes/<node>                                   (the owner reference's uid)
     GET    /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>
@@ -55,8 +54,9 @@ from urllib.parse import quote
 import kubernetes.client as k8s
 
 from vfio_dp.dra.apiserver.client import Lane, api_client, call_json, client_config_source
+from vfio_dp.dra.apiserver.plain import send
 from vfio_dp.dra.apiserver.readers import claim_reader, class_reader
-from vfio_dp.dra.apiserver.slice_writes import SliceWriter
+from vfio_dp.dra.apiserver.slice_writes import SLICES_PATH, SliceWriter
 from vfio_dp.dra.apiserver.watch import SliceWatch
 from vfio_dp.dra.personalities import dropped, fit_api
 from vfio_dp.dra.slices import Device, Layout, NodeRef, Slice, build_slices, layout, layout_of
@@ -108,7 +108,6 @@ class SlicePublisher:
         #: the slice lane: one thread and a connection pool of its own
         self.lane = Lane(client, "slices", 1, RECONCILE_DEADLINE)
         self.client = self.lane.client
-        self.api = k8s.ResourceV1Api(self.client)
         #: the writes: a connection pool and threads of their own, under the lane's deadline
         self.writer = SliceWriter(client)
         self.driver = driver
@@ -139,6 +138,9 @@ class SlicePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: set when the first reconcile has ended (the pool written or adopted, or the
+        #: attempt failed): what can wait for the first slices waits for it
+        self.first_done = asyncio.Event()
 
     # -- the asyncio side ----------------------------------------------------------------
     def want(self, devices: Sequence[Device]) -> None:
@@ -191,10 +193,12 @@ class SlicePublisher:
             except PublishError as e:
                 log.error("ResourceSlices not published: %s; next try in %.1f s", e, backoff)
                 self.problem = str(e)
+                self.first_done.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 self._wake.set()
                 continue
+            self.first_done.set()
             if self.problem is not None:
                 log.info("ResourceSlices published again")
             self.problem = None
@@ -224,11 +228,11 @@ class SlicePublisher:
 
     def _list(self) -> dict[str, Slice]:
         """This node's slices of our driver, by name."""
+        selector = f"spec.nodeName={self.node.name},spec.driver={self.driver}"
         answer = call_json(
-            "listing this node's ResourceSlices",
-            self.api.list_resource_slice,
-            field_selector=f"spec.nodeName={self.node.name},spec.driver={self.driver}",
-        )
+            "listing this node's ResourceSlices", send, self.client, "GET", SLICES_PATH,
+            query=[("fieldSelector", selector)],
+        )  # fmt: skip
         self.lists += 1
         return {s["metadata"]["name"]: s for s in answer.get("items") or []}
 

@@ -44,7 +44,6 @@ class SliceWriter:
 
     def __init__(self, client: k8s.ApiClient) -> None:
         self.client = own_client(client, WRITERS)
-        self.api = k8s.ResourceV1Api(self.client)
         #: what our own writes made (name -> resourceVersion) and deletes, as they happen:
         #: the publisher's watch ignores its events of them
         self.ours: dict[str, str] = {}
@@ -117,7 +116,7 @@ class SliceWriter:
         """Delete slice ``name`` (gone already: done)."""
         self.deleting.add(name)
         try:
-            call_json(f"deleting ResourceSlice {name}", self.api.delete_resource_slice, name)
+            self.send(f"deleting ResourceSlice {name}", "DELETE", f"{SLICES_PATH}/{name}")
         except ApiCallError as e:
             if e.status != 404:
                 raise

@@ -23,8 +23,9 @@ just to learn a name and a resourceVersion), its calls carry no deadline we coul
 Why not ``kubernetes.aio``: the plugin's API calls are blocking calls on lanes of their own
 (:mod:`.client`); one asyncio client for one of them would be a second way to do the same.
 
-Events stay JSON: the watch is given a list function that declares no model, so ``Watch``
-hands the event's object over as the server sent it (its ``deserialize=False`` would lose
+Events stay JSON: the watch is given a list function that declares no model
+(:func:`.plain.lister`, no typed API at all), so ``Watch`` hands the event's object over as
+the server sent it (its ``deserialize=False`` would lose
 the ERROR event's ``raw_object`` it reads for the 410).
 """
 
@@ -46,6 +47,8 @@ from vfio_dp.dra.apiserver.client import (
     deadline,
     own_client,
 )
+from vfio_dp.dra.apiserver.plain import lister
+from vfio_dp.dra.apiserver.slice_writes import SLICES_PATH
 from vfio_dp.errors import ApiCallError
 
 log = logging.getLogger("vfio_dp.dra")
@@ -62,8 +65,9 @@ OnEvent = Callable[[str, str, str], None]
 
 
 class ListWatch:
-    """The list-then-watch loop (module doc) over one list method of ``ResourceV1Api``;
-    subclasses say what a list and an event mean (:meth:`listed`, :meth:`changed`)."""
+    """The list-then-watch loop (module doc) over one list method (:func:`.plain.lister`,
+    called as a typed ``list_*`` method is); subclasses say what a list and an event mean
+    (:meth:`listed`, :meth:`changed`)."""
 
     #: what is watched, for logs and errors ("this node's ResourceSlices")
     what = ""
@@ -209,9 +213,8 @@ class SliceWatch(ListWatch):
         on_event: OnEvent | None = None,
         seconds: int = WATCH_SECONDS,
     ) -> None:
-        self.api = k8s.ResourceV1Api(own_client(client))
         super().__init__(
-            self.api.list_resource_slice,
+            lister(own_client(client), SLICES_PATH),
             f"spec.nodeName={node},spec.driver={driver}",
             seconds,
             "vfio_dp-slice-watch",
