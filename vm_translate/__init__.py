@@ -22,6 +22,7 @@ __all__ = [
     "alias",
     "allocation",
     "annotation",
+    "balance",
     "cluster",
     "config_watch",
     "dra",
