@@ -36,7 +36,7 @@ from typing import Any
 import kubernetes.client as k8s
 
 from vfio_dp.dra.apiserver.client import Lane, own_client
-from vfio_dp.dra.apiserver.plain import lister
+from vfio_dp.dra.apiserver.plain import RESOURCE_API, lister
 from vfio_dp.dra.apiserver.watch import WATCH_SECONDS, ListWatch
 from vfio_dp.errors import ApiCallError
 
@@ -77,7 +77,7 @@ class ClaimWatch(ListWatch):
         seconds: int = WATCH_SECONDS,
     ) -> None:
         super().__init__(
-            lister(own_client(client), "/apis/resource.k8s.io/v1/resourceclaims"),
+            lister(own_client(client), f"{RESOURCE_API}/resourceclaims"),
             None,
             seconds,
             "vfio_dp-claim-watch",

@@ -25,6 +25,9 @@ from typing import Any
 
 import kubernetes.client as k8s
 
+#: the resource.k8s.io API's base path (every DRA object: slices, claims, classes)
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
 #: a (connect, read) timeout pair in seconds, or one number for both, as urllib3 takes it
 Timeout = float | tuple[float, float] | None
 

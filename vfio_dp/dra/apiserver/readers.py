@@ -23,10 +23,9 @@ from urllib.parse import quote
 import kubernetes.client as k8s
 
 from vfio_dp.dra.apiserver.client import TIMEOUT, Lane, call_json
-from vfio_dp.dra.apiserver.plain import send
+from vfio_dp.dra.apiserver.plain import RESOURCE_API, send
 from vfio_dp.errors import ApiCallError
 
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 ReadClaim = Callable[[str, str], Awaitable[dict[str, Any] | None]]
 ReadClass = Callable[[str], Awaitable[str]]
 

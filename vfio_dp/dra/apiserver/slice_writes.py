@@ -29,11 +29,11 @@ from typing import Any
 import kubernetes.client as k8s
 
 from vfio_dp.dra.apiserver.client import call_json, current, own_client, run_under
-from vfio_dp.dra.apiserver.plain import send
+from vfio_dp.dra.apiserver.plain import RESOURCE_API, send
 from vfio_dp.dra.slices import Slice
 from vfio_dp.errors import ApiCallError
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PATH = f"{RESOURCE_API}/resourceslices"
 #: slice writes of one publication in flight at most (16 + 1 slices at 1,024 tainted devices;
 #: 64 + 1 at 4,096): also the connections the writes' pool keeps open
 WRITERS = 8
